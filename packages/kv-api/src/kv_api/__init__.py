@@ -1,0 +1,83 @@
+"""kvcore's shared contract: data types, errors, key spec and the backend registry.
+
+``kv_api.KVCacheManager(config)`` builds a manager on the default backend (``KV_BACKEND``);
+``kv_api.load_backend(name)`` gives any installed backend explicitly.
+"""
+
+from kv_api import errors, keys
+from kv_api.capabilities import KEY_FORMATS, Capabilities
+from kv_api.config import (
+    AttentionLayerConfig,
+    BatchDesc,
+    BufferConfig,
+    CacheTierConfig,
+    DiskCacheTierConfig,
+    GpuCacheTierConfig,
+    HostCacheTierConfig,
+    KVCacheDesc,
+    KVCacheManagerConfig,
+    LayerConfig,
+    SsmLayerConfig,
+)
+from kv_api.constants import (
+    BAD_PAGE_INDEX,
+    DEFAULT_PRIORITY,
+    GPU_LEVEL,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    CacheTier,
+    KVCacheStatus,
+    PageIndexMode,
+    PageStatus,
+)
+from kv_api.contract import Backend, KVCache, KVCacheManager
+from kv_api.registry import (
+    ENTRY_POINT_GROUP,
+    available_backends,
+    default_backend_name,
+    installed_backends,
+    load_backend,
+)
+from kv_api.scope import DIGEST_SIZE, MmItemContext, ReuseScope
+from kv_api.stats import StorageStatistics
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BAD_PAGE_INDEX",
+    "DEFAULT_PRIORITY",
+    "DIGEST_SIZE",
+    "ENTRY_POINT_GROUP",
+    "GPU_LEVEL",
+    "KEY_FORMATS",
+    "MAX_PRIORITY",
+    "MIN_PRIORITY",
+    "AttentionLayerConfig",
+    "Backend",
+    "BatchDesc",
+    "BufferConfig",
+    "CacheTier",
+    "CacheTierConfig",
+    "Capabilities",
+    "DiskCacheTierConfig",
+    "GpuCacheTierConfig",
+    "HostCacheTierConfig",
+    "KVCache",
+    "KVCacheDesc",
+    "KVCacheManager",
+    "KVCacheManagerConfig",
+    "KVCacheStatus",
+    "LayerConfig",
+    "MmItemContext",
+    "PageIndexMode",
+    "PageStatus",
+    "ReuseScope",
+    "SsmLayerConfig",
+    "StorageStatistics",
+    "available_backends",
+    "default_backend_name",
+    "errors",
+    "installed_backends",
+    "keys",
+    "load_backend",
+]

@@ -1,0 +1,280 @@
+"""Configuration dataclasses. Validation raises ``ValueError``/``TypeError`` naming the field.
+
+All configs are frozen; sequences are stored as tuples so a config can be shared and hashed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+from kv_api._check import int_in_range, unit_interval
+from kv_api.constants import CacheTier
+
+__all__ = [
+    "AttentionLayerConfig",
+    "BatchDesc",
+    "BufferConfig",
+    "CacheTierConfig",
+    "DiskCacheTierConfig",
+    "GpuCacheTierConfig",
+    "HostCacheTierConfig",
+    "KVCacheDesc",
+    "KVCacheManagerConfig",
+    "LayerConfig",
+    "SsmLayerConfig",
+]
+
+
+def _tuple_of(where: str, value: Any, kind: type | tuple[type, ...]) -> tuple[Any, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{where}: expected a sequence, got {type(value).__name__}")
+    items = tuple(value)
+    for i, item in enumerate(items):
+        if not isinstance(item, kind):
+            names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+            raise TypeError(f"{where}[{i}]: expected {names}, got {type(item).__name__}")
+    return items
+
+
+def _set(obj: object, name: str, value: Any) -> None:
+    object.__setattr__(obj, name, value)
+
+
+@dataclass(frozen=True)
+class GpuCacheTierConfig:
+    """The device tier (host memory on a CPU-only machine). ``quota`` in bytes, > 0."""
+
+    quota: int
+
+    tier = CacheTier.GPU_MEM
+
+    def __post_init__(self) -> None:
+        _set(self, "quota", int_in_range("GpuCacheTierConfig.quota", self.quota, 1))
+
+
+@dataclass(frozen=True)
+class HostCacheTierConfig:
+    """The host-memory tier. ``quota`` in bytes, > 0."""
+
+    quota: int
+
+    tier = CacheTier.HOST_MEM
+
+    def __post_init__(self) -> None:
+        _set(self, "quota", int_in_range("HostCacheTierConfig.quota", self.quota, 1))
+
+
+@dataclass(frozen=True)
+class DiskCacheTierConfig:
+    """The disk tier: files under ``path``, an existing directory. ``quota`` in bytes, > 0."""
+
+    quota: int
+    path: str
+
+    tier = CacheTier.DISK
+
+    def __post_init__(self) -> None:
+        _set(self, "quota", int_in_range("DiskCacheTierConfig.quota", self.quota, 1))
+        if not isinstance(self.path, (str, os.PathLike)):
+            raise TypeError(f"DiskCacheTierConfig.path: expected a path, got {type(self.path).__name__}")
+        path = os.fspath(self.path)
+        if not os.path.isdir(path):
+            raise ValueError(f"DiskCacheTierConfig.path: must be an existing directory (got {path!r})")
+        _set(self, "path", path)
+
+
+CacheTierConfig: TypeAlias = GpuCacheTierConfig | HostCacheTierConfig | DiskCacheTierConfig
+
+
+@dataclass(frozen=True)
+class BufferConfig:
+    """One buffer of a layer: ``size`` bytes per block for ``role`` (e.g. "key", "value").
+
+    ``tokens_per_block_override`` stores the buffer at a finer block size; it must divide the
+    manager's ``tokens_per_block`` (checked by ``KVCacheManagerConfig``).
+    """
+
+    role: str
+    size: int
+    tokens_per_block_override: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.role, str):
+            raise TypeError(f"BufferConfig.role: expected a str, got {type(self.role).__name__}")
+        if not self.role:
+            raise ValueError("BufferConfig.role: must be non-empty")
+        _set(self, "size", int_in_range("BufferConfig.size", self.size, 1))
+        if self.tokens_per_block_override is not None:
+            _set(
+                self,
+                "tokens_per_block_override",
+                int_in_range("BufferConfig.tokens_per_block_override", self.tokens_per_block_override, 1),
+            )
+
+
+def _buffers(where: str, value: Any) -> tuple[BufferConfig, ...]:
+    buffers = _tuple_of(f"{where}.buffers", value, BufferConfig)
+    if not buffers:
+        raise ValueError(f"{where}.buffers: must not be empty")
+    roles = [b.role for b in buffers]
+    if len(set(roles)) != len(roles):
+        raise ValueError(f"{where}.buffers: roles must be unique (got {roles})")
+    return buffers
+
+
+@dataclass(frozen=True)
+class AttentionLayerConfig:
+    """An attention layer; a ``sliding_window_size`` makes it windowed, with optional sinks."""
+
+    layer_id: int
+    buffers: Sequence[BufferConfig]
+    sliding_window_size: int | None = None
+    num_sink_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        _set(self, "layer_id", int_in_range("AttentionLayerConfig.layer_id", self.layer_id, 0))
+        _set(self, "buffers", _buffers("AttentionLayerConfig", self.buffers))
+        if self.sliding_window_size is not None:
+            _set(
+                self,
+                "sliding_window_size",
+                int_in_range("AttentionLayerConfig.sliding_window_size", self.sliding_window_size, 1),
+            )
+        if self.num_sink_tokens is not None:
+            sinks = int_in_range("AttentionLayerConfig.num_sink_tokens", self.num_sink_tokens, 0)
+            if self.sliding_window_size is None:
+                raise ValueError(
+                    "AttentionLayerConfig.num_sink_tokens: requires sliding_window_size"
+                )
+            _set(self, "num_sink_tokens", sinks)
+
+
+@dataclass(frozen=True)
+class SsmLayerConfig:
+    """A state-space layer: one state per request, no per-block overrides."""
+
+    layer_id: int
+    buffers: Sequence[BufferConfig]
+
+    def __post_init__(self) -> None:
+        _set(self, "layer_id", int_in_range("SsmLayerConfig.layer_id", self.layer_id, 0))
+        _set(self, "buffers", _buffers("SsmLayerConfig", self.buffers))
+        for b in self.buffers:
+            if b.tokens_per_block_override is not None:
+                raise ValueError(
+                    "SsmLayerConfig.buffers: tokens_per_block_override is not allowed for SSM layers"
+                )
+
+
+LayerConfig: TypeAlias = AttentionLayerConfig | SsmLayerConfig
+
+
+@dataclass(frozen=True)
+class KVCacheDesc:
+    """A request's shape, for sizing: ``history_length <= capacity``."""
+
+    capacity: int
+    history_length: int
+
+    def __post_init__(self) -> None:
+        _set(self, "capacity", int_in_range("KVCacheDesc.capacity", self.capacity, 0))
+        _set(
+            self,
+            "history_length",
+            int_in_range("KVCacheDesc.history_length", self.history_length, 0, self.capacity + 1),
+        )
+
+
+@dataclass(frozen=True)
+class BatchDesc:
+    """A batch of requests that must fit at once (a sizing constraint)."""
+
+    kv_caches: Sequence[KVCacheDesc]
+    system_prompt_length: int = 0
+
+    def __post_init__(self) -> None:
+        _set(self, "kv_caches", _tuple_of("BatchDesc.kv_caches", self.kv_caches, KVCacheDesc))
+        _set(
+            self,
+            "system_prompt_length",
+            int_in_range("BatchDesc.system_prompt_length", self.system_prompt_length, 0),
+        )
+
+
+_TIER_ORDER = {CacheTier.GPU_MEM: 0, CacheTier.HOST_MEM: 1, CacheTier.DISK: 2}
+
+
+@dataclass(frozen=True)
+class KVCacheManagerConfig:
+    """Everything a manager is built from. See docs/architecture.md for each knob."""
+
+    tokens_per_block: int
+    cache_tiers: Sequence[CacheTierConfig]
+    layers: Sequence[LayerConfig]
+    max_util_for_resume: float = 0.97
+    enable_partial_reuse: bool = True
+    reuse_match_backoff: int = 0
+    constraints: Sequence[BatchDesc] = field(default_factory=tuple)
+    typical_step: BatchDesc | None = None
+    initial_pool_ratio: Sequence[float] | None = None
+    commit_min_snapshot: bool = False
+    enable_stats: bool = True
+    text_only: bool = False
+
+    def __post_init__(self) -> None:
+        w = "KVCacheManagerConfig"
+        tpb = int_in_range(f"{w}.tokens_per_block", self.tokens_per_block, 1)
+        _set(self, "tokens_per_block", tpb)
+
+        tiers = _tuple_of(
+            f"{w}.cache_tiers",
+            self.cache_tiers,
+            (GpuCacheTierConfig, HostCacheTierConfig, DiskCacheTierConfig),
+        )
+        if not tiers or not isinstance(tiers[0], GpuCacheTierConfig):
+            raise ValueError(f"{w}.cache_tiers: the first tier must be a GpuCacheTierConfig")
+        order = [_TIER_ORDER[t.tier] for t in tiers]
+        if order != sorted(set(order)):
+            raise ValueError(
+                f"{w}.cache_tiers: tiers must be distinct and ordered GPU, host, disk"
+            )
+        _set(self, "cache_tiers", tiers)
+
+        layers = _tuple_of(f"{w}.layers", self.layers, (AttentionLayerConfig, SsmLayerConfig))
+        if not layers:
+            raise ValueError(f"{w}.layers: must not be empty")
+        ids = [layer.layer_id for layer in layers]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"{w}.layers: layer ids must be unique (got {ids})")
+        for i, layer in enumerate(layers):
+            for b in layer.buffers:
+                o = b.tokens_per_block_override
+                if o is not None and tpb % o != 0:
+                    raise ValueError(
+                        f"{w}.layers[{i}]: tokens_per_block_override {o} must divide "
+                        f"tokens_per_block {tpb}"
+                    )
+            if isinstance(layer, SsmLayerConfig) and not self.commit_min_snapshot:
+                raise ValueError(f"{w}.layers[{i}]: SSM layers require commit_min_snapshot=True")
+        _set(self, "layers", layers)
+
+        _set(self, "max_util_for_resume", unit_interval(f"{w}.max_util_for_resume", self.max_util_for_resume))
+        for flag in ("enable_partial_reuse", "commit_min_snapshot", "enable_stats", "text_only"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(f"{w}.{flag}: expected a bool, got {type(getattr(self, flag)).__name__}")
+        _set(self, "reuse_match_backoff", int_in_range(f"{w}.reuse_match_backoff", self.reuse_match_backoff, 0))
+        _set(self, "constraints", _tuple_of(f"{w}.constraints", self.constraints, BatchDesc))
+        if self.typical_step is not None and not isinstance(self.typical_step, BatchDesc):
+            raise TypeError(f"{w}.typical_step: expected a BatchDesc or None")
+        if self.initial_pool_ratio is not None:
+            ratio = _tuple_of(f"{w}.initial_pool_ratio", self.initial_pool_ratio, (int, float))
+            for i, r in enumerate(ratio):
+                if isinstance(r, bool) or math.isnan(r) or r <= 0:
+                    raise ValueError(f"{w}.initial_pool_ratio[{i}]: must be > 0 (got {r!r})")
+            if abs(sum(ratio) - 1.0) > 1e-6:
+                raise ValueError(f"{w}.initial_pool_ratio: must sum to 1 (got {sum(ratio)!r})")
+            _set(self, "initial_pool_ratio", tuple(float(r) for r in ratio))

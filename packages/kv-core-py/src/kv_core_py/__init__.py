@@ -1,0 +1,47 @@
+"""kvcore's pure-Python backend: the readable reference every other backend must match."""
+
+from __future__ import annotations
+
+import platform
+import sys
+
+from kv_api import Capabilities
+from kv_api.keys import (
+    block_hash_v1,
+    block_hash_v2_sha256,
+    block_hash_v2_sha256_64,
+    cache_salt_to_id,
+    gen_multimodal_cache_key_tokens,
+    reuse_scope_to_bytes,
+)
+from kv_core_py.block_keys import block_keys, sequence_to_blockchain_keys
+from kv_core_py.manager import KVCacheManager
+
+name = "py"
+version = "0.1.0"
+capabilities = Capabilities()
+
+
+def build_info() -> dict[str, str]:
+    return {
+        "implementation": f"{platform.python_implementation()} {platform.python_version()}",
+        "sha256": "hashlib",
+        "byteorder": sys.byteorder,
+    }
+
+
+__all__ = [
+    "KVCacheManager",
+    "block_hash_v1",
+    "block_hash_v2_sha256",
+    "block_hash_v2_sha256_64",
+    "block_keys",
+    "build_info",
+    "cache_salt_to_id",
+    "capabilities",
+    "gen_multimodal_cache_key_tokens",
+    "name",
+    "reuse_scope_to_bytes",
+    "sequence_to_blockchain_keys",
+    "version",
+]
