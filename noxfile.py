@@ -1,0 +1,123 @@
+"""Every workflow of the monorepo. ``nox -s tests`` is what CI runs; ``nox -s demo`` the main job.
+
+Sessions reuse their virtual environments and the C++ build directory (one per session, under
+``build/``), so a second run only recompiles what changed. Interpreters are never downloaded:
+every session uses the Python that runs nox.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["tests"]
+
+ROOT = Path(__file__).parent
+BUILD_DEPS = ["scikit-build-core>=0.10", "nanobind>=2.4", "cmake>=3.18", "ninja"]
+TEST_DEPS = ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "numpy>=1.26"]
+PY_SOURCES = ["packages/kv-api/src", "packages/kv-core-py/src", "packages/kv-core-cpp/src", "conformance/src", "bench", "noxfile.py"]
+STUB = ROOT / "packages/kv-core-cpp/src/kv_core_cpp/_core.pyi"
+
+
+def _build_dir(session: nox.Session) -> str:
+    return f"build/{re.sub(r'[^A-Za-z0-9_.-]+', '-', session.name).strip('-')}"
+
+
+def install(session: nox.Session, *extra: str) -> None:
+    """The three packages, the conformance suite and ``extra``; the C++ build is incremental."""
+    session.install(*BUILD_DEPS, *TEST_DEPS, *extra)
+    session.install("./packages/kv-api", "./packages/kv-core-py", "./conformance")
+    build_dir = ROOT / "packages/kv-core-cpp" / _build_dir(session)
+    session.install("--no-build-isolation", f"--config-settings=build-dir={build_dir}", "./packages/kv-core-cpp")
+
+
+def run_conformance(session: nox.Session, backends: str) -> None:
+    workers = os.environ.get("KV_TEST_WORKERS", "auto")
+    session.run(
+        "pytest", "--pyargs", "kv_conformance.tests",
+        "-n", workers, *session.posargs,
+        env={"KV_BACKEND": backends},
+    )
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Everything CI runs: conformance on every backend, lint, types, stubs, the arm64 SHA-256 check."""
+    install(session, "ruff>=0.6", "mypy>=1.10", "clang-format>=17")
+    run_conformance(session, "all")
+    lint(session)
+    typecheck(session)
+    check_stubs(session)
+    session.run("bash", "ci/arm64.sh", external=True)
+
+
+@nox.session
+@nox.parametrize("backend", ["py", "cpp"])
+def conformance(session: nox.Session, backend: str) -> None:
+    """The conformance suite against one backend (``KV_BACKEND=<name>``)."""
+    install(session)
+    run_conformance(session, backend)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff (lint and format) and clang-format, checking only."""
+    if session.name == "lint":
+        session.install("ruff>=0.6", "clang-format>=17")
+    session.run("ruff", "check", *PY_SOURCES)
+    session.run("ruff", "format", "--check", *PY_SOURCES)
+    cpp = sorted(str(p) for d in ("include", "src", "bindings", "tests") for p in (ROOT / "packages/kv-core-cpp" / d).rglob("*") if p.suffix in (".h", ".cc"))
+    session.run("clang-format", "--dry-run", "--Werror", *cpp)
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy over every Python package, the suite and the benchmarks."""
+    if session.name == "typecheck":
+        install(session, "mypy>=1.10")
+    session.run("mypy", *PY_SOURCES)
+
+
+def check_stubs(session: nox.Session, update: bool = False) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "_core.pyi"
+        session.run("python", "-m", "nanobind.stubgen", "-q", "-m", "kv_core_cpp._core", "-o", str(out))
+        session.run("ruff", "format", "-q", str(out))
+        if update:
+            shutil.copyfile(out, STUB)
+        elif out.read_text() != STUB.read_text():
+            session.error(f"{STUB.relative_to(ROOT)} is stale: run `nox -s stubs -- --update` and commit it")
+
+
+@nox.session
+def stubs(session: nox.Session) -> None:
+    """Regenerate the committed ``_core.pyi`` (``-- --update``) or check it is current."""
+    install(session, "ruff>=0.6")
+    check_stubs(session, update="--update" in session.posargs)
+
+
+@nox.session
+def arm64(session: nox.Session) -> None:
+    """Cross-compile the SHA-256 known-answer test for aarch64 and run it under qemu (ARMv8 forced)."""
+    session.run("bash", "ci/arm64.sh", external=True)
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job on its embedded default workload."""
+    install(session)
+    session.run("kvcore", *(session.posargs or ["backends"]))
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks: ratios measured side by side in one run (not a test)."""
+    install(session)
+    session.run("python", "bench/bench_keys.py", *session.posargs)

@@ -1,0 +1,12 @@
+// One bind_* function per concept; module.cc calls them in order.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+namespace kvcore::py {
+
+void bind_errors(nanobind::module_& m);
+void bind_keys(nanobind::module_& m);
+void bind_manager(nanobind::module_& m);
+
+}  // namespace kvcore::py

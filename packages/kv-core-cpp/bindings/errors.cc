@@ -1,0 +1,40 @@
+// Translates kvcore::Error into the kv_api.errors class (or builtin) its kind names.
+#include "kvcore/error.h"
+
+#include "bind.h"
+#include "python_api.h"
+
+namespace kvcore::py {
+
+namespace {
+
+PyObject* python_class(ErrorKind kind) {
+  auto api = [](const char* name) { return kv_api().errors.attr(name).ptr(); };
+  switch (kind) {
+    case ErrorKind::kValue: return PyExc_ValueError;
+    case ErrorKind::kType: return PyExc_TypeError;
+    case ErrorKind::kIndex: return PyExc_IndexError;
+    case ErrorKind::kKey: return PyExc_KeyError;
+    case ErrorKind::kLogic: return api("LogicError");
+    case ErrorKind::kInvalidState: return api("InvalidStateError");
+    case ErrorKind::kOutOfPages: return api("OutOfPagesError");
+    case ErrorKind::kHostOOM: return api("HostOOMError");
+    case ErrorKind::kDiskOOM: return api("DiskOOMError");
+    case ErrorKind::kCorrupted: return api("CorruptedError");
+  }
+  return PyExc_RuntimeError;
+}
+
+}  // namespace
+
+void bind_errors(nb::module_&) {
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const Error& e) {
+      PyErr_SetString(python_class(e.kind()), e.what());
+    }
+  });
+}
+
+}  // namespace kvcore::py

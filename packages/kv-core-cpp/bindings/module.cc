@@ -1,0 +1,27 @@
+// kv_core_cpp._core: the thin nanobind layer over the kvcore library.
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "bind.h"
+#include "kvcore/build_info.h"
+#include "kvcore/sha256.h"
+#include "python_api.h"
+
+namespace nb = nanobind;
+
+NB_MODULE(_core, m) {
+  // Resolve the SHA-256 transform now, so a bad KVCORE_SHA256 fails the import clearly.
+  kvcore::sha256::active();
+  kvcore::py::init_kv_api();
+  kvcore::py::bind_errors(m);
+  kvcore::py::bind_keys(m);
+  kvcore::py::bind_manager(m);
+
+  m.def("build_info", &kvcore::build_info, "Compiler, flags, build type and the SHA-256 transform in use.");
+  m.def("sha256_transforms", &kvcore::sha256::available, "SHA-256 transforms this build and CPU can run.");
+  m.def("sha256_transform", [] { return std::string(kvcore::sha256::active().name); },
+        "The SHA-256 transform in use.");
+  m.def("select_sha256_transform", &kvcore::sha256::select, nb::arg("name"),
+        "Force a SHA-256 transform (tests and benchmarks); ValueError if this machine cannot run it.");
+}

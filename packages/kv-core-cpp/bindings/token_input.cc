@@ -1,0 +1,151 @@
+#include "token_input.h"
+
+#include <cstring>
+#include <string>
+
+#include "python_api.h"
+
+namespace kvcore::py {
+
+namespace {
+
+bool native_order(char order) {
+  return order == '@' || order == '=' || order == '<';  // little-endian only (see sha256.cc)
+}
+
+[[noreturn]] void out_of_range(std::size_t position, nb::handle value, KeyFormat format) {
+  raise(PyExc_ValueError, token_out_of_range(position, str(value), format));
+}
+
+}  // namespace
+
+TokenInput::TokenInput(nb::handle tokens, KeyFormat format) {
+  PyObject* obj = tokens.ptr();
+  if (PyList_CheckExact(obj) || PyTuple_CheckExact(obj)) {
+    pack_sequence(tokens, format);
+  } else if (PyObject_CheckBuffer(obj)) {
+    view_buffer(tokens, format);
+  } else if (PyUnicode_Check(obj) || PyDict_Check(obj)) {
+    raise(PyExc_TypeError, "tokens: expected a buffer or an iterable of tokens, got " + py_type_name(tokens));
+  } else {
+    pack_iterable(tokens, format);
+  }
+  tokens_.data = has_view_ ? tokens_.data : tokens_.owned.data();
+}
+
+TokenInput::~TokenInput() {
+  if (has_view_) PyBuffer_Release(&view_);
+}
+
+void TokenInput::view_buffer(nb::handle obj, KeyFormat format) {
+  if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_FULL_RO) != 0) throw nb::python_error();
+  has_view_ = true;
+  // As kv_api.keys.buffer_int_code: decide from the kind and the item size together.
+  const char* fmt = view_.format ? view_.format : "B";
+  const char order = std::strchr("@=<>!", fmt[0]) && fmt[0] ? fmt[0] : '@';
+  const char* letter = order == fmt[0] ? fmt + 1 : fmt;
+  if (view_.ndim != 1) {
+    raise(PyExc_TypeError, "tokens: a token buffer must be 1-D (got " + std::to_string(view_.ndim) + " dimensions)");
+  }
+  const bool integer = std::strlen(letter) == 1 && std::strchr("bBhHiIlLqQnN", letter[0]);
+  if (!integer || (view_.itemsize != 4 && view_.itemsize != 8) || !native_order(order)) {
+    raise(PyExc_TypeError,
+          "tokens: a token buffer must hold 4- or 8-byte integers in native byte order (got format " +
+              nb::cast<std::string>(nb::repr(nb::str(fmt))) + ", itemsize " + std::to_string(view_.itemsize) + ")");
+  }
+  tokens_.data = static_cast<const std::uint8_t*>(view_.buf);
+  tokens_.count = static_cast<std::size_t>(view_.shape[0]);
+  tokens_.stride = view_.strides ? view_.strides[0] : view_.itemsize;
+  tokens_.width = static_cast<std::uint8_t>(view_.itemsize);
+  tokens_.is_signed = letter[0] >= 'a';
+  tokens_.validate(format);
+}
+
+void TokenInput::store_id(std::size_t position, std::uint64_t id, KeyFormat format) {
+  const std::size_t width = token_width(format);
+  if (tokens_.owned.size() < (position + 1) * width) tokens_.owned.resize((position + 1) * width);
+  std::memcpy(tokens_.owned.data() + position * width, &id, width);  // little-endian: the low bytes
+}
+
+void TokenInput::pack_sequence(nb::handle seq, KeyFormat format) {
+  const bool is_list = PyList_CheckExact(seq.ptr());
+  const Py_ssize_t n = is_list ? PyList_GET_SIZE(seq.ptr()) : PyTuple_GET_SIZE(seq.ptr());
+  tokens_.width = static_cast<std::uint8_t>(token_width(format));
+  tokens_.stride = tokens_.width;
+  tokens_.owned.resize(static_cast<std::size_t>(n) * tokens_.width);  // stored in place below
+  const long long limit = format == KeyFormat::kU32 ? (1ll << 31) : -1;
+  for (Py_ssize_t i = 0; i < (is_list ? PyList_GET_SIZE(seq.ptr()) : n); ++i) {
+    PyObject* item = is_list ? PyList_GET_ITEM(seq.ptr(), i) : PyTuple_GET_ITEM(seq.ptr(), i);
+    if (PyLong_CheckExact(item)) {
+      int overflow = 0;
+      const long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
+      if (overflow == 0 && v >= 0 && (limit < 0 || v < limit)) {
+        store_id(static_cast<std::size_t>(i), static_cast<std::uint64_t>(v), format);
+        continue;
+      }
+    }
+    push(static_cast<std::size_t>(i), item, format);  // the general rules decide
+  }
+  tokens_.count = tokens_.owned.size() / tokens_.width;
+}
+
+void TokenInput::pack_iterable(nb::handle obj, KeyFormat format) {
+  nb::object it = nb::steal(PyObject_GetIter(obj.ptr()));
+  if (!it.is_valid()) {
+    PyErr_Clear();
+    raise(PyExc_TypeError, "tokens: expected a buffer or an iterable of tokens, got " + py_type_name(obj));
+  }
+  tokens_.width = static_cast<std::uint8_t>(token_width(format));
+  tokens_.stride = tokens_.width;
+  std::size_t position = 0;
+  while (true) {
+    nb::object item = nb::steal(PyIter_Next(it.ptr()));
+    if (!item.is_valid()) {
+      if (PyErr_Occurred()) throw nb::python_error();
+      break;
+    }
+    push(position++, item, format);
+  }
+  tokens_.count = tokens_.owned.size() / tokens_.width;
+}
+
+void TokenInput::push(std::size_t position, nb::handle item, KeyFormat format) {
+  // The order of these rules is kv_api.keys._normalise's.
+  const std::string where = "token " + std::to_string(position);
+  if (PyBytes_Check(item.ptr())) {
+    const Py_ssize_t size = PyBytes_GET_SIZE(item.ptr());
+    if (size != 32) {
+      raise(PyExc_ValueError, where + ": a digest token must be 32 bytes (got " + std::to_string(size) + ")");
+    }
+    DigestToken d{position, {}};
+    std::memcpy(d.digest.data(), PyBytes_AS_STRING(item.ptr()), 32);
+    tokens_.digests.push_back(d);
+    store_id(position, 0, format);  // placeholder, skipped by the hasher
+    return;
+  }
+  if (nb::isinstance(item, kv_api().mm_item_context)) {
+    push(position, item.attr("digest"), format);
+    return;
+  }
+  if (PyBool_Check(item.ptr())) raise(PyExc_TypeError, where + ": bool is not a token id");
+  if (!PyIndex_Check(item.ptr())) {
+    raise(PyExc_TypeError, where + ": expected an int or a 32-byte digest, got " + py_type_name(item));
+  }
+  nb::object index = nb::steal(PyNumber_Index(item.ptr()));
+  if (!index.is_valid()) throw nb::python_error();
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  std::uint64_t id = static_cast<std::uint64_t>(v);
+  if (overflow < 0 || (overflow == 0 && v < 0)) out_of_range(position, index, format);
+  if (overflow > 0) {
+    id = PyLong_AsUnsignedLongLong(index.ptr());
+    if (PyErr_Occurred()) {
+      PyErr_Clear();
+      out_of_range(position, index, format);
+    }
+  }
+  if (format == KeyFormat::kU32 && id >= (1ull << 31)) out_of_range(position, index, format);
+  store_id(position, id, format);
+}
+
+}  // namespace kvcore::py

@@ -1,0 +1,35 @@
+// Token ingestion (docs/key-format.md): buffers are viewed in place, lists and tuples of
+// exact ints take a fast path, anything else is iterated. Errors mirror kv_api.keys.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include "kvcore/tokens.h"
+
+namespace kvcore::py {
+
+namespace nb = nanobind;
+
+// Owns the buffer export behind a view; destroy it with the GIL held.
+class TokenInput {
+ public:
+  TokenInput(nb::handle tokens, KeyFormat format);
+  ~TokenInput();
+  TokenInput(const TokenInput&) = delete;
+  TokenInput& operator=(const TokenInput&) = delete;
+
+  const Tokens& tokens() const noexcept { return tokens_; }
+
+ private:
+  void view_buffer(nb::handle obj, KeyFormat format);
+  void pack_sequence(nb::handle seq, KeyFormat format);
+  void pack_iterable(nb::handle obj, KeyFormat format);
+  void push(std::size_t position, nb::handle item, KeyFormat format);
+  void store_id(std::size_t position, std::uint64_t id, KeyFormat format);
+
+  Tokens tokens_;
+  Py_buffer view_{};
+  bool has_view_ = false;
+};
+
+}  // namespace kvcore::py

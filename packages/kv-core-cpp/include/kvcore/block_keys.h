@@ -1,0 +1,54 @@
+// Chained block keys (docs/key-format.md): root = SHA-256(scope bytes),
+// key[i] = SHA-256(key[i-1] || token bytes of block i); a partial last block hashes only its tokens.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "kvcore/hasher.h"
+#include "kvcore/tokens.h"
+
+namespace kvcore {
+
+// Matches only happen within one scope: a LoRA adapter and a tenant salt (absent != 0).
+struct ReuseScope {
+  std::optional<std::uint64_t> lora_id;
+  std::optional<std::uint64_t> salt;
+};
+
+// One mask byte (bit 0: lora present, bit 1: salt present), then each present field u64 LE.
+std::vector<std::uint8_t> reuse_scope_bytes(const ReuseScope& scope);
+Digest root_key(const ReuseScope& scope);
+
+inline std::size_t num_blocks(std::size_t num_tokens, std::size_t tokens_per_block) noexcept {
+  return (num_tokens + tokens_per_block - 1) / tokens_per_block;
+}
+
+// Writes the root key then one key per block into `out` (32 * (1 + num_blocks) bytes).
+void block_keys(std::size_t tokens_per_block, const ReuseScope& scope, const Tokens& tokens,
+                KeyFormat format, std::uint8_t* out) noexcept;
+
+// The same keys one block at a time; it owns its tokens so it may outlive the caller's buffer.
+class BlockKeyIterator {
+ public:
+  BlockKeyIterator(std::size_t tokens_per_block, const ReuseScope& scope, Tokens tokens, KeyFormat format);
+
+  bool at_root() const noexcept { return !started_; }
+  bool done() const noexcept { return started_ && next_ >= tokens_.count; }
+  const Tokens& tokens() const noexcept { return tokens_; }
+  // Advances; returns the key of the block [begin, end) (the root first, with begin == end).
+  Digest next(std::size_t& begin, std::size_t& end) noexcept;
+
+ private:
+  std::size_t tokens_per_block_;
+  Tokens tokens_;
+  Hasher hasher_;
+  Digest key_;
+  std::size_t next_ = 0;
+  std::size_t digest_ = 0;
+  bool started_ = false;
+};
+
+}  // namespace kvcore

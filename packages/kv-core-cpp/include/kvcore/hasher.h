@@ -1,0 +1,29 @@
+// Streams one block key: SHA-256(parent key || token bytes of the block).
+#pragma once
+
+#include <cstddef>
+
+#include "kvcore/sha256.h"
+#include "kvcore/tokens.h"
+
+namespace kvcore {
+
+class Hasher {
+ public:
+  explicit Hasher(KeyFormat format) noexcept : format_(format) {}
+
+  void begin(const Digest& parent) noexcept;
+  // Tokens [begin, end) of `tokens`; `digest` is the cursor into tokens.digests (advanced).
+  // Ids are written straight from the buffer when its encoding is the format's, else packed
+  // through a 4 KB stack buffer, one SHA-256 write per 4 KB. Digest tokens split the runs.
+  void write(const Tokens& tokens, std::size_t begin, std::size_t end, std::size_t& digest) noexcept;
+  Digest finish() noexcept { return sha_.finish(); }
+
+ private:
+  void write_ids(const Tokens& tokens, std::size_t begin, std::size_t end) noexcept;
+
+  KeyFormat format_;
+  Sha256 sha_;
+};
+
+}  // namespace kvcore

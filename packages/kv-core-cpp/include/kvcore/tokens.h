@@ -1,0 +1,50 @@
+// Token ids as the caller holds them: a view of a native buffer (read in place, any
+// stride) or storage packed from Python objects, plus the multimodal digest tokens.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvcore/sha256.h"
+
+namespace kvcore {
+
+// A block-key format (docs/key-format.md): how an int token is encoded and its range.
+enum class KeyFormat : std::uint8_t { kU32, kU64 };
+
+KeyFormat parse_key_format(std::string_view name);  // throws Error(kValue) for unknown names
+const char* key_format_name(KeyFormat format) noexcept;
+inline std::size_t token_width(KeyFormat format) noexcept { return format == KeyFormat::kU32 ? 4 : 8; }
+
+struct DigestToken {
+  std::size_t position;
+  Digest digest;
+};
+
+struct Tokens {
+  const std::uint8_t* data = nullptr;  // item 0; items are little-endian integers
+  std::size_t count = 0;
+  std::ptrdiff_t stride = 4;  // bytes from one item to the next (may be negative)
+  std::uint8_t width = 4;     // item size: 4 or 8 bytes
+  bool is_signed = false;
+  std::vector<DigestToken> digests;  // sorted by position; their items in `data` are ignored
+  std::vector<std::uint8_t> owned;   // backing store when the ids were packed, not viewed
+
+  bool contiguous() const noexcept { return stride == static_cast<std::ptrdiff_t>(width); }
+  // Item i as an unsigned 64-bit value (sign-extended first for signed items).
+  std::uint64_t raw(std::size_t i) const noexcept;
+  std::string value_text(std::size_t i) const;  // item i in decimal, as Python would print it
+
+  // Throws Error(kValue) naming the first id outside the format's range.
+  void validate(KeyFormat format) const;
+  // A copy that owns its ids (contiguous, `format` width) so it can outlive the source buffer.
+  Tokens to_owned(KeyFormat format) const;
+};
+
+// "token 3: id -1 out of range for sha256-u32 (0 <= id < 2**31)", shared with the bindings.
+std::string token_out_of_range(std::size_t position, const std::string& value, KeyFormat format);
+
+}  // namespace kvcore

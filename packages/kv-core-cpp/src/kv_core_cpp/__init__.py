@@ -1,0 +1,54 @@
+"""kvcore's native backend: a C++17 core bound with nanobind, identical in behaviour to ``py``."""
+
+from __future__ import annotations
+
+import kv_api
+from kv_api import Capabilities
+from kv_core_cpp._core import (
+    KVCacheManager,
+    block_hash_v1,
+    block_hash_v2_sha256,
+    block_hash_v2_sha256_64,
+    block_keys,
+    cache_salt_to_id,
+    gen_multimodal_cache_key_tokens,
+    reuse_scope_to_bytes,
+    select_sha256_transform,
+    sequence_to_blockchain_keys,
+    sha256,
+    sha256_transform,
+    sha256_transforms,
+)
+from kv_core_cpp._core import build_info as _build_info
+
+name = "cpp"
+version = "0.1.0"
+capabilities = Capabilities(native_buffers=True, sha256_transforms=tuple(sha256_transforms()))
+
+# nanobind classes cannot subclass the ABC; registering makes isinstance() hold.
+kv_api.KVCacheManager.register(KVCacheManager)
+
+
+def build_info() -> dict[str, str]:
+    return dict(_build_info())
+
+
+__all__ = [
+    "KVCacheManager",
+    "block_hash_v1",
+    "block_hash_v2_sha256",
+    "block_hash_v2_sha256_64",
+    "block_keys",
+    "build_info",
+    "cache_salt_to_id",
+    "capabilities",
+    "gen_multimodal_cache_key_tokens",
+    "name",
+    "reuse_scope_to_bytes",
+    "select_sha256_transform",
+    "sequence_to_blockchain_keys",
+    "sha256",
+    "sha256_transform",
+    "sha256_transforms",
+    "version",
+]

@@ -1,0 +1,109 @@
+#include "kvcore/tokens.h"
+
+#include <cstring>
+
+#include "kvcore/error.h"
+
+namespace kvcore {
+
+KeyFormat parse_key_format(std::string_view name) {
+  if (name == "sha256-u32") return KeyFormat::kU32;
+  if (name == "sha256-u64") return KeyFormat::kU64;
+  throw Error(ErrorKind::kValue, "key_format: unknown '" + std::string(name) +
+                                     "' (expected one of sha256-u32, sha256-u64)");
+}
+
+const char* key_format_name(KeyFormat format) noexcept {
+  return format == KeyFormat::kU32 ? "sha256-u32" : "sha256-u64";
+}
+
+std::string token_out_of_range(std::size_t position, const std::string& value, KeyFormat format) {
+  return "token " + std::to_string(position) + ": id " + value + " out of range for " +
+         key_format_name(format) +
+         (format == KeyFormat::kU32 ? " (0 <= id < 2**31)" : " (0 <= id < 2**64)");
+}
+
+namespace {
+
+template <typename T>
+T load(const std::uint8_t* p) noexcept {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// Index of the first id of type T outside [0, limit), or count. The contiguous loop is
+// branch-free so the compiler vectorises the common "all valid" case.
+template <typename T>
+std::size_t first_bad(const Tokens& t, std::uint64_t limit) {
+  const std::uint8_t* p = t.data;
+  if (t.contiguous()) {
+    const std::size_t block = 4096;
+    for (std::size_t start = 0; start < t.count; start += block) {
+      const std::size_t end = start + block < t.count ? start + block : t.count;
+      bool bad = false;
+      for (std::size_t i = start; i < end; ++i) {
+        const T v = load<T>(p + i * sizeof(T));
+        bad |= (v < T(0)) | (static_cast<std::uint64_t>(v) >= limit);
+      }
+      if (bad) {
+        for (std::size_t i = start; i < end; ++i) {
+          const T v = load<T>(p + i * sizeof(T));
+          if (v < T(0) || static_cast<std::uint64_t>(v) >= limit) return i;
+        }
+      }
+    }
+    return t.count;
+  }
+  for (std::size_t i = 0; i < t.count; ++i) {
+    const T v = load<T>(p + static_cast<std::ptrdiff_t>(i) * t.stride);
+    if (v < T(0) || static_cast<std::uint64_t>(v) >= limit) return i;
+  }
+  return t.count;
+}
+
+}  // namespace
+
+std::uint64_t Tokens::raw(std::size_t i) const noexcept {
+  const std::uint8_t* p = data + static_cast<std::ptrdiff_t>(i) * stride;
+  if (width == 4) {
+    return is_signed ? static_cast<std::uint64_t>(static_cast<std::int64_t>(load<std::int32_t>(p)))
+                     : load<std::uint32_t>(p);
+  }
+  return load<std::uint64_t>(p);
+}
+
+std::string Tokens::value_text(std::size_t i) const {
+  const std::uint64_t v = raw(i);
+  return is_signed ? std::to_string(static_cast<std::int64_t>(v)) : std::to_string(v);
+}
+
+void Tokens::validate(KeyFormat format) const {
+  if (format == KeyFormat::kU64 && !is_signed) return;  // every u64 is in range
+  // Signed items only need to be >= 0 for u64; digest placeholders are 0, always valid.
+  const std::uint64_t limit = format == KeyFormat::kU32 ? (1ull << 31) : ~0ull;
+  std::size_t bad;
+  if (width == 4) {
+    bad = is_signed ? first_bad<std::int32_t>(*this, limit) : first_bad<std::uint32_t>(*this, limit);
+  } else {
+    bad = is_signed ? first_bad<std::int64_t>(*this, limit) : first_bad<std::uint64_t>(*this, limit);
+  }
+  if (bad != count) throw Error(ErrorKind::kValue, token_out_of_range(bad, value_text(bad), format));
+}
+
+Tokens Tokens::to_owned(KeyFormat format) const {
+  Tokens out;
+  out.width = static_cast<std::uint8_t>(token_width(format));
+  out.stride = out.width;
+  out.count = count;
+  out.digests = digests;
+  out.owned.resize(count * out.width);
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::uint64_t v = raw(i);  // validated: fits the format's width
+    std::memcpy(out.owned.data() + i * out.width, &v, out.width);  // little-endian low bytes
+  }
+  out.data = out.owned.data();
+  return out;
+}
+
+}  // namespace kvcore
