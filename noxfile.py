@@ -22,7 +22,14 @@ nox.options.sessions = ["tests"]
 ROOT = Path(__file__).parent
 BUILD_DEPS = ["scikit-build-core>=0.10", "nanobind>=2.4", "cmake>=3.18", "ninja"]
 TEST_DEPS = ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "numpy>=1.26"]
-PY_SOURCES = ["packages/kv-api/src", "packages/kv-core-py/src", "packages/kv-core-cpp/src", "conformance/src", "bench", "noxfile.py"]
+PY_SOURCES = [
+    "packages/kv-api/src",
+    "packages/kv-core-py/src",
+    "packages/kv-core-cpp/src",
+    "conformance/src",
+    "bench",
+    "noxfile.py",
+]
 STUB = ROOT / "packages/kv-core-cpp/src/kv_core_cpp/_core.pyi"
 
 
@@ -41,8 +48,12 @@ def install(session: nox.Session, *extra: str) -> None:
 def run_conformance(session: nox.Session, backends: str) -> None:
     workers = os.environ.get("KV_TEST_WORKERS", "auto")
     session.run(
-        "pytest", "--pyargs", "kv_conformance.tests",
-        "-n", workers, *session.posargs,
+        "pytest",
+        "--pyargs",
+        "kv_conformance.tests",
+        "-n",
+        workers,
+        *session.posargs,
         env={"KV_BACKEND": backends},
     )
 
@@ -73,7 +84,12 @@ def lint(session: nox.Session) -> None:
         session.install("ruff>=0.6", "clang-format>=17")
     session.run("ruff", "check", *PY_SOURCES)
     session.run("ruff", "format", "--check", *PY_SOURCES)
-    cpp = sorted(str(p) for d in ("include", "src", "bindings", "tests") for p in (ROOT / "packages/kv-core-cpp" / d).rglob("*") if p.suffix in (".h", ".cc"))
+    cpp = sorted(
+        str(p)
+        for d in ("include", "src", "bindings", "tests")
+        for p in (ROOT / "packages/kv-core-cpp" / d).rglob("*")
+        if p.suffix in (".h", ".cc")
+    )
     session.run("clang-format", "--dry-run", "--Werror", *cpp)
 
 

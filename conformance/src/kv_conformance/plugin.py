@@ -34,7 +34,11 @@ from kv_api.errors import BackendError
 _SHARED_FIXTURES = [HealthCheck.function_scoped_fixture]
 settings.register_profile("dev", max_examples=40, deadline=None, suppress_health_check=_SHARED_FIXTURES)
 settings.register_profile(
-    "ci", max_examples=60, deadline=None, derandomize=True, print_blob=True,
+    "ci",
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    print_blob=True,
     suppress_health_check=[*_SHARED_FIXTURES, HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("KV_HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
@@ -44,7 +48,9 @@ ENV_VARS = ("KV_BACKEND", "KV_KNOWN_GAPS", "KV_HYPOTHESIS_PROFILE", "KVCORE_SHA2
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("kv-conformance")
-    group.addoption("--kv-backend", default=None, help="backends to test: name, comma list or 'all' (default: $KV_BACKEND)")
+    group.addoption(
+        "--kv-backend", default=None, help="backends to test: name, comma list or 'all' (default: $KV_BACKEND)"
+    )
     group.addoption("--known-gaps", default=None, help="a known-gaps TOML file for a backend outside this suite")
 
 
@@ -87,7 +93,9 @@ def _load_gaps(config: pytest.Config, names: list[str]) -> dict[str, list[dict[s
             text = packaged.read_text()
         entries = tomllib.loads(text).get("gap", []) if text else []
         if extra:
-            entries += [e for e in tomllib.loads(Path(extra).read_text()).get("gap", []) if e.get("backend", name) == name]
+            entries += [
+                e for e in tomllib.loads(Path(extra).read_text()).get("gap", []) if e.get("backend", name) == name
+            ]
         for e in entries:
             if not e.get("test") or not e.get("reason"):
                 raise pytest.UsageError(f"known gap for {name!r} needs both 'test' and 'reason': {e}")

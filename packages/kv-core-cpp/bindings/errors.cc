@@ -1,7 +1,6 @@
 // Translates kvcore::Error into the kv_api.errors class (or builtin) its kind names.
-#include "kvcore/error.h"
-
 #include "bind.h"
+#include "kvcore/error.h"
 #include "python_api.h"
 
 namespace kvcore::py {
@@ -11,16 +10,26 @@ namespace {
 PyObject* python_class(ErrorKind kind) {
   auto api = [](const char* name) { return kv_api().errors.attr(name).ptr(); };
   switch (kind) {
-    case ErrorKind::kValue: return PyExc_ValueError;
-    case ErrorKind::kType: return PyExc_TypeError;
-    case ErrorKind::kIndex: return PyExc_IndexError;
-    case ErrorKind::kKey: return PyExc_KeyError;
-    case ErrorKind::kLogic: return api("LogicError");
-    case ErrorKind::kInvalidState: return api("InvalidStateError");
-    case ErrorKind::kOutOfPages: return api("OutOfPagesError");
-    case ErrorKind::kHostOOM: return api("HostOOMError");
-    case ErrorKind::kDiskOOM: return api("DiskOOMError");
-    case ErrorKind::kCorrupted: return api("CorruptedError");
+    case ErrorKind::kValue:
+      return PyExc_ValueError;
+    case ErrorKind::kType:
+      return PyExc_TypeError;
+    case ErrorKind::kIndex:
+      return PyExc_IndexError;
+    case ErrorKind::kKey:
+      return PyExc_KeyError;
+    case ErrorKind::kLogic:
+      return api("LogicError");
+    case ErrorKind::kInvalidState:
+      return api("InvalidStateError");
+    case ErrorKind::kOutOfPages:
+      return api("OutOfPagesError");
+    case ErrorKind::kHostOOM:
+      return api("HostOOMError");
+    case ErrorKind::kDiskOOM:
+      return api("DiskOOMError");
+    case ErrorKind::kCorrupted:
+      return api("CorruptedError");
   }
   return PyExc_RuntimeError;
 }

@@ -72,7 +72,7 @@ class PyBlockKeyIterator {
 };
 
 PyBlockKeyIterator py_sequence_to_blockchain_keys(nb::handle tokens_per_block, nb::handle scope, nb::handle tokens,
-                                                   nb::handle format) {
+                                                  nb::handle format) {
   const KeyArgs args = key_args(tokens_per_block, scope, format);
   TokenInput input(tokens, args.format);
   // The iterator may outlive the caller's buffer, so it keeps its own copy of the ids.
@@ -125,32 +125,44 @@ void bind_keys(nb::module_& m) {
         nb::arg("reuse_scope").none(), nb::arg("tokens").none(), nb::arg("key_format") = u32,
         "Yield ``([], root_key)`` then ``(block_tokens, block_key)`` per block; validates now, hashes lazily.");
   m.def("reuse_scope_to_bytes", &py_reuse_scope_to_bytes, nb::arg("reuse_scope").none());
-  m.def("gen_multimodal_cache_key_tokens", &py_gen_multimodal_cache_key_tokens, nb::arg("id_offset"),
-        nb::arg("digest"), nb::arg("num_tokens"), nb::arg("token_offset") = 0, nb::arg("uuid").none() = nb::none());
-  m.def("cache_salt_to_id", [](nb::handle salt) {
-    if (!PyUnicode_Check(salt.ptr())) raise(PyExc_TypeError, "cache_salt: expected a str, got " + py_type_name(salt));
-    Py_ssize_t size = 0;
-    const char* utf8 = PyUnicode_AsUTF8AndSize(salt.ptr(), &size);
-    if (!utf8) throw nb::python_error();
-    return cache_salt_to_id(std::string_view(utf8, static_cast<std::size_t>(size)));
-  }, nb::arg("cache_salt"));
-  m.def("block_hash_v2_sha256", [](nb::handle key) { return block_hash_v2_sha256(key_digest("key", key)); },
-        nb::arg("key"));
-  m.def("block_hash_v2_sha256_64", [](nb::handle key) { return block_hash_v2_sha256_64(key_digest("key", key)); },
-        nb::arg("key"));
-  m.def("block_hash_v1", [](nb::handle tokens, nb::handle parent_hash, nb::handle scope) {
-    const ReuseScope s = reuse_scope(scope);
-    const std::uint64_t parent = u64("parent_hash", parent_hash);
-    TokenInput input(tokens, KeyFormat::kU64);
-    if (!input.tokens().digests.empty()) {
-      raise(PyExc_ValueError,
-            "token " + std::to_string(input.tokens().digests[0].position) + ": a digest token has no v1_block_key form");
-    }
-    return block_hash_v1(input.tokens(), parent, s);
-  }, nb::arg("tokens"), nb::arg("parent_hash"), nb::arg("reuse_scope").none() = nb::none());
-  m.def("sha256", [](nb::bytes data) {
-    return digest_bytes(sha256_digest(reinterpret_cast<const std::uint8_t*>(data.c_str()), data.size()));
-  }, nb::arg("data"), "SHA-256 of ``data`` through the active transform (for known-answer tests).");
+  m.def("gen_multimodal_cache_key_tokens", &py_gen_multimodal_cache_key_tokens, nb::arg("id_offset"), nb::arg("digest"),
+        nb::arg("num_tokens"), nb::arg("token_offset") = 0, nb::arg("uuid").none() = nb::none());
+  m.def(
+      "cache_salt_to_id",
+      [](nb::handle salt) {
+        if (!PyUnicode_Check(salt.ptr()))
+          raise(PyExc_TypeError, "cache_salt: expected a str, got " + py_type_name(salt));
+        Py_ssize_t size = 0;
+        const char* utf8 = PyUnicode_AsUTF8AndSize(salt.ptr(), &size);
+        if (!utf8) throw nb::python_error();
+        return cache_salt_to_id(std::string_view(utf8, static_cast<std::size_t>(size)));
+      },
+      nb::arg("cache_salt"));
+  m.def(
+      "block_hash_v2_sha256", [](nb::handle key) { return block_hash_v2_sha256(key_digest("key", key)); },
+      nb::arg("key"));
+  m.def(
+      "block_hash_v2_sha256_64", [](nb::handle key) { return block_hash_v2_sha256_64(key_digest("key", key)); },
+      nb::arg("key"));
+  m.def(
+      "block_hash_v1",
+      [](nb::handle tokens, nb::handle parent_hash, nb::handle scope) {
+        const ReuseScope s = reuse_scope(scope);
+        const std::uint64_t parent = u64("parent_hash", parent_hash);
+        TokenInput input(tokens, KeyFormat::kU64);
+        if (!input.tokens().digests.empty()) {
+          raise(PyExc_ValueError, "token " + std::to_string(input.tokens().digests[0].position) +
+                                      ": a digest token has no v1_block_key form");
+        }
+        return block_hash_v1(input.tokens(), parent, s);
+      },
+      nb::arg("tokens"), nb::arg("parent_hash"), nb::arg("reuse_scope").none() = nb::none());
+  m.def(
+      "sha256",
+      [](nb::bytes data) {
+        return digest_bytes(sha256_digest(reinterpret_cast<const std::uint8_t*>(data.c_str()), data.size()));
+      },
+      nb::arg("data"), "SHA-256 of ``data`` through the active transform (for known-answer tests).");
 }
 
 }  // namespace kvcore::py

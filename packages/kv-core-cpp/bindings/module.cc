@@ -20,8 +20,7 @@ NB_MODULE(_core, m) {
 
   m.def("build_info", &kvcore::build_info, "Compiler, flags, build type and the SHA-256 transform in use.");
   m.def("sha256_transforms", &kvcore::sha256::available, "SHA-256 transforms this build and CPU can run.");
-  m.def("sha256_transform", [] { return std::string(kvcore::sha256::active().name); },
-        "The SHA-256 transform in use.");
+  m.def("sha256_transform", [] { return std::string(kvcore::sha256::active().name); }, "The SHA-256 transform in use.");
   m.def("select_sha256_transform", &kvcore::sha256::select, nb::arg("name"),
         "Force a SHA-256 transform (tests and benchmarks); ValueError if this machine cannot run it.");
 }

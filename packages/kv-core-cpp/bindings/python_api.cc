@@ -38,8 +38,8 @@ std::uint64_t int_in_range(const char* where, nb::handle value, std::int64_t low
   }
   nb::object index = nb::steal(PyNumber_Index(value.ptr()));
   if (!index.is_valid()) throw nb::python_error();
-  const std::string rule = below_2_64 ? "in [" + std::to_string(low) + ", 18446744073709551616)"
-                                      : ">= " + std::to_string(low);
+  const std::string rule =
+      below_2_64 ? "in [" + std::to_string(low) + ", 18446744073709551616)" : ">= " + std::to_string(low);
   int overflow = 0;
   const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
   if (overflow < 0 || (overflow == 0 && v < low)) {
@@ -87,7 +87,8 @@ KeyFormat key_format(nb::handle format) {
 }
 
 Digest key_digest(const char* where, nb::handle key) {
-  if (!PyBytes_Check(key.ptr())) raise(PyExc_TypeError, std::string(where) + ": expected bytes, got " + py_type_name(key));
+  if (!PyBytes_Check(key.ptr()))
+    raise(PyExc_TypeError, std::string(where) + ": expected bytes, got " + py_type_name(key));
   if (PyBytes_GET_SIZE(key.ptr()) != 32) {
     raise(PyExc_ValueError,
           std::string(where) + ": must be 32 bytes (got " + std::to_string(PyBytes_GET_SIZE(key.ptr())) + ")");

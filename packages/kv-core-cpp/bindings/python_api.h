@@ -33,8 +33,8 @@ std::uint64_t int_at_least(const char* where, nb::handle value, std::int64_t low
 // A u64 in [0, 2**64): the same rule with the upper bound.
 std::uint64_t u64(const char* where, nb::handle value);
 
-ReuseScope reuse_scope(nb::handle scope);       // None or kv_api.ReuseScope, else TypeError
-KeyFormat key_format(nb::handle format);        // a known format name, else TypeError/ValueError
+ReuseScope reuse_scope(nb::handle scope);              // None or kv_api.ReuseScope, else TypeError
+KeyFormat key_format(nb::handle format);               // a known format name, else TypeError/ValueError
 Digest key_digest(const char* where, nb::handle key);  // 32 bytes, else TypeError/ValueError
 
 }  // namespace kvcore::py

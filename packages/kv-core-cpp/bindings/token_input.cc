@@ -49,9 +49,9 @@ void TokenInput::view_buffer(nb::handle obj, KeyFormat format) {
   }
   const bool integer = std::strlen(letter) == 1 && std::strchr("bBhHiIlLqQnN", letter[0]);
   if (!integer || (view_.itemsize != 4 && view_.itemsize != 8) || !native_order(order)) {
-    raise(PyExc_TypeError,
-          "tokens: a token buffer must hold 4- or 8-byte integers in native byte order (got format " +
-              nb::cast<std::string>(nb::repr(nb::str(fmt))) + ", itemsize " + std::to_string(view_.itemsize) + ")");
+    raise(PyExc_TypeError, "tokens: a token buffer must hold 4- or 8-byte integers in native byte order (got format " +
+                               nb::cast<std::string>(nb::repr(nb::str(fmt))) + ", itemsize " +
+                               std::to_string(view_.itemsize) + ")");
   }
   tokens_.data = static_cast<const std::uint8_t*>(view_.buf);
   tokens_.count = static_cast<std::size_t>(view_.shape[0]);

@@ -19,8 +19,8 @@ Digest root_key(const ReuseScope& scope) {
   return sha256_digest(bytes.data(), bytes.size());
 }
 
-void block_keys(std::size_t tokens_per_block, const ReuseScope& scope, const Tokens& tokens,
-                KeyFormat format, std::uint8_t* out) noexcept {
+void block_keys(std::size_t tokens_per_block, const ReuseScope& scope, const Tokens& tokens, KeyFormat format,
+                std::uint8_t* out) noexcept {
   Digest key = root_key(scope);
   std::memcpy(out, key.data(), key.size());
   out += key.size();
@@ -38,10 +38,7 @@ void block_keys(std::size_t tokens_per_block, const ReuseScope& scope, const Tok
 
 BlockKeyIterator::BlockKeyIterator(std::size_t tokens_per_block, const ReuseScope& scope, Tokens tokens,
                                    KeyFormat format)
-    : tokens_per_block_(tokens_per_block),
-      tokens_(std::move(tokens)),
-      hasher_(format),
-      key_(root_key(scope)) {}
+    : tokens_per_block_(tokens_per_block), tokens_(std::move(tokens)), hasher_(format), key_(root_key(scope)) {}
 
 Digest BlockKeyIterator::next(std::size_t& begin, std::size_t& end) noexcept {
   begin = end = next_;

@@ -105,8 +105,8 @@ const Transform& lookup(const std::string& name, const std::string& what) {
   bool known = false;
   for (const char* k : kKnownNames) known = known || name == k;
   if (!known)
-    throw std::invalid_argument(what + ": unknown transform (known: portable, shani, armv8; available: " +
-                                join_available() + ")");
+    throw std::invalid_argument(
+        what + ": unknown transform (known: portable, shani, armv8; available: " + join_available() + ")");
   const char* reason = compiled_in(name) ? "not supported by this CPU" : "not compiled into this build";
   throw std::invalid_argument(what + ": transform not available on this machine (" + reason +
                               "; available: " + join_available() + ")");
@@ -143,8 +143,8 @@ void self_test(const Transform& t) {
   ok = ok && std::memcmp(st, kTwo, sizeof st) == 0;
 
   if (!ok)
-    throw std::runtime_error(std::string("kvcore sha256: known-answer self-test failed for transform '") +
-                             t.name + "'");
+    throw std::runtime_error(std::string("kvcore sha256: known-answer self-test failed for transform '") + t.name +
+                             "'");
 }
 
 std::mutex g_mutex;  // serialises first selection and select()

@@ -33,9 +33,7 @@ KVCORE_INLINE uint32x4_t schedule(uint32x4_t w0, uint32x4_t w1, uint32x4_t w2, u
 }
 
 // Message words are big-endian; the target is little-endian.
-KVCORE_INLINE uint32x4_t load_be(const std::uint8_t* p) {
-  return vreinterpretq_u32_u8(vrev32q_u8(vld1q_u8(p)));
-}
+KVCORE_INLINE uint32x4_t load_be(const std::uint8_t* p) { return vreinterpretq_u32_u8(vrev32q_u8(vld1q_u8(p))); }
 
 }  // namespace
 
@@ -57,18 +55,30 @@ void transform_armv8(std::uint32_t state[8], const std::uint8_t* data, std::size
     four_rounds(abcd, efgh, w1, 4);
     four_rounds(abcd, efgh, w2, 8);
     four_rounds(abcd, efgh, w3, 12);
-    w0 = schedule(w0, w1, w2, w3); four_rounds(abcd, efgh, w0, 16);
-    w1 = schedule(w1, w2, w3, w0); four_rounds(abcd, efgh, w1, 20);
-    w2 = schedule(w2, w3, w0, w1); four_rounds(abcd, efgh, w2, 24);
-    w3 = schedule(w3, w0, w1, w2); four_rounds(abcd, efgh, w3, 28);
-    w0 = schedule(w0, w1, w2, w3); four_rounds(abcd, efgh, w0, 32);
-    w1 = schedule(w1, w2, w3, w0); four_rounds(abcd, efgh, w1, 36);
-    w2 = schedule(w2, w3, w0, w1); four_rounds(abcd, efgh, w2, 40);
-    w3 = schedule(w3, w0, w1, w2); four_rounds(abcd, efgh, w3, 44);
-    w0 = schedule(w0, w1, w2, w3); four_rounds(abcd, efgh, w0, 48);
-    w1 = schedule(w1, w2, w3, w0); four_rounds(abcd, efgh, w1, 52);
-    w2 = schedule(w2, w3, w0, w1); four_rounds(abcd, efgh, w2, 56);
-    w3 = schedule(w3, w0, w1, w2); four_rounds(abcd, efgh, w3, 60);
+    w0 = schedule(w0, w1, w2, w3);
+    four_rounds(abcd, efgh, w0, 16);
+    w1 = schedule(w1, w2, w3, w0);
+    four_rounds(abcd, efgh, w1, 20);
+    w2 = schedule(w2, w3, w0, w1);
+    four_rounds(abcd, efgh, w2, 24);
+    w3 = schedule(w3, w0, w1, w2);
+    four_rounds(abcd, efgh, w3, 28);
+    w0 = schedule(w0, w1, w2, w3);
+    four_rounds(abcd, efgh, w0, 32);
+    w1 = schedule(w1, w2, w3, w0);
+    four_rounds(abcd, efgh, w1, 36);
+    w2 = schedule(w2, w3, w0, w1);
+    four_rounds(abcd, efgh, w2, 40);
+    w3 = schedule(w3, w0, w1, w2);
+    four_rounds(abcd, efgh, w3, 44);
+    w0 = schedule(w0, w1, w2, w3);
+    four_rounds(abcd, efgh, w0, 48);
+    w1 = schedule(w1, w2, w3, w0);
+    four_rounds(abcd, efgh, w1, 52);
+    w2 = schedule(w2, w3, w0, w1);
+    four_rounds(abcd, efgh, w2, 56);
+    w3 = schedule(w3, w0, w1, w2);
+    four_rounds(abcd, efgh, w3, 60);
 
     abcd = vaddq_u32(abcd, abcd_in);
     efgh = vaddq_u32(efgh, efgh_in);

@@ -14,8 +14,7 @@ inline std::uint32_t rotr(std::uint32_t x, int n) { return (x >> n) | (x << (32 
 // Big-endian load by bytes: correct on any alignment and compiles to a
 // single load + bswap on the targets we build for.
 inline std::uint32_t load_be32(const std::uint8_t* p) {
-  return (std::uint32_t(p[0]) << 24) | (std::uint32_t(p[1]) << 16) | (std::uint32_t(p[2]) << 8) |
-         std::uint32_t(p[3]);
+  return (std::uint32_t(p[0]) << 24) | (std::uint32_t(p[1]) << 16) | (std::uint32_t(p[2]) << 8) | std::uint32_t(p[3]);
 }
 
 inline std::uint32_t big_sigma0(std::uint32_t x) { return rotr(x, 2) ^ rotr(x, 13) ^ rotr(x, 22); }
@@ -26,8 +25,8 @@ inline std::uint32_t small_sigma1(std::uint32_t x) { return rotr(x, 17) ^ rotr(x
 // One round. Instead of shifting all eight working variables, callers rotate
 // the argument order, so each round only writes d and h (the compiler then
 // keeps everything in registers with no moves).
-inline void round(std::uint32_t a, std::uint32_t b, std::uint32_t c, std::uint32_t& d, std::uint32_t e,
-                  std::uint32_t f, std::uint32_t g, std::uint32_t& h, std::uint32_t kw) {
+inline void round(std::uint32_t a, std::uint32_t b, std::uint32_t c, std::uint32_t& d, std::uint32_t e, std::uint32_t f,
+                  std::uint32_t g, std::uint32_t& h, std::uint32_t kw) {
   const std::uint32_t t1 = h + big_sigma1(e) + ((e & f) ^ (~e & g)) + kw;
   const std::uint32_t t2 = big_sigma0(a) + ((a & b) ^ (a & c) ^ (b & c));
   d += t1;
@@ -44,9 +43,8 @@ inline std::uint32_t expand(std::uint32_t w[16], int t) {
 // Eight rounds starting at round t; kExpand selects taking W straight from
 // the block (t < 16) or expanding the schedule.
 template <bool kExpand>
-inline void eight_rounds(std::uint32_t& a, std::uint32_t& b, std::uint32_t& c, std::uint32_t& d,
-                         std::uint32_t& e, std::uint32_t& f, std::uint32_t& g, std::uint32_t& h,
-                         std::uint32_t w[16], int t) {
+inline void eight_rounds(std::uint32_t& a, std::uint32_t& b, std::uint32_t& c, std::uint32_t& d, std::uint32_t& e,
+                         std::uint32_t& f, std::uint32_t& g, std::uint32_t& h, std::uint32_t w[16], int t) {
   const std::uint32_t* k = detail::kRoundConstants;
   auto W = [&](int i) { return kExpand ? expand(w, i) : w[i & 15]; };
   round(a, b, c, d, e, f, g, h, k[t + 0] + W(t + 0));
@@ -74,11 +72,23 @@ void transform_portable(std::uint32_t state[8], const std::uint8_t* data, std::s
     eight_rounds<false>(a, b, c, d, e, f, g, h, w, 8);
     for (int t = 16; t < 64; t += 8) eight_rounds<true>(a, b, c, d, e, f, g, h, w, t);
 
-    h0 += a; h1 += b; h2 += c; h3 += d;
-    h4 += e; h5 += f; h6 += g; h7 += h;
+    h0 += a;
+    h1 += b;
+    h2 += c;
+    h3 += d;
+    h4 += e;
+    h5 += f;
+    h6 += g;
+    h7 += h;
   }
-  state[0] = h0; state[1] = h1; state[2] = h2; state[3] = h3;
-  state[4] = h4; state[5] = h5; state[6] = h6; state[7] = h7;
+  state[0] = h0;
+  state[1] = h1;
+  state[2] = h2;
+  state[3] = h3;
+  state[4] = h4;
+  state[5] = h5;
+  state[6] = h6;
+  state[7] = h7;
 }
 
 }  // namespace sha256

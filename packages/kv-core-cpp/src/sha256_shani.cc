@@ -22,8 +22,7 @@ namespace {
 // pair, the register roles are back where they started: the first call's
 // result is the new ABEF, and the old ABEF becomes the new CDGH.
 KVCORE_INLINE void four_rounds(__m128i& abef, __m128i& cdgh, __m128i w, int t) {
-  __m128i wk = _mm_add_epi32(
-      w, _mm_load_si128(reinterpret_cast<const __m128i*>(detail::kRoundConstants + t)));
+  __m128i wk = _mm_add_epi32(w, _mm_load_si128(reinterpret_cast<const __m128i*>(detail::kRoundConstants + t)));
   cdgh = _mm_sha256rnds2_epu32(cdgh, abef, wk);
   wk = _mm_shuffle_epi32(wk, 0x0E);
   abef = _mm_sha256rnds2_epu32(abef, cdgh, wk);
@@ -50,8 +49,8 @@ void transform_shani(std::uint32_t state[8], const std::uint8_t* data, std::size
   const __m128i efgh = _mm_loadu_si128(reinterpret_cast<const __m128i*>(state + 4));
   const __m128i badc = _mm_shuffle_epi32(abcd, 0xB1);  // lanes 0..3: b a d c
   const __m128i hgfe = _mm_shuffle_epi32(efgh, 0x1B);  // lanes 0..3: h g f e
-  __m128i abef = _mm_alignr_epi8(badc, hgfe, 8);        // lanes 0..3: f e b a
-  __m128i cdgh = _mm_blend_epi16(hgfe, badc, 0xF0);     // lanes 0..3: h g d c
+  __m128i abef = _mm_alignr_epi8(badc, hgfe, 8);       // lanes 0..3: f e b a
+  __m128i cdgh = _mm_blend_epi16(hgfe, badc, 0xF0);    // lanes 0..3: h g d c
 
   for (; blocks != 0; --blocks, data += 64) {
     const __m128i abef_in = abef;
@@ -68,18 +67,30 @@ void transform_shani(std::uint32_t state[8], const std::uint8_t* data, std::size
     four_rounds(abef, cdgh, w3, 12);
     // Fully unrolled so the schedule for the next quad overlaps the
     // latency-bound RNDS2 chain of the current one.
-    w0 = schedule(w0, w1, w2, w3); four_rounds(abef, cdgh, w0, 16);
-    w1 = schedule(w1, w2, w3, w0); four_rounds(abef, cdgh, w1, 20);
-    w2 = schedule(w2, w3, w0, w1); four_rounds(abef, cdgh, w2, 24);
-    w3 = schedule(w3, w0, w1, w2); four_rounds(abef, cdgh, w3, 28);
-    w0 = schedule(w0, w1, w2, w3); four_rounds(abef, cdgh, w0, 32);
-    w1 = schedule(w1, w2, w3, w0); four_rounds(abef, cdgh, w1, 36);
-    w2 = schedule(w2, w3, w0, w1); four_rounds(abef, cdgh, w2, 40);
-    w3 = schedule(w3, w0, w1, w2); four_rounds(abef, cdgh, w3, 44);
-    w0 = schedule(w0, w1, w2, w3); four_rounds(abef, cdgh, w0, 48);
-    w1 = schedule(w1, w2, w3, w0); four_rounds(abef, cdgh, w1, 52);
-    w2 = schedule(w2, w3, w0, w1); four_rounds(abef, cdgh, w2, 56);
-    w3 = schedule(w3, w0, w1, w2); four_rounds(abef, cdgh, w3, 60);
+    w0 = schedule(w0, w1, w2, w3);
+    four_rounds(abef, cdgh, w0, 16);
+    w1 = schedule(w1, w2, w3, w0);
+    four_rounds(abef, cdgh, w1, 20);
+    w2 = schedule(w2, w3, w0, w1);
+    four_rounds(abef, cdgh, w2, 24);
+    w3 = schedule(w3, w0, w1, w2);
+    four_rounds(abef, cdgh, w3, 28);
+    w0 = schedule(w0, w1, w2, w3);
+    four_rounds(abef, cdgh, w0, 32);
+    w1 = schedule(w1, w2, w3, w0);
+    four_rounds(abef, cdgh, w1, 36);
+    w2 = schedule(w2, w3, w0, w1);
+    four_rounds(abef, cdgh, w2, 40);
+    w3 = schedule(w3, w0, w1, w2);
+    four_rounds(abef, cdgh, w3, 44);
+    w0 = schedule(w0, w1, w2, w3);
+    four_rounds(abef, cdgh, w0, 48);
+    w1 = schedule(w1, w2, w3, w0);
+    four_rounds(abef, cdgh, w1, 52);
+    w2 = schedule(w2, w3, w0, w1);
+    four_rounds(abef, cdgh, w2, 56);
+    w3 = schedule(w3, w0, w1, w2);
+    four_rounds(abef, cdgh, w3, 60);
 
     abef = _mm_add_epi32(abef, abef_in);
     cdgh = _mm_add_epi32(cdgh, cdgh_in);

@@ -9,8 +9,8 @@ namespace kvcore {
 KeyFormat parse_key_format(std::string_view name) {
   if (name == "sha256-u32") return KeyFormat::kU32;
   if (name == "sha256-u64") return KeyFormat::kU64;
-  throw Error(ErrorKind::kValue, "key_format: unknown '" + std::string(name) +
-                                     "' (expected one of sha256-u32, sha256-u64)");
+  throw Error(ErrorKind::kValue,
+              "key_format: unknown '" + std::string(name) + "' (expected one of sha256-u32, sha256-u64)");
 }
 
 const char* key_format_name(KeyFormat format) noexcept {
@@ -18,8 +18,7 @@ const char* key_format_name(KeyFormat format) noexcept {
 }
 
 std::string token_out_of_range(std::size_t position, const std::string& value, KeyFormat format) {
-  return "token " + std::to_string(position) + ": id " + value + " out of range for " +
-         key_format_name(format) +
+  return "token " + std::to_string(position) + ": id " + value + " out of range for " + key_format_name(format) +
          (format == KeyFormat::kU32 ? " (0 <= id < 2**31)" : " (0 <= id < 2**64)");
 }
 
@@ -99,7 +98,7 @@ Tokens Tokens::to_owned(KeyFormat format) const {
   out.digests = digests;
   out.owned.resize(count * out.width);
   for (std::size_t i = 0; i < count; ++i) {
-    const std::uint64_t v = raw(i);  // validated: fits the format's width
+    const std::uint64_t v = raw(i);                                // validated: fits the format's width
     std::memcpy(out.owned.data() + i * out.width, &v, out.width);  // little-endian low bytes
   }
   out.data = out.owned.data();

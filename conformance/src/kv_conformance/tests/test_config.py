@@ -33,7 +33,7 @@ def manager_config(**overrides: Any) -> KVCacheManagerConfig:
 
 BAD: list[tuple[str, Any, type[Exception], str]] = [
     ("gpu quota 0", lambda: GpuCacheTierConfig(0), ValueError, "GpuCacheTierConfig.quota"),
-    ("gpu quota str", lambda: GpuCacheTierConfig("1"), TypeError, "GpuCacheTierConfig.quota"),
+    ("gpu quota str", lambda: GpuCacheTierConfig("1"), TypeError, "GpuCacheTierConfig.quota"),  # type: ignore[arg-type]
     ("gpu quota bool", lambda: GpuCacheTierConfig(True), TypeError, "GpuCacheTierConfig.quota"),
     ("host quota -1", lambda: HostCacheTierConfig(-1), ValueError, "HostCacheTierConfig.quota"),
     ("disk path missing", lambda: DiskCacheTierConfig(1, "/no/such/dir"), ValueError, "DiskCacheTierConfig.path"),
@@ -44,16 +44,26 @@ BAD: list[tuple[str, Any, type[Exception], str]] = [
     ("layer id -1", lambda: AttentionLayerConfig(-1, KV), ValueError, "AttentionLayerConfig.layer_id"),
     ("no buffers", lambda: AttentionLayerConfig(0, []), ValueError, "AttentionLayerConfig.buffers"),
     ("duplicate roles", lambda: AttentionLayerConfig(0, [KV[0], KV[0]]), ValueError, "AttentionLayerConfig.buffers"),
-    ("buffers not configs", lambda: AttentionLayerConfig(0, [1]), TypeError, "AttentionLayerConfig.buffers[0]"),
+    ("buffers not configs", lambda: AttentionLayerConfig(0, [1]), TypeError, "AttentionLayerConfig.buffers[0]"),  # type: ignore[list-item]
     ("window 0", lambda: AttentionLayerConfig(0, KV, 0), ValueError, "AttentionLayerConfig.sliding_window_size"),
-    ("sinks need a window", lambda: AttentionLayerConfig(0, KV, None, 4), ValueError, "AttentionLayerConfig.num_sink_tokens"),
+    (
+        "sinks need a window",
+        lambda: AttentionLayerConfig(0, KV, None, 4),
+        ValueError,
+        "AttentionLayerConfig.num_sink_tokens",
+    ),
     ("ssm override", lambda: SsmLayerConfig(0, [BufferConfig("s", 8, 1)]), ValueError, "SsmLayerConfig.buffers"),
     ("desc history > capacity", lambda: KVCacheDesc(4, 5), ValueError, "KVCacheDesc.history_length"),
     ("batch system prompt -1", lambda: BatchDesc([], -1), ValueError, "BatchDesc.system_prompt_length"),
     ("tpb 0", lambda: manager_config(tokens_per_block=0), ValueError, "KVCacheManagerConfig.tokens_per_block"),
     ("tpb float", lambda: manager_config(tokens_per_block=32.0), TypeError, "KVCacheManagerConfig.tokens_per_block"),
     ("no tiers", lambda: manager_config(cache_tiers=[]), ValueError, "KVCacheManagerConfig.cache_tiers"),
-    ("host first", lambda: manager_config(cache_tiers=[HostCacheTierConfig(1)]), ValueError, "KVCacheManagerConfig.cache_tiers"),
+    (
+        "host first",
+        lambda: manager_config(cache_tiers=[HostCacheTierConfig(1)]),
+        ValueError,
+        "KVCacheManagerConfig.cache_tiers",
+    ),
     (
         "tiers out of order",
         lambda: manager_config(cache_tiers=[GPU[0], GPU[0]]),
@@ -74,14 +84,54 @@ BAD: list[tuple[str, Any, type[Exception], str]] = [
         ValueError,
         "KVCacheManagerConfig.layers[0]",
     ),
-    ("max util 0", lambda: manager_config(max_util_for_resume=0.0), ValueError, "KVCacheManagerConfig.max_util_for_resume"),
-    ("max util nan", lambda: manager_config(max_util_for_resume=math.nan), ValueError, "KVCacheManagerConfig.max_util_for_resume"),
-    ("max util 1.5", lambda: manager_config(max_util_for_resume=1.5), ValueError, "KVCacheManagerConfig.max_util_for_resume"),
-    ("backoff -1", lambda: manager_config(reuse_match_backoff=-1), ValueError, "KVCacheManagerConfig.reuse_match_backoff"),
-    ("flag not bool", lambda: manager_config(enable_partial_reuse=1), TypeError, "KVCacheManagerConfig.enable_partial_reuse"),
-    ("ratio negative", lambda: manager_config(initial_pool_ratio=[-1.0, 2.0]), ValueError, "KVCacheManagerConfig.initial_pool_ratio[0]"),
-    ("ratio sum", lambda: manager_config(initial_pool_ratio=[0.5, 0.4]), ValueError, "KVCacheManagerConfig.initial_pool_ratio"),
-    ("constraints not batches", lambda: manager_config(constraints=[1]), TypeError, "KVCacheManagerConfig.constraints[0]"),
+    (
+        "max util 0",
+        lambda: manager_config(max_util_for_resume=0.0),
+        ValueError,
+        "KVCacheManagerConfig.max_util_for_resume",
+    ),
+    (
+        "max util nan",
+        lambda: manager_config(max_util_for_resume=math.nan),
+        ValueError,
+        "KVCacheManagerConfig.max_util_for_resume",
+    ),
+    (
+        "max util 1.5",
+        lambda: manager_config(max_util_for_resume=1.5),
+        ValueError,
+        "KVCacheManagerConfig.max_util_for_resume",
+    ),
+    (
+        "backoff -1",
+        lambda: manager_config(reuse_match_backoff=-1),
+        ValueError,
+        "KVCacheManagerConfig.reuse_match_backoff",
+    ),
+    (
+        "flag not bool",
+        lambda: manager_config(enable_partial_reuse=1),
+        TypeError,
+        "KVCacheManagerConfig.enable_partial_reuse",
+    ),
+    (
+        "ratio negative",
+        lambda: manager_config(initial_pool_ratio=[-1.0, 2.0]),
+        ValueError,
+        "KVCacheManagerConfig.initial_pool_ratio[0]",
+    ),
+    (
+        "ratio sum",
+        lambda: manager_config(initial_pool_ratio=[0.5, 0.4]),
+        ValueError,
+        "KVCacheManagerConfig.initial_pool_ratio",
+    ),
+    (
+        "constraints not batches",
+        lambda: manager_config(constraints=[1]),
+        TypeError,
+        "KVCacheManagerConfig.constraints[0]",
+    ),
 ]
 
 

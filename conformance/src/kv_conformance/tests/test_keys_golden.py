@@ -50,18 +50,31 @@ def transforms(backend: kv_api.Backend) -> Iterator[str | None]:
 def test_golden_vectors(backend: kv_api.Backend) -> None:
     for transform in transforms(backend):
         keys = backend.block_keys(4, None, list(range(6)))
-        assert [keys[i : i + 32].hex() for i in range(0, len(keys), 32)] == [ROOT_EMPTY, FULL_0_3, PARTIAL_4_5], transform
+        assert [keys[i : i + 32].hex() for i in range(0, len(keys), 32)] == [ROOT_EMPTY, FULL_0_3, PARTIAL_4_5], (
+            transform
+        )
         root = backend.block_keys(4, ReuseScope(7, 11), [])
         assert root.hex() == ROOT_7_11, transform
-        assert backend.reuse_scope_to_bytes(ReuseScope(7, 11)) == b"\x03" + (7).to_bytes(8, "little") + (
-            11
-        ).to_bytes(8, "little")
+        assert backend.reuse_scope_to_bytes(ReuseScope(7, 11)) == b"\x03" + (7).to_bytes(8, "little") + (11).to_bytes(
+            8, "little"
+        )
         pairs = list(backend.sequence_to_blockchain_keys(4, None, range(6)))
-        assert pairs == [([], bytes.fromhex(ROOT_EMPTY)), ([0, 1, 2, 3], bytes.fromhex(FULL_0_3)), ([4, 5], bytes.fromhex(PARTIAL_4_5))]
+        assert pairs == [
+            ([], bytes.fromhex(ROOT_EMPTY)),
+            ([0, 1, 2, 3], bytes.fromhex(FULL_0_3)),
+            ([4, 5], bytes.fromhex(PARTIAL_4_5)),
+        ]
 
 
 def test_scope_none_is_not_zero(backend: kv_api.Backend) -> None:
-    scopes = [ReuseScope(), ReuseScope(0, None), ReuseScope(None, 0), ReuseScope(0, 0), ReuseScope(1, None), ReuseScope(None, 1)]
+    scopes = [
+        ReuseScope(),
+        ReuseScope(0, None),
+        ReuseScope(None, 0),
+        ReuseScope(0, 0),
+        ReuseScope(1, None),
+        ReuseScope(None, 1),
+    ]
     roots = {backend.block_keys(4, s, []) for s in scopes}
     assert len(roots) == len(scopes)
     assert backend.reuse_scope_to_bytes(ReuseScope(None, 0)) == b"\x02" + bytes(8)

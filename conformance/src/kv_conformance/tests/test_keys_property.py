@@ -28,7 +28,9 @@ formats = st.sampled_from(kv_api.KEY_FORMATS)
     ids=st.lists(st.integers(0, 2**31 - 1), max_size=300),
     container=st.sampled_from(sorted(INT_CONTAINERS)),
 )
-def test_int_tokens_match_reference(backend: kv_api.Backend, tpb: int, scope: ReuseScope, key_format: str, ids: list[int], container: str) -> None:
+def test_int_tokens_match_reference(
+    backend: kv_api.Backend, tpb: int, scope: ReuseScope, key_format: str, ids: list[int], container: str
+) -> None:
     expected = ref.block_keys(tpb, scope, ids, key_format)
     assert backend.block_keys(tpb, scope, INT_CONTAINERS[container](ids), key_format) == expected
     pairs = list(backend.sequence_to_blockchain_keys(tpb, scope, INT_CONTAINERS[container](ids), key_format))
@@ -46,7 +48,9 @@ def test_int_tokens_match_reference(backend: kv_api.Backend, tpb: int, scope: Re
     ),
     as_tuple=st.booleans(),
 )
-def test_digest_tokens_match_reference(backend: kv_api.Backend, tpb: int, scope: ReuseScope, key_format: str, tokens: list[Any], as_tuple: bool) -> None:
+def test_digest_tokens_match_reference(
+    backend: kv_api.Backend, tpb: int, scope: ReuseScope, key_format: str, tokens: list[Any], as_tuple: bool
+) -> None:
     given_tokens = tuple(tokens) if as_tuple else iter(tokens)
     assert backend.block_keys(tpb, scope, given_tokens, key_format) == ref.block_keys(tpb, scope, tokens, key_format)
 
@@ -70,7 +74,9 @@ def test_runs_crossing_4kb_and_digests_everywhere(backend: kv_api.Backend, key_f
     for position in (0, 1, 1023, 1024, 1025, 2047, 4096, 5002):
         mixed: list[Any] = list(ids)
         mixed[position] = digest
-        assert backend.block_keys(tpb, None, mixed, key_format) == ref.block_keys(tpb, None, mixed, key_format), position
+        assert backend.block_keys(tpb, None, mixed, key_format) == ref.block_keys(tpb, None, mixed, key_format), (
+            position
+        )
 
 
 def test_sequence_keys_are_lazy_but_validated_now(backend: kv_api.Backend) -> None:

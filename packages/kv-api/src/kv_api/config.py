@@ -147,9 +147,7 @@ class AttentionLayerConfig:
         if self.num_sink_tokens is not None:
             sinks = int_in_range("AttentionLayerConfig.num_sink_tokens", self.num_sink_tokens, 0)
             if self.sliding_window_size is None:
-                raise ValueError(
-                    "AttentionLayerConfig.num_sink_tokens: requires sliding_window_size"
-                )
+                raise ValueError("AttentionLayerConfig.num_sink_tokens: requires sliding_window_size")
             _set(self, "num_sink_tokens", sinks)
 
 
@@ -165,9 +163,7 @@ class SsmLayerConfig:
         _set(self, "buffers", _buffers("SsmLayerConfig", self.buffers))
         for b in self.buffers:
             if b.tokens_per_block_override is not None:
-                raise ValueError(
-                    "SsmLayerConfig.buffers: tokens_per_block_override is not allowed for SSM layers"
-                )
+                raise ValueError("SsmLayerConfig.buffers: tokens_per_block_override is not allowed for SSM layers")
 
 
 LayerConfig: TypeAlias = AttentionLayerConfig | SsmLayerConfig
@@ -239,9 +235,7 @@ class KVCacheManagerConfig:
             raise ValueError(f"{w}.cache_tiers: the first tier must be a GpuCacheTierConfig")
         order = [_TIER_ORDER[t.tier] for t in tiers]
         if order != sorted(set(order)):
-            raise ValueError(
-                f"{w}.cache_tiers: tiers must be distinct and ordered GPU, host, disk"
-            )
+            raise ValueError(f"{w}.cache_tiers: tiers must be distinct and ordered GPU, host, disk")
         _set(self, "cache_tiers", tiers)
 
         layers = _tuple_of(f"{w}.layers", self.layers, (AttentionLayerConfig, SsmLayerConfig))
@@ -255,8 +249,7 @@ class KVCacheManagerConfig:
                 o = b.tokens_per_block_override
                 if o is not None and tpb % o != 0:
                     raise ValueError(
-                        f"{w}.layers[{i}]: tokens_per_block_override {o} must divide "
-                        f"tokens_per_block {tpb}"
+                        f"{w}.layers[{i}]: tokens_per_block_override {o} must divide tokens_per_block {tpb}"
                     )
             if isinstance(layer, SsmLayerConfig) and not self.commit_min_snapshot:
                 raise ValueError(f"{w}.layers[{i}]: SSM layers require commit_min_snapshot=True")

@@ -55,6 +55,9 @@ class KVCacheManager(metaclass=_DefaultBackendFactory):
     ``KVCacheManagerConfig`` (else ``TypeError``); the manager keeps its own copy.
     """
 
+    def __init__(self, config: KVCacheManagerConfig, event_manager: Any = None) -> None:
+        """Backends validate and keep ``config``; this base only fixes the signature."""
+
     @property
     @abc.abstractmethod
     def init_config(self) -> KVCacheManagerConfig:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Iterable, Iterator
-from typing import Any, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from kv_api._check import as_int, int_in_range
 from kv_api.capabilities import KEY_FORMATS
@@ -68,9 +68,7 @@ def check_reuse_scope(reuse_scope: Any) -> ReuseScope:
 
 
 def token_out_of_range(position: int, value: int, key_format: str) -> ValueError:
-    return ValueError(
-        f"token {position}: id {value} out of range for {key_format} ({_RANGE_TEXT[key_format]})"
-    )
+    return ValueError(f"token {position}: id {value} out of range for {key_format} ({_RANGE_TEXT[key_format]})")
 
 
 def buffer_format_error(fmt: str, itemsize: int) -> TypeError:
@@ -83,7 +81,7 @@ def buffer_format_error(fmt: str, itemsize: int) -> TypeError:
 # --- token ingestion -----------------------------------------------------------------------
 
 
-def buffer_int_code(mv: memoryview) -> str:
+def buffer_int_code(mv: memoryview) -> Literal["i", "I", "q", "Q"]:
     """The ``struct`` code ('i', 'I', 'q' or 'Q') to read a token buffer with, or TypeError.
 
     Decided from the format's kind (signed / unsigned integer) and its item size together,
@@ -156,7 +154,9 @@ def encode_block(block: list[Token], key_format: str) -> bytes:
     return b"".join(t if isinstance(t, bytes) else t.to_bytes(width, "little") for t in block)
 
 
-def _keys(tokens_per_block: int, root: bytes, tokens: list[Token], key_format: str) -> Iterator[tuple[list[Token], bytes]]:
+def _keys(
+    tokens_per_block: int, root: bytes, tokens: list[Token], key_format: str
+) -> Iterator[tuple[list[Token], bytes]]:
     key = root
     yield [], key
     for start in range(0, len(tokens), tokens_per_block):

@@ -36,13 +36,9 @@ class MmItemContext:
 
     def __post_init__(self) -> None:
         if not isinstance(self.digest, bytes):
-            raise TypeError(
-                f"MmItemContext.digest: expected bytes, got {type(self.digest).__name__}"
-            )
+            raise TypeError(f"MmItemContext.digest: expected bytes, got {type(self.digest).__name__}")
         if len(self.digest) != DIGEST_SIZE:
-            raise ValueError(
-                f"MmItemContext.digest: must be {DIGEST_SIZE} bytes (got {len(self.digest)})"
-            )
+            raise ValueError(f"MmItemContext.digest: must be {DIGEST_SIZE} bytes (got {len(self.digest)})")
         if self.uuid is not None and not isinstance(self.uuid, str):
             raise TypeError(f"MmItemContext.uuid: expected str or None, got {type(self.uuid).__name__}")
 

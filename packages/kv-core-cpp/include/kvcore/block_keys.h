@@ -27,8 +27,8 @@ inline std::size_t num_blocks(std::size_t num_tokens, std::size_t tokens_per_blo
 }
 
 // Writes the root key then one key per block into `out` (32 * (1 + num_blocks) bytes).
-void block_keys(std::size_t tokens_per_block, const ReuseScope& scope, const Tokens& tokens,
-                KeyFormat format, std::uint8_t* out) noexcept;
+void block_keys(std::size_t tokens_per_block, const ReuseScope& scope, const Tokens& tokens, KeyFormat format,
+                std::uint8_t* out) noexcept;
 
 // The same keys one block at a time; it owns its tokens so it may outlive the caller's buffer.
 class BlockKeyIterator {

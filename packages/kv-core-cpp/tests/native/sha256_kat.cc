@@ -92,8 +92,7 @@ void test_transform(const std::string& name, const std::vector<std::uint8_t>& ms
        "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1"},
       {"one million 'a'", std::string(1000000, 'a'),
        "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"},
-      {"block-key byte 0x00", std::string(1, '\0'),
-       "6e340b9cffb37a989ca544e6bb780a2c78901d3fb33738768511a30617afa01d"},
+      {"block-key byte 0x00", std::string(1, '\0'), "6e340b9cffb37a989ca544e6bb780a2c78901d3fb33738768511a30617afa01d"},
   };
   for (const Kat& k : kats) {
     const std::string got = hex(digest_of(k.msg));

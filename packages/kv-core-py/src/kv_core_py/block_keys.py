@@ -44,7 +44,7 @@ def _chain(root: bytes, blocks: TokenBlocks) -> Iterator[tuple[list[Token], byte
     key = root
     yield [], key
     new = _NEW_SHA256
-    for block, payload in zip(blocks.blocks(), blocks.payloads()):
+    for block, payload in zip(blocks.blocks(), blocks.payloads(), strict=True):
         h = new()
         h.update(key + payload)
         key = h.digest()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 from kv_api.keys import TOKEN_ENCODING, Token, buffer_int_code, encode_block, token_list
 
@@ -55,7 +55,7 @@ def _pack_buffer(mv: memoryview, key_format: str) -> bytes | None:
 def _pack_ints(items: list[Any], key_format: str) -> bytes | None:
     if set(map(type, items)) - {int}:
         return None  # digests, bools or int-likes: the general path decides
-    width, limit = TOKEN_ENCODING[key_format]
+    width = TOKEN_ENCODING[key_format][0]
     try:
         packed = array("q" if width == 4 else "Q", items)
     except OverflowError:
@@ -105,10 +105,12 @@ class TokenBlocks:
 
     def blocks(self) -> Iterator[list[Token]]:
         """Per block, its tokens (ints and 32-byte digests)."""
-        tokens = self._tokens
-        if tokens is None:
+        tokens: list[Token]
+        if self._tokens is not None:
+            tokens = self._tokens
+        else:
             assert self._packed is not None
-            code = "I" if TOKEN_ENCODING[self._format][0] == 4 else "Q"
-            tokens = memoryview(self._packed).cast(code).tolist()
+            code: Literal["I", "Q"] = "I" if TOKEN_ENCODING[self._format][0] == 4 else "Q"
+            tokens = list(memoryview(self._packed).cast(code).tolist())
         tpb = self._tpb
         return (tokens[o : o + tpb] for o in range(0, len(tokens), tpb))

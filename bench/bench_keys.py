@@ -1,0 +1,92 @@
+"""Block-key benchmark: ns/token per backend, container and format, next to the SHA-256 limit.
+
+The limit is measured in the same run: hashlib over one large buffer gives ns per 64-byte
+compression, multiplied by the compressions the keys need (a key hashes 32 + tokens bytes,
+padded). Ratios are what to compare across machines; absolute times drift.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import time
+from array import array
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+import kv_api
+
+N_TOKENS = 1 << 20
+
+
+def best_of(fn: Callable[[], object], repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def ns_per_compression(repeat: int) -> float:
+    data = bytes(64 << 20)
+    return best_of(lambda: hashlib.sha256(data).digest(), repeat) / (len(data) // 64) * 1e9
+
+
+def compressions(n_tokens: int, tpb: int, width: int) -> int:
+    """SHA-256 compressions for the root and every block key."""
+    total = 1  # the root: one byte of scope, padded to one block
+    for start in range(0, n_tokens, tpb):
+        message = 32 + min(tpb, n_tokens - start) * width
+        total += (message + 9 + 63) // 64
+    return total
+
+
+def containers(ids: np.ndarray[Any, Any]) -> dict[str, Any]:
+    return {
+        "int32 buffer": ids.astype(np.int32),
+        "int64 buffer": ids.astype(np.int64),
+        "list": ids.tolist(),
+        "array('i')": array("i", ids.astype(np.int32).tobytes()),
+    }
+
+
+def iterate(backend: kv_api.Backend, tpb: int, tokens: Any, key_format: str) -> int:
+    return sum(1 for _ in backend.sequence_to_blockchain_keys(tpb, None, tokens, key_format))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tokens", type=int, default=N_TOKENS)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    ids = np.random.default_rng(0).integers(0, 2**31, args.tokens, dtype=np.int64)
+    per_compression = ns_per_compression(args.repeat)
+    print(f"SHA-256 limit: {per_compression:.1f} ns per 64-byte compression (hashlib, one large buffer)")
+    print(f"{args.tokens} tokens; ratio = time / (compressions x limit)\n")
+    print("| backend | function | format | tpb | input | ns/token | x limit |")
+    print("|---|---|---|---|---|---|---|")
+    for name in kv_api.available_backends():
+        backend = kv_api.load_backend(name)
+        for key_format, width in (("sha256-u32", 4), ("sha256-u64", 8)):
+            for tpb in (32, 64):
+                limit = compressions(args.tokens, tpb, width) * per_compression
+                for label, tokens in containers(ids).items():
+                    runs: list[tuple[str, Callable[[], object]]] = [
+                        ("block_keys", partial(backend.block_keys, tpb, None, tokens, key_format))
+                    ]
+                    if label == "int32 buffer":
+                        runs.append(("sequence", partial(iterate, backend, tpb, tokens, key_format)))
+                    for fn_name, fn in runs:
+                        seconds = best_of(fn, args.repeat)
+                        print(
+                            f"| {name} | {fn_name} | {key_format} | {tpb} | {label} | "
+                            f"{seconds / args.tokens * 1e9:.2f} | {seconds * 1e9 / limit:.2f} |"
+                        )
+
+
+if __name__ == "__main__":
+    main()
