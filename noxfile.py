@@ -61,7 +61,7 @@ def run_conformance(session: nox.Session, backends: str) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Everything CI runs: conformance on every backend, lint, types, stubs, the arm64 SHA-256 check."""
-    install(session, "ruff>=0.6", "mypy>=1.10", "clang-format>=17")
+    install(session, "ruff>=0.6", "mypy>=1.10", "clang-format>=17", "nox>=2024.4")
     run_conformance(session, "all")
     lint(session)
     typecheck(session)
@@ -97,7 +97,7 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy over every Python package, the suite and the benchmarks."""
     if session.name == "typecheck":
-        install(session, "mypy>=1.10")
+        install(session, "mypy>=1.10", "nox>=2024.4")
     session.run("mypy", *PY_SOURCES)
 
 
