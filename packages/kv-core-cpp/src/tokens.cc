@@ -1,6 +1,7 @@
 #include "kvcore/tokens.h"
 
 #include <cstring>
+#include <type_traits>
 
 #include "kvcore/error.h"
 
@@ -31,32 +32,30 @@ T load(const std::uint8_t* p) noexcept {
   return v;
 }
 
-// Index of the first id of type T outside [0, limit), or count. The contiguous loop is
-// branch-free so the compiler vectorises the common "all valid" case.
+// Index of the first id of type T outside [0, limit), or count. Compared as unsigned, so a
+// negative id is a huge one; the contiguous loop is branch-free and vectorises.
 template <typename T>
 std::size_t first_bad(const Tokens& t, std::uint64_t limit) {
+  using U = std::make_unsigned_t<T>;
+  const std::uint64_t sign_limit = std::uint64_t{1} << (8 * sizeof(T) - 1);
+  const U ulimit = static_cast<U>(std::is_signed_v<T> && limit > sign_limit ? sign_limit : limit);
   const std::uint8_t* p = t.data;
   if (t.contiguous()) {
     const std::size_t block = 4096;
     for (std::size_t start = 0; start < t.count; start += block) {
       const std::size_t end = start + block < t.count ? start + block : t.count;
-      bool bad = false;
-      for (std::size_t i = start; i < end; ++i) {
-        const T v = load<T>(p + i * sizeof(T));
-        bad |= (v < T(0)) | (static_cast<std::uint64_t>(v) >= limit);
-      }
+      U bad = 0;
+      for (std::size_t i = start; i < end; ++i) bad |= static_cast<U>(load<U>(p + i * sizeof(U)) >= ulimit);
       if (bad) {
         for (std::size_t i = start; i < end; ++i) {
-          const T v = load<T>(p + i * sizeof(T));
-          if (v < T(0) || static_cast<std::uint64_t>(v) >= limit) return i;
+          if (load<U>(p + i * sizeof(U)) >= ulimit) return i;
         }
       }
     }
     return t.count;
   }
   for (std::size_t i = 0; i < t.count; ++i) {
-    const T v = load<T>(p + static_cast<std::ptrdiff_t>(i) * t.stride);
-    if (v < T(0) || static_cast<std::uint64_t>(v) >= limit) return i;
+    if (load<U>(p + static_cast<std::ptrdiff_t>(i) * t.stride) >= ulimit) return i;
   }
   return t.count;
 }
