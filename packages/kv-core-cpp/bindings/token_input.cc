@@ -67,24 +67,44 @@ void TokenInput::store_id(std::size_t position, std::uint64_t id, KeyFormat form
   std::memcpy(tokens_.owned.data() + position * width, &id, width);  // little-endian: the low bytes
 }
 
+namespace {
+
+// The value of a non-negative exact int below 2**60 read without a call, else false (negative
+// or larger ints take the general path). Reads CPython's int layout: the public unstable API
+// from 3.12, the 30-bit digits before.
+bool small_id(PyObject* item, std::uint64_t& id) {
+#if PY_VERSION_HEX >= 0x030C0000
+  auto* v = reinterpret_cast<PyLongObject*>(item);
+  if (!PyUnstable_Long_IsCompact(v)) return false;
+  const Py_ssize_t x = PyUnstable_Long_CompactValue(v);
+  id = static_cast<std::uint64_t>(x);
+  return x >= 0;
+#else
+  const Py_ssize_t size = Py_SIZE(item);
+  const digit* d = reinterpret_cast<PyLongObject*>(item)->ob_digit;
+  if (size < 0 || size > 2) return false;
+  id = size == 0 ? 0 : size == 1 ? d[0] : d[0] | static_cast<std::uint64_t>(d[1]) << PyLong_SHIFT;
+  return true;
+#endif
+}
+
+}  // namespace
+
 void TokenInput::pack_sequence(nb::handle seq, KeyFormat format) {
-  const bool is_list = PyList_CheckExact(seq.ptr());
-  const Py_ssize_t n = is_list ? PyList_GET_SIZE(seq.ptr()) : PyTuple_GET_SIZE(seq.ptr());
+  PyObject* obj = seq.ptr();
   tokens_.width = static_cast<std::uint8_t>(token_width(format));
   tokens_.stride = tokens_.width;
-  tokens_.owned.resize(static_cast<std::size_t>(n) * tokens_.width);  // stored in place below
-  const long long limit = format == KeyFormat::kU32 ? (1ll << 31) : -1;
-  for (Py_ssize_t i = 0; i < (is_list ? PyList_GET_SIZE(seq.ptr()) : n); ++i) {
-    PyObject* item = is_list ? PyList_GET_ITEM(seq.ptr(), i) : PyTuple_GET_ITEM(seq.ptr(), i);
-    if (PyLong_CheckExact(item)) {
-      int overflow = 0;
-      const long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
-      if (overflow == 0 && v >= 0 && (limit < 0 || v < limit)) {
-        store_id(static_cast<std::size_t>(i), static_cast<std::uint64_t>(v), format);
-        continue;
-      }
+  tokens_.owned.resize(static_cast<std::size_t>(PySequence_Fast_GET_SIZE(obj)) * tokens_.width);
+  const std::uint64_t limit = format == KeyFormat::kU32 ? (1ull << 31) : ~0ull;
+  // Re-read the size each step: the general path may run Python code that changes a list.
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(obj); ++i) {
+    PyObject* item = PySequence_Fast_GET_ITEM(obj, i);
+    std::uint64_t id;
+    if (PyLong_CheckExact(item) && small_id(item, id) && id < limit) {
+      std::memcpy(tokens_.owned.data() + static_cast<std::size_t>(i) * tokens_.width, &id, tokens_.width);
+    } else {
+      push(static_cast<std::size_t>(i), item, format);  // the general rules decide
     }
-    push(static_cast<std::size_t>(i), item, format);  // the general rules decide
   }
   tokens_.count = tokens_.owned.size() / tokens_.width;
 }

@@ -19,20 +19,65 @@ Digest root_key(const ReuseScope& scope) {
   return sha256_digest(bytes.data(), bytes.size());
 }
 
+namespace {
+
+// Keys of `n` full blocks starting at token `begin`, none holding a digest token, through the
+// fused chain kernel: read in place when the buffer already has the format's encoding, else
+// packed a few blocks at a time into a 4 KB stack buffer.
+void full_block_keys(const Tokens& tokens, std::size_t begin, std::size_t n, std::size_t tokens_per_block,
+                     KeyFormat format, std::uint8_t* out) noexcept {
+  const std::size_t width = token_width(format);
+  const std::size_t len = tokens_per_block * width;
+  if (tokens.width == width && tokens.contiguous()) {
+    sha256::chain_keys(out - 32, tokens.data + begin * width, len, n, out);
+    return;
+  }
+  alignas(8) std::uint8_t buf[4096];
+  const std::size_t per_pack = sizeof buf / len;  // >= 1: callers send bigger blocks elsewhere
+  while (n != 0) {
+    const std::size_t k = n < per_pack ? n : per_pack;
+    for (std::size_t i = 0; i < k * tokens_per_block; ++i) {
+      const std::uint64_t v = tokens.raw(begin + i);
+      std::memcpy(buf + i * width, &v, width);  // little-endian: the low bytes
+    }
+    sha256::chain_keys(out - 32, buf, len, k, out);
+    out += 32 * k;
+    begin += k * tokens_per_block;
+    n -= k;
+  }
+}
+
+}  // namespace
+
 void block_keys(std::size_t tokens_per_block, const ReuseScope& scope, const Tokens& tokens, KeyFormat format,
                 std::uint8_t* out) noexcept {
-  Digest key = root_key(scope);
-  std::memcpy(out, key.data(), key.size());
-  out += key.size();
+  const Digest root = root_key(scope);
+  std::memcpy(out, root.data(), root.size());
+  out += root.size();  // `out - 32` is always the previous key
+  const bool packable = tokens_per_block * token_width(format) <= 4096;
+  const bool direct = tokens.width == token_width(format) && tokens.contiguous();
   Hasher hasher(format);
   std::size_t digest = 0;
-  for (std::size_t begin = 0; begin < tokens.count; begin += tokens_per_block) {
+  std::size_t begin = 0;
+  while (begin < tokens.count) {
+    const std::size_t stop = digest < tokens.digests.size() ? tokens.digests[digest].position : tokens.count;
+    const std::size_t run = (stop - begin) / tokens_per_block;
+    if (run != 0 && (direct || packable)) {
+      full_block_keys(tokens, begin, run, tokens_per_block, format, out);
+      out += 32 * run;
+      begin += run * tokens_per_block;
+      continue;
+    }
+    // A block holding a digest token, the partial tail, or a block too big to pack.
     const std::size_t end = tokens.count - begin < tokens_per_block ? tokens.count : begin + tokens_per_block;
-    hasher.begin(key);
+    Digest parent;
+    std::memcpy(parent.data(), out - 32, parent.size());
+    hasher.begin(parent);
     hasher.write(tokens, begin, end, digest);
-    key = hasher.finish();
+    const Digest key = hasher.finish();
     std::memcpy(out, key.data(), key.size());
     out += key.size();
+    begin = end;
   }
 }
 

@@ -33,12 +33,12 @@ namespace {
 constexpr const char* kKnownNames[] = {"portable", "shani", "armv8"};
 
 // Static storage so active() can hand out stable references.
-const Transform kPortable{"portable", &transform_portable};
+const Transform kPortable{"portable", &transform_portable, &chain_portable};
 #if defined(KVCORE_HAVE_SHANI)
-const Transform kShani{"shani", &transform_shani};
+const Transform kShani{"shani", &transform_shani, &chain_shani};
 #endif
 #if defined(KVCORE_HAVE_ARMV8)
-const Transform kArmv8{"armv8", &transform_armv8};
+const Transform kArmv8{"armv8", &transform_armv8, &chain_armv8};
 #endif
 
 #if defined(KVCORE_HAVE_SHANI)
@@ -112,9 +112,51 @@ const Transform& lookup(const std::string& name, const std::string& what) {
                               "; available: " + join_available() + ")");
 }
 
+// Plain (unfused) SHA-256 of a message shorter than 256 bytes using fn; the
+// reference for the chain self-test. Sha256 cannot be used there: its
+// constructor calls active(), which may be what is running the self-test.
+void digest_with(TransformFn fn, const std::uint8_t* msg, std::size_t len, std::uint8_t out[32]) {
+  std::uint32_t st[8];
+  std::memcpy(st, detail::kInitialHash, sizeof st);
+  const std::size_t full = len / 64, r = len % 64;
+  fn(st, msg, full);
+  std::uint8_t tail[128] = {};
+  std::memcpy(tail, msg + 64 * full, r);
+  tail[r] = 0x80;
+  const std::size_t blocks = r <= 55 ? 1 : 2;
+  const std::uint64_t bits = static_cast<std::uint64_t>(len) * 8;
+  for (int i = 0; i < 8; ++i) tail[64 * blocks - 8 + i] = static_cast<std::uint8_t>(bits >> (56 - 8 * i));
+  fn(st, tail, blocks);
+  for (int w = 0; w < 8; ++w)
+    for (int b = 0; b < 4; ++b) out[4 * w + b] = static_cast<std::uint8_t>(st[w] >> (24 - 8 * b));
+}
+
+// Checks t.chain against digest_with(t.fn) (whose KATs already passed) for n
+// keys of len bytes: exercises the hand-over of the state between keys, the
+// direct data loads and the tail/padding buffer.
+bool chain_matches(const Transform& t, std::size_t len, std::size_t n) {
+  std::uint8_t data[3 * 128 + 1];
+  for (std::size_t i = 0; i < sizeof data; ++i) data[i] = static_cast<std::uint8_t>(i * 131 + 7);
+  std::uint8_t parent[32];
+  for (std::size_t i = 0; i < 32; ++i) parent[i] = static_cast<std::uint8_t>(0xa5 ^ i);
+
+  std::uint8_t got[3 * 32], msg[32 + 128], want[32];
+  t.chain(parent, data + 1, len, n, got);  // odd address: the kernels must not assume alignment
+  const std::uint8_t* prev = parent;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::memcpy(msg, prev, 32);
+    std::memcpy(msg + 32, data + 1 + i * len, len);
+    digest_with(t.fn, msg, 32 + len, want);
+    if (std::memcmp(got + 32 * i, want, 32) != 0) return false;
+    prev = got + 32 * i;
+  }
+  return true;
+}
+
 // Known-answer self-test, run on every transform before it is made active so
 // a miscompiled or misdetected SIMD path fails loudly instead of producing
-// wrong keys. Covers a single block and a multi-block call.
+// wrong keys. Covers a single block and a multi-block call, then the fused
+// chain (3 keys spanning 3 blocks each; 2 keys that fit one block each).
 void self_test(const Transform& t) {
   static const std::uint32_t kInit[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
                                          0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
@@ -141,6 +183,7 @@ void self_test(const Transform& t) {
   std::memcpy(st, kInit, sizeof st);
   t.fn(st, two, 2);
   ok = ok && std::memcmp(st, kTwo, sizeof st) == 0;
+  ok = ok && chain_matches(t, 128, 3) && chain_matches(t, 5, 2);
 
   if (!ok)
     throw std::runtime_error(std::string("kvcore sha256: known-answer self-test failed for transform '") + t.name +
@@ -178,6 +221,11 @@ void select(const std::string& name) {
   std::lock_guard<std::mutex> lock(g_mutex);
   self_test(t);
   g_active.store(&t, std::memory_order_release);
+}
+
+void chain_keys(const std::uint8_t parent[32], const std::uint8_t* data, std::size_t len, std::size_t n,
+                std::uint8_t* out) noexcept {
+  active().chain(parent, data, len, n, out);
 }
 
 }  // namespace sha256

@@ -35,6 +35,52 @@ KVCORE_INLINE uint32x4_t schedule(uint32x4_t w0, uint32x4_t w1, uint32x4_t w2, u
 // Message words are big-endian; the target is little-endian.
 KVCORE_INLINE uint32x4_t load_be(const std::uint8_t* p) { return vreinterpretq_u32_u8(vrev32q_u8(vld1q_u8(p))); }
 
+// One block: 64 rounds on message words W0..W15 (lanes 0..3 of w0 = W0..W3,
+// and so on) plus the feed-forward addition.
+KVCORE_INLINE void compress(uint32x4_t& abcd, uint32x4_t& efgh, uint32x4_t w0, uint32x4_t w1, uint32x4_t w2,
+                            uint32x4_t w3) {
+  const uint32x4_t abcd_in = abcd;
+  const uint32x4_t efgh_in = efgh;
+  four_rounds(abcd, efgh, w0, 0);
+  four_rounds(abcd, efgh, w1, 4);
+  four_rounds(abcd, efgh, w2, 8);
+  four_rounds(abcd, efgh, w3, 12);
+  w0 = schedule(w0, w1, w2, w3);
+  four_rounds(abcd, efgh, w0, 16);
+  w1 = schedule(w1, w2, w3, w0);
+  four_rounds(abcd, efgh, w1, 20);
+  w2 = schedule(w2, w3, w0, w1);
+  four_rounds(abcd, efgh, w2, 24);
+  w3 = schedule(w3, w0, w1, w2);
+  four_rounds(abcd, efgh, w3, 28);
+  w0 = schedule(w0, w1, w2, w3);
+  four_rounds(abcd, efgh, w0, 32);
+  w1 = schedule(w1, w2, w3, w0);
+  four_rounds(abcd, efgh, w1, 36);
+  w2 = schedule(w2, w3, w0, w1);
+  four_rounds(abcd, efgh, w2, 40);
+  w3 = schedule(w3, w0, w1, w2);
+  four_rounds(abcd, efgh, w3, 44);
+  w0 = schedule(w0, w1, w2, w3);
+  four_rounds(abcd, efgh, w0, 48);
+  w1 = schedule(w1, w2, w3, w0);
+  four_rounds(abcd, efgh, w1, 52);
+  w2 = schedule(w2, w3, w0, w1);
+  four_rounds(abcd, efgh, w2, 56);
+  w3 = schedule(w3, w0, w1, w2);
+  four_rounds(abcd, efgh, w3, 60);
+  abcd = vaddq_u32(abcd, abcd_in);
+  efgh = vaddq_u32(efgh, efgh_in);
+}
+
+KVCORE_INLINE void compress_blocks(uint32x4_t& abcd, uint32x4_t& efgh, const std::uint8_t* p, std::size_t blocks) {
+  for (; blocks != 0; --blocks, p += 64)
+    compress(abcd, efgh, load_be(p), load_be(p + 16), load_be(p + 32), load_be(p + 48));
+}
+
+// Digest bytes are the big-endian state words.
+KVCORE_INLINE void store_be(std::uint8_t* p, uint32x4_t v) { vst1q_u8(p, vrev32q_u8(vreinterpretq_u8_u32(v))); }
+
 }  // namespace
 
 void transform_armv8(std::uint32_t state[8], const std::uint8_t* data, std::size_t blocks) {
@@ -42,50 +88,37 @@ void transform_armv8(std::uint32_t state[8], const std::uint8_t* data, std::size
   // loaded once and stays in registers across all blocks.
   uint32x4_t abcd = vld1q_u32(state);
   uint32x4_t efgh = vld1q_u32(state + 4);
-
-  for (; blocks != 0; --blocks, data += 64) {
-    const uint32x4_t abcd_in = abcd;
-    const uint32x4_t efgh_in = efgh;
-    uint32x4_t w0 = load_be(data);
-    uint32x4_t w1 = load_be(data + 16);
-    uint32x4_t w2 = load_be(data + 32);
-    uint32x4_t w3 = load_be(data + 48);
-
-    four_rounds(abcd, efgh, w0, 0);
-    four_rounds(abcd, efgh, w1, 4);
-    four_rounds(abcd, efgh, w2, 8);
-    four_rounds(abcd, efgh, w3, 12);
-    w0 = schedule(w0, w1, w2, w3);
-    four_rounds(abcd, efgh, w0, 16);
-    w1 = schedule(w1, w2, w3, w0);
-    four_rounds(abcd, efgh, w1, 20);
-    w2 = schedule(w2, w3, w0, w1);
-    four_rounds(abcd, efgh, w2, 24);
-    w3 = schedule(w3, w0, w1, w2);
-    four_rounds(abcd, efgh, w3, 28);
-    w0 = schedule(w0, w1, w2, w3);
-    four_rounds(abcd, efgh, w0, 32);
-    w1 = schedule(w1, w2, w3, w0);
-    four_rounds(abcd, efgh, w1, 36);
-    w2 = schedule(w2, w3, w0, w1);
-    four_rounds(abcd, efgh, w2, 40);
-    w3 = schedule(w3, w0, w1, w2);
-    four_rounds(abcd, efgh, w3, 44);
-    w0 = schedule(w0, w1, w2, w3);
-    four_rounds(abcd, efgh, w0, 48);
-    w1 = schedule(w1, w2, w3, w0);
-    four_rounds(abcd, efgh, w1, 52);
-    w2 = schedule(w2, w3, w0, w1);
-    four_rounds(abcd, efgh, w2, 56);
-    w3 = schedule(w3, w0, w1, w2);
-    four_rounds(abcd, efgh, w3, 60);
-
-    abcd = vaddq_u32(abcd, abcd_in);
-    efgh = vaddq_u32(efgh, efgh_in);
-  }
-
+  compress_blocks(abcd, efgh, data, blocks);
   vst1q_u32(state, abcd);
   vst1q_u32(state + 4, efgh);
+}
+
+void chain_armv8(const std::uint8_t parent[32], const std::uint8_t* data, std::size_t len, std::size_t n,
+                 std::uint8_t* out) {
+  detail::ChainPlan plan;
+  detail::chain_plan_init(plan, len);
+  const uint32x4_t iv_abcd = vld1q_u32(detail::kInitialHash);
+  const uint32x4_t iv_efgh = vld1q_u32(detail::kInitialHash + 4);
+
+  // Message words 0..7 of each key are the previous key's final state words
+  // (natural layout here), carried in registers from key to key.
+  uint32x4_t prev0 = load_be(parent);
+  uint32x4_t prev1 = load_be(parent + 16);
+  for (std::size_t i = 0; i < n; ++i, data += len, out += 32) {
+    detail::copy_short(plan.buf, data + plan.copy_off, plan.copy_len);
+    const std::uint8_t* hi = plan.hi_from_buf ? plan.buf : data;
+
+    uint32x4_t abcd = iv_abcd;
+    uint32x4_t efgh = iv_efgh;
+    compress(abcd, efgh, prev0, prev1, load_be(hi), load_be(hi + 16));
+    if (plan.mid_blocks != 0) compress_blocks(abcd, efgh, data + 32, plan.mid_blocks);  // data + 32 may be past the end
+    compress_blocks(abcd, efgh, plan.buf + plan.tail_off, plan.tail_blocks);
+
+    prev0 = abcd;
+    prev1 = efgh;
+    store_be(out, abcd);
+    store_be(out + 16, efgh);
+  }
 }
 
 #undef KVCORE_INLINE

@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "sha256_transforms.h"
 
@@ -89,6 +90,31 @@ void transform_portable(std::uint32_t state[8], const std::uint8_t* data, std::s
   state[5] = h5;
   state[6] = h6;
   state[7] = h7;
+}
+
+void chain_portable(const std::uint8_t parent[32], const std::uint8_t* data, std::size_t len, std::size_t n,
+                    std::uint8_t* out) {
+  // Scalar compression dominates here, so blocks are simply assembled in
+  // memory and fed to the block transform.
+  detail::ChainPlan plan;
+  detail::chain_plan_init(plan, len);
+  std::uint8_t block0[64];
+  std::memcpy(block0, parent, 32);  // before any write to out (parent may alias it)
+  for (std::size_t i = 0; i < n; ++i, data += len, out += 32) {
+    detail::copy_short(plan.buf, data + plan.copy_off, plan.copy_len);
+    std::memcpy(block0 + 32, plan.hi_from_buf ? plan.buf : data, 32);
+
+    std::uint32_t st[8];
+    std::memcpy(st, detail::kInitialHash, sizeof st);
+    transform_portable(st, block0, 1);
+    if (plan.mid_blocks != 0) transform_portable(st, data + 32, plan.mid_blocks);  // data + 32 may be past the end
+    transform_portable(st, plan.buf + plan.tail_off, plan.tail_blocks);
+
+    // The digest is the next key's parent: it goes straight into block0.
+    for (int w = 0; w < 8; ++w)
+      for (int b = 0; b < 4; ++b) block0[4 * w + b] = static_cast<std::uint8_t>(st[w] >> (24 - 8 * b));
+    std::memcpy(out, block0, 32);
+  }
 }
 
 }  // namespace sha256

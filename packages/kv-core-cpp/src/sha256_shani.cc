@@ -37,12 +37,68 @@ KVCORE_INLINE __m128i schedule(__m128i w0, __m128i w1, __m128i w2, __m128i w3) {
   return _mm_sha256msg2_epu32(x, w3);
 }
 
+// Byte-swaps each 32-bit lane: message words and digests are big-endian.
+KVCORE_INLINE __m128i bswap_mask() { return _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL); }
+
+KVCORE_INLINE __m128i load_be(const std::uint8_t* p) {
+  return _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)), bswap_mask());
+}
+
+// One block: 64 rounds on message words W0..W15 (lanes 0..3 of w0 = W0..W3,
+// and so on) plus the feed-forward addition.
+KVCORE_INLINE void compress(__m128i& abef, __m128i& cdgh, __m128i w0, __m128i w1, __m128i w2, __m128i w3) {
+  const __m128i abef_in = abef;
+  const __m128i cdgh_in = cdgh;
+  four_rounds(abef, cdgh, w0, 0);
+  four_rounds(abef, cdgh, w1, 4);
+  four_rounds(abef, cdgh, w2, 8);
+  four_rounds(abef, cdgh, w3, 12);
+  // Fully unrolled so the schedule for the next quad overlaps the
+  // latency-bound RNDS2 chain of the current one.
+  w0 = schedule(w0, w1, w2, w3);
+  four_rounds(abef, cdgh, w0, 16);
+  w1 = schedule(w1, w2, w3, w0);
+  four_rounds(abef, cdgh, w1, 20);
+  w2 = schedule(w2, w3, w0, w1);
+  four_rounds(abef, cdgh, w2, 24);
+  w3 = schedule(w3, w0, w1, w2);
+  four_rounds(abef, cdgh, w3, 28);
+  w0 = schedule(w0, w1, w2, w3);
+  four_rounds(abef, cdgh, w0, 32);
+  w1 = schedule(w1, w2, w3, w0);
+  four_rounds(abef, cdgh, w1, 36);
+  w2 = schedule(w2, w3, w0, w1);
+  four_rounds(abef, cdgh, w2, 40);
+  w3 = schedule(w3, w0, w1, w2);
+  four_rounds(abef, cdgh, w3, 44);
+  w0 = schedule(w0, w1, w2, w3);
+  four_rounds(abef, cdgh, w0, 48);
+  w1 = schedule(w1, w2, w3, w0);
+  four_rounds(abef, cdgh, w1, 52);
+  w2 = schedule(w2, w3, w0, w1);
+  four_rounds(abef, cdgh, w2, 56);
+  w3 = schedule(w3, w0, w1, w2);
+  four_rounds(abef, cdgh, w3, 60);
+  abef = _mm_add_epi32(abef, abef_in);
+  cdgh = _mm_add_epi32(cdgh, cdgh_in);
+}
+
+KVCORE_INLINE void compress_blocks(__m128i& abef, __m128i& cdgh, const std::uint8_t* p, std::size_t blocks) {
+  for (; blocks != 0; --blocks, p += 64)
+    compress(abef, cdgh, load_be(p), load_be(p + 16), load_be(p + 32), load_be(p + 48));
+}
+
+// ABEF/CDGH (lanes 0..3: f e b a / h g d c) to {a,b,c,d},{e,f,g,h}.
+KVCORE_INLINE void to_natural(__m128i abef, __m128i cdgh, __m128i& abcd, __m128i& efgh) {
+  const __m128i feba = _mm_shuffle_epi32(abef, 0x1B);  // lanes 0..3: a b e f
+  const __m128i dchg = _mm_shuffle_epi32(cdgh, 0xB1);  // lanes 0..3: g h c d
+  abcd = _mm_blend_epi16(feba, dchg, 0xF0);
+  efgh = _mm_alignr_epi8(dchg, feba, 8);
+}
+
 }  // namespace
 
 void transform_shani(std::uint32_t state[8], const std::uint8_t* data, std::size_t blocks) {
-  // Byte-swaps each 32-bit lane: message words are big-endian.
-  const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
-
   // state[] is {a,b,c,d},{e,f,g,h} with a in lane 0; convert once per call to
   // ABEF/CDGH (lanes 3..0) and keep it in registers across all blocks.
   const __m128i abcd = _mm_loadu_si128(reinterpret_cast<const __m128i*>(state));
@@ -52,55 +108,42 @@ void transform_shani(std::uint32_t state[8], const std::uint8_t* data, std::size
   __m128i abef = _mm_alignr_epi8(badc, hgfe, 8);       // lanes 0..3: f e b a
   __m128i cdgh = _mm_blend_epi16(hgfe, badc, 0xF0);    // lanes 0..3: h g d c
 
-  for (; blocks != 0; --blocks, data += 64) {
-    const __m128i abef_in = abef;
-    const __m128i cdgh_in = cdgh;
-    const __m128i* p = reinterpret_cast<const __m128i*>(data);
-    __m128i w0 = _mm_shuffle_epi8(_mm_loadu_si128(p + 0), bswap);
-    __m128i w1 = _mm_shuffle_epi8(_mm_loadu_si128(p + 1), bswap);
-    __m128i w2 = _mm_shuffle_epi8(_mm_loadu_si128(p + 2), bswap);
-    __m128i w3 = _mm_shuffle_epi8(_mm_loadu_si128(p + 3), bswap);
+  compress_blocks(abef, cdgh, data, blocks);
 
-    four_rounds(abef, cdgh, w0, 0);
-    four_rounds(abef, cdgh, w1, 4);
-    four_rounds(abef, cdgh, w2, 8);
-    four_rounds(abef, cdgh, w3, 12);
-    // Fully unrolled so the schedule for the next quad overlaps the
-    // latency-bound RNDS2 chain of the current one.
-    w0 = schedule(w0, w1, w2, w3);
-    four_rounds(abef, cdgh, w0, 16);
-    w1 = schedule(w1, w2, w3, w0);
-    four_rounds(abef, cdgh, w1, 20);
-    w2 = schedule(w2, w3, w0, w1);
-    four_rounds(abef, cdgh, w2, 24);
-    w3 = schedule(w3, w0, w1, w2);
-    four_rounds(abef, cdgh, w3, 28);
-    w0 = schedule(w0, w1, w2, w3);
-    four_rounds(abef, cdgh, w0, 32);
-    w1 = schedule(w1, w2, w3, w0);
-    four_rounds(abef, cdgh, w1, 36);
-    w2 = schedule(w2, w3, w0, w1);
-    four_rounds(abef, cdgh, w2, 40);
-    w3 = schedule(w3, w0, w1, w2);
-    four_rounds(abef, cdgh, w3, 44);
-    w0 = schedule(w0, w1, w2, w3);
-    four_rounds(abef, cdgh, w0, 48);
-    w1 = schedule(w1, w2, w3, w0);
-    four_rounds(abef, cdgh, w1, 52);
-    w2 = schedule(w2, w3, w0, w1);
-    four_rounds(abef, cdgh, w2, 56);
-    w3 = schedule(w3, w0, w1, w2);
-    four_rounds(abef, cdgh, w3, 60);
+  __m128i out0, out1;
+  to_natural(abef, cdgh, out0, out1);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(state), out0);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(state + 4), out1);
+}
 
-    abef = _mm_add_epi32(abef, abef_in);
-    cdgh = _mm_add_epi32(cdgh, cdgh_in);
+void chain_shani(const std::uint8_t parent[32], const std::uint8_t* data, std::size_t len, std::size_t n,
+                 std::uint8_t* out) {
+  detail::ChainPlan plan;
+  detail::chain_plan_init(plan, len);
+  const std::uint32_t* iv = detail::kInitialHash;
+  const __m128i iv_abef =
+      _mm_set_epi32(static_cast<int>(iv[0]), static_cast<int>(iv[1]), static_cast<int>(iv[4]), static_cast<int>(iv[5]));
+  const __m128i iv_cdgh =
+      _mm_set_epi32(static_cast<int>(iv[2]), static_cast<int>(iv[3]), static_cast<int>(iv[6]), static_cast<int>(iv[7]));
+
+  // Message words 0..7 of each key are the previous key's digest words, i.e.
+  // its final state in natural order: carried in registers from key to key.
+  __m128i prev0 = load_be(parent);
+  __m128i prev1 = load_be(parent + 16);
+  for (std::size_t i = 0; i < n; ++i, data += len, out += 32) {
+    detail::copy_short(plan.buf, data + plan.copy_off, plan.copy_len);
+    const std::uint8_t* hi = plan.hi_from_buf ? plan.buf : data;
+
+    __m128i abef = iv_abef;
+    __m128i cdgh = iv_cdgh;
+    compress(abef, cdgh, prev0, prev1, load_be(hi), load_be(hi + 16));
+    if (plan.mid_blocks != 0) compress_blocks(abef, cdgh, data + 32, plan.mid_blocks);  // data + 32 may be past the end
+    compress_blocks(abef, cdgh, plan.buf + plan.tail_off, plan.tail_blocks);
+
+    to_natural(abef, cdgh, prev0, prev1);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_shuffle_epi8(prev0, bswap_mask()));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm_shuffle_epi8(prev1, bswap_mask()));
   }
-
-  // Back to {a,b,c,d},{e,f,g,h}.
-  const __m128i feba = _mm_shuffle_epi32(abef, 0x1B);  // lanes 0..3: a b e f
-  const __m128i dchg = _mm_shuffle_epi32(cdgh, 0xB1);  // lanes 0..3: g h c d
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(state), _mm_blend_epi16(feba, dchg, 0xF0));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(state + 4), _mm_alignr_epi8(dchg, feba, 8));
 }
 
 #undef KVCORE_INLINE

@@ -17,9 +17,15 @@ namespace sha256 {
 // Compresses `blocks` consecutive 64-byte blocks into `state` (8 words, FIPS 180-4 H0..H7).
 using TransformFn = void (*)(std::uint32_t state[8], const std::uint8_t* data, std::size_t blocks);
 
+// Computes n chained keys over uniform messages: key[i] = SHA-256(key[i-1] || data[i*len, (i+1)*len)),
+// key[-1] = parent; writes key[i] to out + 32*i. data is read in place (any alignment); len >= 1.
+using ChainFn = void (*)(const std::uint8_t parent[32], const std::uint8_t* data, std::size_t len, std::size_t n,
+                         std::uint8_t* out);
+
 struct Transform {
   const char* name;
   TransformFn fn;
+  ChainFn chain;  // fused chain of keys; keeps the state in registers across keys
 };
 
 // Transforms compiled in AND supported by this CPU; "portable" first, then "shani"/"armv8".
@@ -36,6 +42,11 @@ const Transform& active();
 // not compiled in, or not supported by the CPU. Sha256 objects created
 // afterwards use the new transform; existing ones keep theirs.
 void select(const std::string& name);
+
+// Chained block keys with the active transform (see ChainFn). parent is read
+// before anything is written, so it may alias out.
+void chain_keys(const std::uint8_t parent[32], const std::uint8_t* data, std::size_t len, std::size_t n,
+                std::uint8_t* out) noexcept;
 
 }  // namespace sha256
 

@@ -69,6 +69,74 @@ std::vector<kvcore::Digest> portable_prefix_digests(const std::vector<std::uint8
   return out;
 }
 
+// Fused chain (Transform::chain) vs the streaming Sha256 class on the portable
+// transform, one key at a time: key[i] = SHA-256(key[i-1] || message i).
+void test_chain(const std::string& name) {
+  const std::string p = "[" + name + "] ";
+  // Around every padding boundary: 32 + len hitting 55/56 bytes mod 64
+  // (length spills into an extra block), multiples of 64, and len < 32 (the
+  // whole message inside block 0).
+  static const std::size_t kLens[] = {1,  4,  20, 23,  24,  31,  32,  55,  56,  63,  64,   87,
+                                      88, 95, 96, 119, 120, 127, 128, 129, 200, 256, 1000, 4096};
+  static const std::size_t kCounts[] = {1, 2, 7};
+  const std::vector<std::uint8_t> pool = random_bytes(7 * 4096 + 32);
+  const std::uint8_t* parent = pool.data() + 7 * 4096;
+
+  struct Case {
+    std::size_t len, n;
+    std::vector<std::uint8_t> data;  // data() + 1 is the (odd) message start
+    std::vector<kvcore::Digest> want;
+  };
+  std::vector<Case> cases;
+  kvcore::sha256::select("portable");
+  for (std::size_t len : kLens) {
+    for (std::size_t n : kCounts) {
+      // Sized exactly, so a sanitizer build catches reads past the last message.
+      Case c{len, n, std::vector<std::uint8_t>(1 + n * len), {}};
+      std::memcpy(c.data.data() + 1, pool.data(), n * len);
+      kvcore::Digest prev;
+      std::memcpy(prev.data(), parent, 32);
+      for (std::size_t i = 0; i < n; ++i) {
+        kvcore::Sha256 h;
+        h.write(prev.data(), 32);
+        h.write(c.data.data() + 1 + i * len, len);
+        prev = h.finish();
+        c.want.push_back(prev);
+      }
+      cases.push_back(std::move(c));
+    }
+  }
+
+  kvcore::sha256::select(name);
+  const kvcore::sha256::ChainFn chain = kvcore::sha256::active().chain;
+  constexpr std::uint8_t kSentinel = 0xcd;
+  std::size_t bad = 0;
+  std::string first_bad;
+  for (const Case& c : cases) {
+    std::vector<std::uint8_t> out(32 * c.n + 32, kSentinel);  // one spare key: detects overruns
+    chain(parent, c.data.data() + 1, c.len, c.n, out.data());
+    bool ok = true;
+    for (std::size_t i = 0; i < c.n; ++i) ok = ok && std::memcmp(out.data() + 32 * i, c.want[i].data(), 32) == 0;
+    for (std::size_t i = 32 * c.n; i < out.size(); ++i) ok = ok && out[i] == kSentinel;
+    if (!ok && bad++ == 0) first_bad = " (first: len " + std::to_string(c.len) + " n " + std::to_string(c.n) + ")";
+  }
+  check(bad == 0, p + "chain == streaming Sha256 for " + std::to_string(cases.size()) +
+                      " (len, n) cases, unaligned data" + (bad ? ", " + std::to_string(bad) + " bad" + first_bad : ""));
+
+  // n == 0 must not touch out.
+  std::vector<std::uint8_t> out(64, kSentinel);
+  chain(parent, cases[0].data.data() + 1, 1, 0, out.data());
+  bool untouched = true;
+  for (std::uint8_t b : out) untouched = untouched && b == kSentinel;
+  check(untouched, p + "chain with n = 0 writes nothing");
+
+  // The public entry point dispatches to the active transform's chain.
+  const Case& c = cases.back();
+  std::vector<std::uint8_t> via_api(32 * c.n);
+  kvcore::sha256::chain_keys(parent, c.data.data() + 1, c.len, c.n, via_api.data());
+  check(std::memcmp(via_api.data() + 32 * (c.n - 1), c.want.back().data(), 32) == 0, p + "chain_keys() matches");
+}
+
 void test_transform(const std::string& name, const std::vector<std::uint8_t>& msg,
                     const std::vector<kvcore::Digest>& ref) {
   kvcore::sha256::select(name);
@@ -160,6 +228,8 @@ void test_transform(const std::string& name, const std::vector<std::uint8_t>& ms
     fn(unaligned, shifted.data() + 1, blocks);
     check(std::memcmp(multi, unaligned, sizeof multi) == 0, p + "unaligned input");
   }
+
+  test_chain(name);
 }
 
 int run(int argc, char** argv) {

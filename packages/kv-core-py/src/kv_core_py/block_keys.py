@@ -32,6 +32,15 @@ def block_keys(
     keys = [key]
     append = keys.append
     new = _NEW_SHA256
+    packed, step = blocks.packed, blocks.step
+    if packed is not None:
+        # The hot loop, inlined: a generator or a list of slices costs more than the hashing.
+        for o in range(0, len(packed), step):
+            h = new()
+            h.update(key + packed[o : o + step])
+            key = h.digest()
+            append(key)
+        return b"".join(keys)
     for payload in blocks.payloads():
         h = new()
         h.update(key + payload)

@@ -93,11 +93,21 @@ class TokenBlocks:
         self._packed = pack_tokens(tokens, key_format)
         self._tokens = token_list(tokens, key_format) if self._packed is None else None
 
+    @property
+    def packed(self) -> bytes | None:
+        """All token bytes when every token is a plain int (then block ``i`` is a slice), else None."""
+        return self._packed
+
+    @property
+    def step(self) -> int:
+        """Bytes of a full block in ``packed``."""
+        return self._tpb * TOKEN_ENCODING[self._format][0]
+
     def payloads(self) -> Iterator[bytes]:
         """Per block, the bytes its key hashes after the parent key."""
         tpb, fmt, packed = self._tpb, self._format, self._packed
         if packed is not None:
-            step = tpb * TOKEN_ENCODING[fmt][0]
+            step = self.step
             return (packed[o : o + step] for o in range(0, len(packed), step))
         tokens = self._tokens
         assert tokens is not None
