@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from kv_api._check import int_in_range, unit_interval
+from kv_api.capabilities import KEY_FORMATS
 from kv_api.constants import CacheTier
 
 __all__ = [
@@ -220,6 +221,7 @@ class KVCacheManagerConfig:
     commit_min_snapshot: bool = False
     enable_stats: bool = True
     text_only: bool = False
+    key_format: str = "sha256-u32"
 
     def __post_init__(self) -> None:
         w = "KVCacheManagerConfig"
@@ -259,6 +261,10 @@ class KVCacheManagerConfig:
         for flag in ("enable_partial_reuse", "commit_min_snapshot", "enable_stats", "text_only"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"{w}.{flag}: expected a bool, got {type(getattr(self, flag)).__name__}")
+        if not isinstance(self.key_format, str):
+            raise TypeError(f"{w}.key_format: expected a str, got {type(self.key_format).__name__}")
+        if self.key_format not in KEY_FORMATS:
+            raise ValueError(f"{w}.key_format: unknown {self.key_format!r} (expected one of {', '.join(KEY_FORMATS)})")
         _set(self, "reuse_match_backoff", int_in_range(f"{w}.reuse_match_backoff", self.reuse_match_backoff, 0))
         _set(self, "constraints", _tuple_of(f"{w}.constraints", self.constraints, BatchDesc))
         if self.typical_step is not None and not isinstance(self.typical_step, BatchDesc):

@@ -16,6 +16,7 @@ from kv_api.capabilities import Capabilities
 from kv_api.config import KVCacheManagerConfig
 from kv_api.keys import Token
 from kv_api.scope import ReuseScope
+from kv_api.stats import StorageStatistics
 
 __all__ = ["BACKEND_ATTRIBUTES", "Backend", "KVCache", "KVCacheManager"]
 
@@ -52,7 +53,12 @@ class KVCacheManager(metaclass=_DefaultBackendFactory):
     """Owns the paged pools, the radix tree of block keys, eviction, events and statistics.
 
     ``KVCacheManager(config, event_manager=None)``: ``config`` must be a
-    ``KVCacheManagerConfig`` (else ``TypeError``); the manager keeps its own copy.
+    ``KVCacheManagerConfig`` (else ``TypeError``); ``event_manager`` must be the same backend's
+    ``KVCacheEventManager`` (else ``TypeError``) and serves one manager only (``ValueError``).
+    Host/disk tiers and ``commit_min_snapshot`` raise ``NotImplementedError`` unless the
+    backend's capabilities say otherwise. Every method is safe to call from several threads.
+    After ``shutdown()`` every call but ``shutdown()`` raises ``InvalidStateError``.
+    The full semantics are in docs/manager.md.
     """
 
     def __init__(self, config: KVCacheManagerConfig, event_manager: Any = None) -> None:
@@ -68,16 +74,82 @@ class KVCacheManager(metaclass=_DefaultBackendFactory):
     def tokens_per_block(self) -> int:
         """Tokens per block, as configured."""
 
+    @abc.abstractmethod
+    def create_kv_cache(
+        self,
+        reuse_scope: ReuseScope | None = None,
+        input_tokens: Any = None,
+        id: int | None = None,
+        custom_priority_callback: Any = None,
+    ) -> KVCache:
+        """A SUSPENDED cache whose committed tokens are the reusable prefix of ``input_tokens``
+        (held, not yet locked). ``custom_priority_callback(ordinal, LifeCycle) -> int`` in
+        [0, 100] sets each new page's eviction priority (default 35); reuse may raise a block's
+        priority. Bad tokens: ``ValueError``/``TypeError`` as ``kv_api.keys``."""
+
+    @abc.abstractmethod
+    def probe_reuse(self, reuse_scope: ReuseScope | None = None, tokens: Any = None) -> int:
+        """What ``create_kv_cache`` would reuse now, without changing anything."""
+
+    @abc.abstractmethod
+    def probe_first_new_block_key(self, reuse_scope: ReuseScope | None, tokens: Any) -> bytes | None:
+        """Key of block ``probe_reuse // tokens_per_block`` over ``tokens``; None if that block
+        would be partial or everything is reusable."""
+
+    @abc.abstractmethod
+    def get_storage_statistics(self, level: int = 0) -> list[StorageStatistics]:
+        """Slot accounting per pool group. ``IndexError`` for a level the manager lacks."""
+
+    @abc.abstractmethod
+    def clear_reusable_blocks(self) -> None:
+        """Empty the radix tree. ``LogicError`` (changing nothing) while caches are open."""
+
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """Clear and release memory. ``LogicError`` (changing nothing) while caches are open."""
+
 
 class KVCache(abc.ABC):
     """One request's view of the cache: SUSPENDED on creation, ACTIVE after ``resume()``,
     CLOSED after ``close()``. Calls made in a state that does not allow them raise
-    ``kv_api.errors.InvalidStateError``. Built by ``KVCacheManager.create_kv_cache``.
+    ``kv_api.errors.InvalidStateError`` and change nothing. Lengths always satisfy
+    ``num_committed_tokens <= history_length <= capacity`` and
+    ``num_blocks == ceil(capacity / tokens_per_block)``.
     """
 
     @abc.abstractmethod
+    def resume(self, stream: Any = None) -> bool:
+        """SUSPENDED -> ACTIVE, locking the cache's pages. False (nothing changed) if a pool
+        group's utilisation exceeds ``max_util_for_resume`` or pages run out. The first resume
+        copies a reused partial block into private pages (the tree's are never written)."""
+
+    @abc.abstractmethod
+    def suspend(self) -> None:
+        """ACTIVE -> SUSPENDED: pages stay held but unlocked (page indices read -1)."""
+
+    @abc.abstractmethod
+    def resize(self, capacity: int | None = None, history_length: int | None = None) -> bool:
+        """ACTIVE only. ``ValueError`` if history would decrease or capacity drop below it.
+        False, with nothing changed, when pages run out."""
+
+    @abc.abstractmethod
+    def commit(self, tokens: Any, is_end: bool = False) -> None:
+        """ACTIVE only: record computed tokens; full blocks enter the radix tree. ``ValueError``
+        beyond capacity; ``LogicError`` after ``stop_committing()``."""
+
+    @abc.abstractmethod
+    def stop_committing(self) -> None:
+        """Commit the partial tail block and accept no further commits. Idempotent."""
+
+    @abc.abstractmethod
     def close(self) -> None:
-        """Release every page the cache holds; committed pages stay reusable. Idempotent."""
+        """``stop_committing()``, then release every page; committed pages stay reusable until
+        evicted, the others are freed. Idempotent."""
+
+    @abc.abstractmethod
+    def get_base_page_indices(self, layer_group: int, beam: int = 0) -> Any:
+        """``array('i')``: one slot id per block, ``BAD_PAGE_INDEX`` where no page is locked.
+        ``IndexError`` for a bad layer group or beam."""
 
 
 @runtime_checkable

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["StorageStatistics"]
+__all__ = ["CacheStats", "StorageStatistics"]
 
 
 @dataclass(frozen=True)
@@ -25,3 +25,21 @@ class StorageStatistics:
     @property
     def unavailable(self) -> int:
         return self.total - self.available
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Counters of a manager, since construction (committed) or since the last reset (iteration).
+
+    - ``requests``: caches created; ``lookup_tokens``: tokens they asked to reuse;
+      ``reused_tokens``: tokens reused from the tree.
+    - ``allocated_pages`` / ``evicted_pages``: pages handed out / evicted to make room.
+    - ``committed_blocks``: blocks that entered the tree.
+    """
+
+    requests: int = 0
+    lookup_tokens: int = 0
+    reused_tokens: int = 0
+    allocated_pages: int = 0
+    evicted_pages: int = 0
+    committed_blocks: int = 0

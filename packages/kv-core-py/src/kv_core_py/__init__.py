@@ -15,6 +15,8 @@ from kv_api.keys import (
     reuse_scope_to_bytes,
 )
 from kv_core_py.block_keys import block_keys, sequence_to_blockchain_keys
+from kv_core_py.event_manager import KVCacheEventManager
+from kv_core_py.kv_cache import KVCache
 from kv_core_py.manager import KVCacheManager
 
 name = "py"
@@ -31,6 +33,8 @@ def build_info() -> dict[str, str]:
 
 
 __all__ = [
+    "KVCache",
+    "KVCacheEventManager",
     "KVCacheManager",
     "block_hash_v1",
     "block_hash_v2_sha256",

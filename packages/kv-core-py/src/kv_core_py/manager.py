@@ -1,20 +1,64 @@
-"""The Python backend's KV-cache manager."""
+"""The Python backend's KV-cache manager (docs/manager.md)."""
 
 from __future__ import annotations
 
+import builtins
+import threading
+from dataclasses import replace
+from hashlib import sha256
 from typing import Any
 
 import kv_api
+from kv_api._check import int_in_range
 from kv_api.config import KVCacheManagerConfig
+from kv_api.constants import GPU_LEVEL, PageIndexMode
+from kv_api.descriptors import LifeCycle, PageIndexConverter, PoolDesc, PoolGroupDesc
+from kv_api.errors import InvalidStateError, LogicError
+from kv_api.keys import Token, check_reuse_scope, reuse_scope_to_bytes, token_list
+from kv_api.scope import ReuseScope
+from kv_api.stats import CacheStats, StorageStatistics
+from kv_core_py.event_manager import KVCacheEventManager
+from kv_core_py.kv_cache import KVCache, PriorityCallback
+from kv_core_py.life_cycles import LifeCycleRegistry
+from kv_core_py.radix_tree import Block, RadixTree, chunk_key
+from kv_core_py.slot_counts import SlotCounts
+from kv_core_py.storage import Storage
+from kv_core_py.storage_config import BufferPlacement, StorageConfig
 
 
 class KVCacheManager(kv_api.KVCacheManager):
     """See ``kv_api.KVCacheManager`` for the contract."""
 
-    def __init__(self, config: KVCacheManagerConfig, event_manager: Any = None) -> None:
+    def __init__(self, config: KVCacheManagerConfig, event_manager: KVCacheEventManager | None = None) -> None:
         if not isinstance(config, KVCacheManagerConfig):
             raise TypeError(f"config: expected KVCacheManagerConfig, got {type(config).__name__}")
-        self._config = config  # frozen, so sharing it is a copy in all but identity
+        if event_manager is not None and not isinstance(event_manager, KVCacheEventManager):
+            raise TypeError(
+                f"event_manager: expected this backend's KVCacheEventManager, got {type(event_manager).__name__}"
+            )
+        if len(config.cache_tiers) > 1:
+            raise NotImplementedError("cache_tiers: host and disk tiers are not supported yet (see capabilities)")
+        if config.commit_min_snapshot:
+            raise NotImplementedError("commit_min_snapshot is not supported yet")
+        self._config = config
+        self._registry = LifeCycleRegistry(config)
+        self._storage_config = StorageConfig(config, self._registry)
+        self._counts = SlotCounts(config, self._registry, self._storage_config)
+        self._tree = RadixTree(len(self._registry.life_cycles))
+        if event_manager is not None:
+            event_manager.bind([lc.window for lc in self._registry.life_cycles])
+        self._events = event_manager
+        self._storage = Storage(self._storage_config, self._counts, self._registry, self._tree, event_manager)
+        self._lock = threading.RLock()
+        self._caches: dict[int, KVCache] = {}
+        self._next_id = 0
+        self._is_shut_down = False
+        self._committed_stats = CacheStats()
+        self._iteration_stats = CacheStats()
+        if event_manager is not None:
+            event_manager.created((sum(self._counts.slots),))
+
+    # -- configuration ------------------------------------------------------------------------
 
     @property
     def init_config(self) -> KVCacheManagerConfig:
@@ -23,3 +67,243 @@ class KVCacheManager(kv_api.KVCacheManager):
     @property
     def tokens_per_block(self) -> int:
         return self._config.tokens_per_block
+
+    @property
+    def life_cycles(self) -> list[LifeCycle]:
+        return list(self._registry.life_cycles)
+
+    @property
+    def layer_grouping(self) -> list[list[int]]:
+        """Layer ids per layer group (= life cycle), in config order."""
+        groups: list[list[int]] = [[] for _ in self._registry.life_cycles]
+        for layer, lc in self._registry.layer_life_cycle.items():
+            groups[lc].append(layer)
+        return groups
+
+    @property
+    def layer_ids(self) -> list[int]:
+        return list(self._registry.layer_life_cycle)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self._registry.layer_life_cycle)
+
+    def get_layer_group_id(self, layer_id: int) -> int:
+        try:
+            return self._registry.layer_life_cycle[layer_id]
+        except KeyError:
+            raise KeyError(f"no layer {layer_id!r}") from None
+
+    def _live(self) -> None:
+        if self._is_shut_down:
+            raise InvalidStateError("the manager is shut down")
+
+    # -- memory layout -----------------------------------------------------------------------------
+
+    def _placement(self, layer_id: int, role: str) -> BufferPlacement:
+        return self._storage_config.placement(layer_id, role)
+
+    def get_mem_pool_base_address(
+        self, layer_id: int, role: str, index_mode: PageIndexMode = PageIndexMode.PER_LAYER
+    ) -> int:
+        """The pool holding the buffer; in SHARED mode, plus the buffer's offset in a slot."""
+        with self._lock:
+            self._live()
+            p = self._placement(layer_id, role)
+            base = (
+                self._storage.pool_groups[self._storage_config.life_cycle_pool_group[p.life_cycle]]
+                .pools[p.pool]
+                .base_address
+            )
+            return base + (p.position * p.size if PageIndexMode(index_mode) == PageIndexMode.SHARED else 0)
+
+    def get_page_stride(self, layer_id: int, role: str) -> int:
+        return self._placement(layer_id, role).page_size
+
+    def get_page_index_converter(self, layer_id: int, role: str) -> PageIndexConverter:
+        p = self._placement(layer_id, role)
+        return PageIndexConverter(p.scale, p.expansion, p.position)
+
+    def get_page_index_upper_bound(self, layer_id: int, role: str) -> int:
+        p = self._placement(layer_id, role)
+        num_slots = self._counts.slots[self._storage_config.life_cycle_pool_group[p.life_cycle]]
+        return (p.scale * num_slots - p.position) * p.expansion
+
+    @property
+    def pool_group_descs(self) -> list[PoolGroupDesc]:
+        with self._lock:
+            self._live()
+            return [
+                PoolGroupDesc(
+                    pg.index,
+                    self._counts.slots[pg.index],
+                    pg.life_cycles,
+                    tuple(
+                        PoolDesc(pool.base_address, pool.slot_size)
+                        for pool in self._storage.pool_groups[pg.index].pools
+                    ),
+                )
+                for pg in self._storage_config.pool_groups
+            ]
+
+    def pool_memory(self, pool_group: int, pool: int) -> memoryview:
+        """Writable bytes of one pool (slot ``s`` at ``s * slot_size``), for CPU engines and tests."""
+        with self._lock:
+            self._live()
+            groups = self._storage.pool_groups
+            g = int_in_range("pool_group", pool_group, 0)
+            if g >= len(groups):
+                raise IndexError(f"pool_group {g} out of range (0..{len(groups) - 1})")
+            p = int_in_range("pool", pool, 0)
+            if p >= len(groups[g].pools):
+                raise IndexError(f"pool {p} out of range (0..{len(groups[g].pools) - 1})")
+            return groups[g].pools[p].view()
+
+    def get_quota(self, level: int = GPU_LEVEL) -> int:
+        self._check_level(level)
+        return self._counts.quota
+
+    def _check_level(self, level: Any) -> int:
+        lvl = int_in_range("level", level, 0)
+        if lvl != GPU_LEVEL:
+            raise IndexError(f"level {lvl} out of range (one cache level)")
+        return lvl
+
+    def get_storage_statistics(self, level: int = GPU_LEVEL) -> list[StorageStatistics]:
+        with self._lock:
+            self._check_level(level)
+            self._live()
+            return self._storage.statistics()
+
+    # -- statistics ----------------------------------------------------------------------------------
+
+    def _stats_add(self, **counts: int) -> None:
+        self._committed_stats = replace(
+            self._committed_stats, **{k: getattr(self._committed_stats, k) + v for k, v in counts.items()}
+        )
+        self._iteration_stats = replace(
+            self._iteration_stats, **{k: getattr(self._iteration_stats, k) + v for k, v in counts.items()}
+        )
+
+    def get_committed_stats(self) -> CacheStats:
+        with self._lock:
+            return replace(self._committed_stats, evicted_pages=self._storage.num_evicted)
+
+    def get_and_reset_iteration_stats(self) -> CacheStats:
+        with self._lock:
+            stats = replace(self._iteration_stats, evicted_pages=self._storage.num_evicted - self._evicted_mark)
+            self._iteration_stats = CacheStats()
+            self._evicted_mark = self._storage.num_evicted
+            return stats
+
+    _evicted_mark = 0
+
+    # -- reuse --------------------------------------------------------------------------------------
+
+    def _scope_and_tokens(self, reuse_scope: Any, tokens: Any) -> tuple[ReuseScope, bytes, list[Token]]:
+        scope = check_reuse_scope(reuse_scope)
+        root_key = sha256(reuse_scope_to_bytes(scope)).digest()
+        return scope, root_key, [] if tokens is None else token_list(tokens, self._config.key_format)
+
+    def _match(self, root_key: bytes, tokens: list[Token]) -> list[tuple[Block, int]]:
+        """The reusable prefix: walk, back off, then cut until every life cycle has, for each
+        block it needs at the endpoint, a page covering the matched tokens."""
+        config, tpb = self._config, self._config.tokens_per_block
+        path = self._tree.walk(root_key, tokens, tpb, config.key_format, config.enable_partial_reuse)
+        backoff = config.reuse_match_backoff
+        while backoff and path:
+            block, n = path[-1]
+            if n > backoff:
+                path[-1] = (block, n - backoff)
+                backoff = 0
+            else:
+                path.pop()
+                backoff -= n
+        changed = True
+        while changed and path:
+            changed = False
+            total = sum(n for _, n in path)
+            for lc in range(len(self._registry.life_cycles)):
+                begin, end = self._registry.stale_range(lc, total)
+                for o, (block, n) in enumerate(path):
+                    if begin <= o < end:
+                        continue
+                    page = block.pages[lc]
+                    coverage = page.num_tokens if page is not None else 0
+                    if coverage < n:
+                        path[o:] = [(block, coverage)] if coverage else []
+                        changed = True
+                        break
+                if changed:
+                    break
+        return path
+
+    def probe_reuse(self, reuse_scope: ReuseScope | None = None, tokens: Any = None) -> int:
+        """Tokens ``create_kv_cache`` would reuse now; changes nothing."""
+        with self._lock:
+            self._live()
+            _, root_key, toks = self._scope_and_tokens(reuse_scope, tokens)
+            return sum(n for _, n in self._match(root_key, toks))
+
+    def probe_first_new_block_key(self, reuse_scope: ReuseScope | None, tokens: Any) -> bytes | None:
+        """The key of the first block not reusable now, chained over ``tokens``; None when that
+        block would be partial or everything is reusable."""
+        with self._lock:
+            self._live()
+            _, root_key, toks = self._scope_and_tokens(reuse_scope, tokens)
+            tpb = self._config.tokens_per_block
+            reusable = sum(n for _, n in self._match(root_key, toks))
+            k = reusable // tpb
+            if reusable >= len(toks) or (k + 1) * tpb > len(toks):
+                return None
+            key = root_key
+            for o in range(k + 1):
+                key = chunk_key(key, toks[o * tpb : (o + 1) * tpb], self._config.key_format)
+            return key
+
+    def create_kv_cache(
+        self,
+        reuse_scope: ReuseScope | None = None,
+        input_tokens: Any = None,
+        id: int | None = None,
+        custom_priority_callback: PriorityCallback | None = None,
+    ) -> KVCache:
+        """A SUSPENDED cache holding the reusable prefix of ``input_tokens``."""
+        with self._lock:
+            self._live()
+            if custom_priority_callback is not None and not callable(custom_priority_callback):
+                raise TypeError("custom_priority_callback: expected a callable or None")
+            scope, root_key, toks = self._scope_and_tokens(reuse_scope, input_tokens)
+            cache_id = self._next_id if id is None else int_in_range("id", id, 0)
+            path = self._match(root_key, toks)
+            reused = sum(n for _, n in path)
+            cache = KVCache(self, cache_id, scope, root_key, toks[:reused], path, custom_priority_callback)
+            self._next_id = max(self._next_id, cache_id) + 1
+            self._caches[builtins.id(cache)] = cache
+            self._stats_add(requests=1, lookup_tokens=len(toks), reused_tokens=reused)
+            return cache
+
+    @property
+    def num_open_kv_caches(self) -> int:
+        return len(self._caches)
+
+    def _require_no_open_caches(self, api: str) -> None:
+        if self._caches:
+            raise LogicError(f"{api}() with {len(self._caches)} KV cache(s) still open")
+
+    def clear_reusable_blocks(self) -> None:
+        """Empty the radix tree (every committed page is freed). LogicError while caches are open."""
+        with self._lock:
+            self._live()
+            self._require_no_open_caches("clear_reusable_blocks")
+            self._storage.clear()
+
+    def shutdown(self) -> None:
+        """Clear and release all memory; the manager is unusable afterwards. LogicError while
+        caches are open. Idempotent."""
+        with self._lock:
+            if self._is_shut_down:
+                return
+            self._require_no_open_caches("shutdown")
+            self._storage.clear()
+            self._is_shut_down = True

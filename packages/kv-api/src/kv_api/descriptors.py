@@ -1,0 +1,72 @@
+"""Frozen descriptions of how a manager laid out its memory (docs/manager.md, "Pools")."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kv_api.constants import BAD_PAGE_INDEX, PageIndexMode
+
+__all__ = ["BufferId", "LifeCycle", "PageIndexConverter", "PoolDesc", "PoolGroupDesc"]
+
+
+@dataclass(frozen=True, order=True)
+class BufferId:
+    """One buffer of one layer."""
+
+    layer_id: int
+    role: str
+
+
+@dataclass(frozen=True)
+class LifeCycle:
+    """Layers whose pages live and die together: full attention (``window is None``) or one
+    sliding window with ``num_sink_blocks`` sink blocks. ``id`` is also the layer-group id."""
+
+    id: int
+    window: int | None
+    num_sink_blocks: int
+
+
+@dataclass(frozen=True)
+class PageIndexConverter:
+    """Turns a cache's base page indices (slot ids) into one buffer's page indices.
+
+    ``scale`` buffers share each slot of the buffer's pool and the buffer is the
+    ``layer_offset``-th of them; one block is ``expansion`` pages of the buffer.
+    """
+
+    scale: int
+    expansion: int
+    layer_offset: int
+
+    def __call__(self, base_indices: Iterable[int], mode: PageIndexMode = PageIndexMode.PER_LAYER) -> list[int]:
+        offset = self.layer_offset if mode == PageIndexMode.PER_LAYER else 0
+        out: list[int] = []
+        for base in base_indices:
+            if base == BAD_PAGE_INDEX:
+                out.extend([BAD_PAGE_INDEX] * self.expansion)
+            else:
+                first = (base * self.scale + offset) * self.expansion
+                out.extend(range(first, first + self.expansion))
+        return out
+
+
+@dataclass(frozen=True)
+class PoolDesc:
+    """One pool: its pool group's ``num_slots`` slots of ``slot_size`` bytes at ``base_address``.
+    A slot holds one life cycle's buffers of one block side by side; where a buffer sits is
+    ``KVCacheManager.get_mem_pool_base_address`` / ``get_page_index_converter``."""
+
+    base_address: int
+    slot_size: int
+
+
+@dataclass(frozen=True)
+class PoolGroupDesc:
+    """Pools sharing slot ids: slot ``s`` is valid in every pool of the group at once."""
+
+    index: int
+    num_slots: int
+    life_cycles: tuple[int, ...]
+    pools: tuple[PoolDesc, ...]

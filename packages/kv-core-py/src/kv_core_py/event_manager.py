@@ -1,0 +1,162 @@
+"""KV-cache events for KV-aware routers (docs/manager.md, "Events").
+
+Stored events are per life cycle (``layer_group_id``) and merge while they extend the same
+chain; Removed hashes are buffered per life cycle and flushed, each as one event, before any
+other event and at ``flush_iteration_events``. Ids are given when an event is queued (a
+Removed event when it is flushed). ``flush_iteration_events`` moves queued events to a ring
+of ``max_kv_event_entries``; ``get_latest_events`` drains it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any, cast
+
+from kv_api.events import (
+    HASH_ALGOS,
+    BlockHash,
+    Created,
+    KVCacheEvent,
+    Removed,
+    Stored,
+    StoredBlock,
+    UniqueToken,
+)
+from kv_api.keys import block_hash_v1, block_hash_v2_sha256, block_hash_v2_sha256_64
+from kv_core_py.radix_tree import Block, Node, Root
+
+
+def check_event_args(max_kv_event_entries: Any, hash_algo: Any) -> str:
+    if isinstance(max_kv_event_entries, bool) or not isinstance(max_kv_event_entries, int):
+        raise TypeError(f"max_kv_event_entries: expected an int, got {type(max_kv_event_entries).__name__}")
+    if not isinstance(hash_algo, str):
+        raise TypeError(f"hash_algo: expected a str, got {type(hash_algo).__name__}")
+    algo = "v1_block_key" if hash_algo == "auto" else hash_algo
+    if algo not in HASH_ALGOS:
+        raise ValueError(f"hash_algo: unknown {hash_algo!r} (expected auto, {', '.join(HASH_ALGOS)})")
+    return algo
+
+
+class KVCacheEventManager:
+    def __init__(self, max_kv_event_entries: int = 1000, hash_algo: str = "v2_sha256") -> None:
+        self.hash_algo = check_event_args(max_kv_event_entries, hash_algo)
+        self.max_kv_event_entries = max_kv_event_entries
+        self._ring: deque[KVCacheEvent] = deque(maxlen=max(max_kv_event_entries, 1))
+        self._pending: list[KVCacheEvent] = []
+        self._removed: dict[int, list[BlockHash]] = {}
+        self._stored: set[tuple[bytes, int]] = set()
+        self._next_id = 0
+        self._windows: list[int | None] = []
+        self._cond = threading.Condition()
+        self._bound = False
+
+    # -- public ---------------------------------------------------------------------------
+
+    def flush_iteration_events(self) -> None:
+        with self._cond:
+            self._flush_removed()
+            if self.max_kv_event_entries > 0:
+                self._ring.extend(self._pending)
+            self._pending.clear()
+            self._cond.notify_all()
+
+    def get_latest_events(self, timeout_ms: float | None = 0) -> list[KVCacheEvent]:
+        """Drain the published events; ``None`` waits for some, ``> 0`` waits that long at most."""
+        with self._cond:
+            if not self._ring and (timeout_ms is None or timeout_ms > 0):
+                self._cond.wait_for(lambda: bool(self._ring), None if timeout_ms is None else timeout_ms / 1000)
+            events = list(self._ring)
+            self._ring.clear()
+            return events
+
+    # -- hooks the manager calls --------------------------------------------------------------
+
+    def bind(self, windows: list[int | None]) -> None:
+        if self._bound:
+            raise ValueError("event_manager: already used by another KVCacheManager")
+        self._bound = True
+        self._windows = windows
+
+    def created(self, num_blocks_per_cache_level: tuple[int, ...]) -> None:
+        self._queue(Created(num_blocks_per_cache_level), None)
+
+    def stored(self, block: Block, life_cycle: int, priority: int) -> None:
+        if (block.key, life_cycle) in self._stored:
+            return
+        self._stored.add((block.key, life_cycle))
+        parent = block.parent
+        parent_hash = self._hash(parent) if isinstance(parent, Block) else None
+        tokens = tuple(UniqueToken(t.hex() if isinstance(t, bytes) else t) for t in block.tokens)
+        new = StoredBlock(self._hash(block), tokens, 0, priority)
+        with self._cond:
+            self._flush_removed()
+            last = self._pending[-1] if self._pending else None
+            if (
+                last is not None
+                and isinstance(last.data, Stored)
+                and last.layer_group_id == life_cycle
+                and last.data.blocks[-1].block_hash == parent_hash
+            ):
+                merged = Stored(last.data.parent_hash, (*last.data.blocks, new))
+                self._pending[-1] = KVCacheEvent(
+                    last.event_id, merged, last.window_size, self.hash_algo, None, life_cycle
+                )
+                return
+            self._queue(Stored(parent_hash, (new,)), life_cycle)
+
+    def removed(self, block: Block, life_cycle: int) -> None:
+        if (block.key, life_cycle) not in self._stored:
+            return  # never announced, nothing to retract
+        self._stored.discard((block.key, life_cycle))
+        with self._cond:
+            self._removed.setdefault(life_cycle, []).append(self._hash(block))
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _queue(self, data: Any, life_cycle: int | None) -> None:
+        with self._cond:
+            self._flush_removed()
+            window = self._windows[life_cycle] if life_cycle is not None else None
+            self._pending.append(KVCacheEvent(self._next_id, data, window, self.hash_algo, None, life_cycle))
+            self._next_id += 1
+
+    def _flush_removed(self) -> None:
+        removed, self._removed = self._removed, {}
+        for lc, hashes in removed.items():
+            self._pending.append(
+                KVCacheEvent(self._next_id, Removed(tuple(hashes)), self._windows[lc], self.hash_algo, None, lc)
+            )
+            self._next_id += 1
+
+    def _hash(self, block: Block) -> BlockHash:
+        if self.hash_algo == "v2_sha256":
+            return block_hash_v2_sha256(block.key)
+        if self.hash_algo == "v2_sha256_64":
+            return block_hash_v2_sha256_64(block.key)
+        return self._v1(block)
+
+    def _v1(self, block: Block) -> int:
+        """Legacy 64-bit hash, chained from the root; a block with a digest token, and every
+        descendant, falls back to ``v2_sha256_64``. Cached per block as ``(hash, fell_back)``."""
+        chain: list[Block] = []
+        node: Node | None = block
+        while isinstance(node, Block) and node.v1_hash is None:
+            chain.append(node)
+            node = node.parent
+        if isinstance(node, Block):
+            assert node.v1_hash is not None
+            parent_hash, fell_back = node.v1_hash
+        else:
+            parent_hash, fell_back = 0, False
+        while not isinstance(node, Root):
+            assert node is not None
+            node = node.parent
+        for b in reversed(chain):
+            if fell_back or any(isinstance(t, bytes) for t in b.tokens):
+                parent_hash, fell_back = block_hash_v2_sha256_64(b.key), True
+            else:
+                parent_hash = block_hash_v1(cast(tuple[int, ...], b.tokens), parent_hash, node.scope)
+            b.v1_hash = (parent_hash, fell_back)
+        assert block.v1_hash is not None
+        return block.v1_hash[0]

@@ -1,0 +1,492 @@
+"""One request's KV cache: its blocks, pages and lengths, and the state machine over them
+(docs/manager.md, "KV cache")."""
+
+from __future__ import annotations
+
+import enum
+from array import array
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import kv_api
+from kv_api._check import int_in_range
+from kv_api.constants import BAD_PAGE_INDEX, DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, KVCacheStatus
+from kv_api.descriptors import LifeCycle
+from kv_api.errors import InvalidStateError, LogicError, OutOfPagesError
+from kv_api.keys import Token, token_list
+from kv_api.scope import ReuseScope
+from kv_core_py.page import Page
+from kv_core_py.radix_tree import Block, Node, chunk_key
+
+if TYPE_CHECKING:
+    from kv_core_py.manager import KVCacheManager
+
+PriorityCallback = Callable[[int, LifeCycle], int]
+
+
+class CommitState(enum.IntEnum):
+    ALLOWED = 0
+    USER_STOP = 1  # stop_committing() or close(): the partial tail was committed
+    VIRTUAL_STOP = 2  # a block could not enter the tree; later tokens are only recorded
+
+
+class CacheBlock:
+    """One block ordinal of one cache: a page per life cycle (None when stale or dropped)."""
+
+    __slots__ = ("copy_on_resume", "locked", "pages", "tree_block")
+
+    def __init__(self, num_life_cycles: int) -> None:
+        self.pages: list[Page | None] = [None] * num_life_cycles
+        self.locked = [False] * num_life_cycles
+        self.tree_block: Block | None = None  # the tree block once this block is committed
+        self.copy_on_resume = False  # pages are a reused partial block's, shared with the tree
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCache(kv_api.KVCache):
+    """Created SUSPENDED by ``KVCacheManager.create_kv_cache``; see ``kv_api.KVCache``."""
+
+    def __init__(
+        self,
+        manager: KVCacheManager,
+        cache_id: int,
+        scope: ReuseScope,
+        root_key: bytes,
+        tokens: list[Token],
+        path: list[tuple[Block, int]],
+        priority: PriorityCallback | None,
+    ) -> None:
+        self._manager = manager
+        self._lock = manager._lock
+        self._storage = manager._storage
+        self._registry = manager._registry
+        self._tpb = manager.tokens_per_block
+        self._lcs = self._registry.life_cycles
+        self.id = cache_id
+        self.reuse_scope = scope
+        self._root_key = root_key
+        self._priority = priority
+        self._status = KVCacheStatus.SUSPENDED
+        self._commit_state = CommitState.ALLOWED
+        self._tokens = tokens
+        self._history = self._capacity = len(tokens)
+        self._blocks: list[CacheBlock] = []
+        self._index = [array("i") for _ in self._lcs]
+        self._user_buffers: dict[int, memoryview] = {}
+        self._resumed = False
+        self.num_reused_tokens = len(tokens)
+        # Priorities first: a failing callback must leave the tree untouched.
+        reused = [
+            (o, lc, page, self._priority_of(o, lc))
+            for o, (block, _) in enumerate(path)
+            for lc, page in enumerate(block.pages)
+            if page is not None and not self._is_stale(lc, o, self._history)
+        ]
+        for block, matched in path:
+            cb = CacheBlock(len(self._lcs))
+            if matched == len(block.tokens) == self._tpb:
+                cb.tree_block = block
+            else:
+                cb.copy_on_resume = True  # a reused partial block: never written in place
+            self._blocks.append(cb)
+            for idx in self._index:
+                idx.append(BAD_PAGE_INDEX)
+        for o, lc, page, raised in reused:
+            self._storage.hold(page)
+            page.priority = max(page.priority, raised)  # reuse may raise a block's priority
+            self._blocks[o].pages[lc] = page
+
+    # -- lengths and state --------------------------------------------------------------------
+
+    @property
+    def manager(self) -> KVCacheManager:
+        return self._manager
+
+    @property
+    def status(self) -> KVCacheStatus:
+        return self._status
+
+    @property
+    def is_active(self) -> bool:
+        return self._status == KVCacheStatus.ACTIVE
+
+    @property
+    def tokens_per_block(self) -> int:
+        return self._tpb
+
+    @property
+    def beam_width(self) -> int:
+        return 1
+
+    @property
+    def num_committed_tokens(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def committed_tokens(self) -> list[Token]:
+        return list(self._tokens)
+
+    @property
+    def history_length(self) -> int:
+        return self._history
+
+    @history_length.setter
+    def history_length(self, value: int) -> None:
+        if not self.resize(None, value):
+            raise OutOfPagesError("history_length: not enough pages")
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @capacity.setter
+    def capacity(self, value: int) -> None:
+        if not self.resize(value, None):
+            raise OutOfPagesError("capacity: not enough pages")
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self._blocks)
+
+    def _require(self, status: KVCacheStatus, api: str) -> None:
+        if self._status != status:
+            raise InvalidStateError(f"{api}() requires a {status.name} cache (status: {self._status.name})")
+
+    # -- pages ----------------------------------------------------------------------------------
+
+    def _priority_of(self, ordinal: int, lc: int) -> int:
+        if self._priority is None:
+            return DEFAULT_PRIORITY
+        value = self._priority(ordinal, self._lcs[lc])
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"custom_priority_callback: expected an int, got {type(value).__name__}")
+        if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+            raise ValueError(f"custom_priority_callback: {value} is outside [{MIN_PRIORITY}, {MAX_PRIORITY}]")
+        return value
+
+    def _set_index(self, ordinal: int, lc: int, value: int) -> None:
+        self._index[lc][ordinal] = value
+        buf = self._user_buffers.get(lc)
+        if buf is not None:
+            buf[ordinal] = value
+
+    def _lock_page(self, ordinal: int, lc: int) -> None:
+        page = self._blocks[ordinal].pages[lc]
+        assert page is not None
+        page.locks += 1
+        self._blocks[ordinal].locked[lc] = True
+        self._set_index(ordinal, lc, page.slot)
+
+    def _unlock_page(self, ordinal: int, lc: int) -> None:
+        cb = self._blocks[ordinal]
+        if cb.locked[lc]:
+            page = cb.pages[lc]
+            assert page is not None
+            page.locks -= 1
+            cb.locked[lc] = False
+            self._set_index(ordinal, lc, BAD_PAGE_INDEX)
+
+    def _release_page(self, ordinal: int, lc: int) -> None:
+        page = self._blocks[ordinal].pages[lc]
+        if page is not None:
+            self._unlock_page(ordinal, lc)
+            self._blocks[ordinal].pages[lc] = None
+            self._storage.unhold(page)
+
+    def _is_stale(self, lc: int, ordinal: int, history: int) -> bool:
+        begin, end = self._registry.stale_range(lc, history)
+        return begin <= ordinal < end
+
+    def _stale_releases(self, history: int) -> list[tuple[int, int, bool]]:
+        """Pages of blocks stale at ``history``: ``(ordinal, lc, keep)``; an uncommitted page is
+        kept (held, unlocked) while it may still be committed."""
+        out = []
+        for lc in range(len(self._lcs)):
+            begin, end = self._registry.stale_range(lc, history)
+            for ordinal in range(begin, min(end, len(self._blocks))):
+                cb = self._blocks[ordinal]
+                page = cb.pages[lc]
+                if page is None or (not cb.locked[lc] and not page.committed):
+                    continue  # nothing, or already kept for commit
+                keep = not page.committed and self._commit_state == CommitState.ALLOWED
+                out.append((ordinal, lc, keep))
+        return out
+
+    def _apply_stale_releases(self, releases: list[tuple[int, int, bool]]) -> None:
+        for ordinal, lc, keep in releases:
+            if keep:
+                self._unlock_page(ordinal, lc)
+            else:
+                self._release_page(ordinal, lc)
+
+    def _fits(self, needs: list[tuple[int, int]], freed: list[Page]) -> bool:
+        """Whether every pool group has room for ``needs`` counting pages this call frees."""
+        storage = self._storage
+        per_pg = [0] * len(storage.pool_groups)
+        for _, lc in needs:
+            per_pg[storage.config.life_cycle_pool_group[lc]] += 1
+        for page in freed:
+            per_pg[page.pool_group] -= 1
+        return all(
+            n <= pg.allocator.num_free + len(pg.evictable) for pg, n in zip(storage.pool_groups, per_pg, strict=True)
+        )
+
+    def _new_pages(self, needs: list[tuple[int, int]], priorities: list[int]) -> list[Page]:
+        """Pages for ``needs`` (held by this cache, not yet placed); OutOfPagesError if short."""
+        pages = self._storage.new_pages([(lc, p) for (_, lc), p in zip(needs, priorities, strict=True)])
+        self._manager._stats_add(allocated_pages=len(pages))
+        for page in pages:
+            page.holders = 1
+        return pages
+
+    def _missing(self, num_blocks: int, history: int) -> list[tuple[int, int]]:
+        """Non-stale blocks below ``num_blocks`` without a page, by ordinal then life cycle."""
+        return [
+            (o, lc)
+            for o in range(num_blocks)
+            for lc in range(len(self._lcs))
+            if (o >= len(self._blocks) or self._blocks[o].pages[lc] is None) and not self._is_stale(lc, o, history)
+        ]
+
+    # -- state machine ------------------------------------------------------------------------------
+
+    def resume(self, stream: Any = None) -> bool:
+        """SUSPENDED -> ACTIVE. False (nothing changed) when a pool group is above
+        ``max_util_for_resume`` or pages run out. The first resume copies a reused partial
+        block into private pages, so the tree's pages are never written."""
+        with self._lock:
+            self._require(KVCacheStatus.SUSPENDED, "resume")
+            limit = self._manager.init_config.max_util_for_resume
+            if any(pg.utilization() > limit for pg in self._storage.pool_groups):
+                return False
+            copies = [
+                (o, lc)
+                for o, cb in enumerate(self._blocks)
+                if cb.copy_on_resume
+                for lc in range(len(self._lcs))
+                if cb.pages[lc] is not None
+            ]
+            needs = copies + self._missing(len(self._blocks), self._history)
+            priorities = [self._priority_of(o, lc) for o, lc in needs]
+            try:
+                new = self._new_pages(needs, priorities)
+            except OutOfPagesError:
+                return False
+            for (o, lc), page in zip(needs, new, strict=True):
+                cb = self._blocks[o]
+                source = cb.pages[lc]
+                if source is not None:  # copy-on-write of a reused partial block
+                    self._storage.copy(source, page)
+                    self._storage.unhold(source)
+                cb.pages[lc] = page
+            for cb in self._blocks:
+                cb.copy_on_resume = False
+            for o, cb in enumerate(self._blocks):
+                for lc, held in enumerate(cb.pages):
+                    if held is not None and not self._is_stale(lc, o, self._history):
+                        self._lock_page(o, lc)
+            self._resumed = True
+            self._status = KVCacheStatus.ACTIVE
+            return True
+
+    def suspend(self) -> None:
+        """ACTIVE -> SUSPENDED: pages stay held (so stay reserved) but are unlocked."""
+        with self._lock:
+            self._require(KVCacheStatus.ACTIVE, "suspend")
+            for o in range(len(self._blocks)):
+                for lc in range(len(self._lcs)):
+                    self._unlock_page(o, lc)
+            self._status = KVCacheStatus.SUSPENDED
+
+    def resize(self, capacity: int | None = None, history_length: int | None = None) -> bool:
+        """Set capacity and/or history (ACTIVE only). History never decreases and capacity never
+        drops below it (``ValueError``). False, with nothing changed, when pages run out."""
+        with self._lock:
+            self._require(KVCacheStatus.ACTIVE, "resize")
+            cap = self._capacity if capacity is None else int_in_range("capacity", capacity, 0)
+            hist = self._history if history_length is None else int_in_range("history_length", history_length, 0)
+            if hist < self._history:
+                raise ValueError(f"history_length: cannot decrease ({self._history} -> {hist})")
+            if cap < hist:
+                raise ValueError(f"capacity: {cap} is below history_length {hist}")
+            num_blocks = ceil_div(cap, self._tpb)
+            for lc, buf in self._user_buffers.items():
+                if len(buf) < num_blocks:
+                    raise ValueError(f"base page index buffer of layer group {lc} too short: {len(buf)} < {num_blocks}")
+            releases = self._stale_releases(hist)
+            shrink = [(o, lc) for o in range(num_blocks, len(self._blocks)) for lc in range(len(self._lcs))]
+            needs = self._missing(num_blocks, hist)
+            priorities = [self._priority_of(o, lc) for o, lc in needs]
+            freed = [p for o, lc in shrink if (p := self._blocks[o].pages[lc]) is not None and p.holders == 1] + [
+                p
+                for o, lc, keep in releases
+                if not keep and (p := self._blocks[o].pages[lc]) is not None and p.holders == 1
+            ]
+            if not self._fits(needs, freed):
+                return False
+            for o, lc in reversed(shrink):
+                self._release_page(o, lc)
+            self._apply_stale_releases([r for r in releases if r[0] < num_blocks])
+            del self._blocks[num_blocks:]
+            for idx in self._index:
+                del idx[num_blocks:]
+            while len(self._blocks) < num_blocks:
+                self._blocks.append(CacheBlock(len(self._lcs)))
+                for idx in self._index:
+                    idx.append(BAD_PAGE_INDEX)
+            self._capacity, self._history = cap, hist
+            for (o, lc), page in zip(needs, self._new_pages(needs, priorities), strict=True):
+                self._blocks[o].pages[lc] = page
+                self._lock_page(o, lc)
+            self._sync_user_buffers()
+            return True
+
+    def commit(self, tokens: Any, is_end: bool = False) -> None:
+        """Record computed tokens (ACTIVE only); each block they fill enters the radix tree.
+        ``is_end`` then calls ``stop_committing()``."""
+        with self._lock:
+            self._require(KVCacheStatus.ACTIVE, "commit")
+            if self._commit_state == CommitState.USER_STOP:
+                raise LogicError("Cannot commit tokens after stop_committing()")
+            new = token_list(tokens, self._manager.init_config.key_format)
+            if len(self._tokens) + len(new) > self._capacity:
+                raise ValueError(
+                    f"commit: {len(self._tokens)} committed + {len(new)} new tokens exceed capacity {self._capacity}"
+                )
+            first = len(self._tokens) // self._tpb
+            self._tokens.extend(new)
+            self._history = max(self._history, len(self._tokens))
+            for ordinal in range(first, len(self._tokens) // self._tpb):
+                self._commit_block(ordinal)
+            self._apply_stale_releases(self._stale_releases(self._history))
+            if is_end:
+                self._stop_committing()
+
+    def _parent_node(self, ordinal: int) -> Node | None:
+        if ordinal == 0:
+            return self._manager._tree.root(self._root_key, self.reuse_scope)
+        return self._blocks[ordinal - 1].tree_block
+
+    def _commit_block(self, ordinal: int) -> None:
+        """Put block ``ordinal`` (full, or the partial tail on stop) into the tree. A block
+        already there keeps its pages and ours are given up for them (rebase); ours fill the
+        life cycles it lacks. Without a parent in the tree the cache stops committing."""
+        if self._commit_state == CommitState.VIRTUAL_STOP:
+            return
+        parent = self._parent_node(ordinal)
+        if parent is None:
+            self._commit_state = CommitState.VIRTUAL_STOP
+            return
+        cb = self._blocks[ordinal]
+        tokens = tuple(self._tokens[ordinal * self._tpb : (ordinal + 1) * self._tpb])
+        key = chunk_key(parent.key, tokens, self._manager.init_config.key_format)
+        block = parent.children.get(key)
+        if block is None:
+            block = self._manager._tree.add(parent, key, tokens, ordinal)
+            self._manager._stats_add(committed_blocks=1)
+        events = self._manager._events
+        for lc in range(len(self._lcs)):
+            ours, theirs = cb.pages[lc], block.pages[lc]
+            if theirs is not None:
+                if ours is not None and ours is not theirs and len(tokens) == self._tpb:
+                    self._storage.hold(theirs)
+                    if cb.locked[lc]:
+                        self._unlock_page(ordinal, lc)
+                        cb.pages[lc] = theirs
+                        self._lock_page(ordinal, lc)
+                    else:
+                        cb.pages[lc] = theirs
+                    self._storage.unhold(ours)
+            elif ours is not None and not ours.committed:
+                ours.block = block
+                ours.num_tokens = len(tokens)
+                block.pages[lc] = ours
+                if events is not None:
+                    events.stored(block, lc, ours.priority)
+        cb.tree_block = block
+
+    def stop_committing(self) -> None:
+        """Commit the partial tail block, then accept no more commits. Idempotent."""
+        with self._lock:
+            self._stop_committing()
+
+    def _stop_committing(self) -> None:
+        if self._commit_state == CommitState.USER_STOP or self._status == KVCacheStatus.CLOSED:
+            return
+        tail = len(self._tokens) % self._tpb
+        ordinal = len(self._tokens) // self._tpb
+        if tail and ordinal < len(self._blocks) and not self._blocks[ordinal].copy_on_resume:
+            self._commit_block(ordinal)
+        self._commit_state = CommitState.USER_STOP
+        self._apply_stale_releases(self._stale_releases(self._history))
+
+    def close(self) -> None:
+        """Commit the partial tail, release every page (last block first; committed pages become
+        evictable, the others are freed) and unregister. Idempotent."""
+        with self._lock:
+            if self._status == KVCacheStatus.CLOSED:
+                return
+            self._stop_committing()
+            for o in reversed(range(len(self._blocks))):
+                for lc in range(len(self._lcs)):
+                    self._release_page(o, lc)
+            self._status = KVCacheStatus.CLOSED
+            self._manager._caches.pop(id(self), None)
+
+    def __del__(self) -> None:
+        try:
+            if self._status != KVCacheStatus.CLOSED and not self._manager._is_shut_down:
+                self.close()
+        except Exception:  # noqa: BLE001 - never raise from a finaliser
+            pass
+
+    # -- page indices -------------------------------------------------------------------------
+
+    def _check_group(self, layer_group: Any, beam: Any) -> int:
+        lg = int_in_range("layer_group", layer_group, 0)
+        if lg >= len(self._lcs):
+            raise IndexError(f"layer_group {lg} out of range (0..{len(self._lcs) - 1})")
+        b = int_in_range("beam", beam, 0)
+        if b != 0:
+            raise IndexError(f"beam {b} out of range (beam width 1)")
+        return lg
+
+    def get_base_page_indices(self, layer_group: int, beam: int = 0) -> array[int]:
+        """One slot id per block of the layer group, ``BAD_PAGE_INDEX`` where no page is locked."""
+        with self._lock:
+            return array("i", self._index[self._check_group(layer_group, beam)])
+
+    def get_aggregated_page_indices(self, layer_group: int, beam: int = 0, valid_only: bool = False) -> array[int]:
+        with self._lock:
+            idx = self._index[self._check_group(layer_group, beam)]
+            return array("i", [i for i in idx if i != BAD_PAGE_INDEX] if valid_only else idx)
+
+    def set_base_page_index_buf(self, beam: int, layer_group: int, buf: Any) -> None:
+        """Keep ``buf`` (1-D, writable, format 'i', at least ``num_blocks`` long) updated with the
+        layer group's page indices; the tail past ``num_blocks`` is -1. ``None`` detaches."""
+        with self._lock:
+            lg = self._check_group(layer_group, beam)
+            if buf is None:
+                self._user_buffers.pop(lg, None)
+                return
+            try:
+                view = memoryview(buf)
+            except TypeError:
+                raise TypeError(f"buf: expected a writable int32 buffer, got {type(buf).__name__}") from None
+            if view.readonly or view.ndim != 1 or view.format not in ("i", "@i", "=i", "<i"):
+                raise ValueError(f"buf: must be a writable 1-D buffer of format 'i' (got format {view.format!r})")
+            if len(view) < len(self._blocks):
+                raise ValueError(f"buf: too short ({len(view)} < {len(self._blocks)} blocks)")
+            view = view.cast("B").cast("i")
+            self._user_buffers[lg] = view
+            self._sync_user_buffers()
+
+    def _sync_user_buffers(self) -> None:
+        for lc, buf in self._user_buffers.items():
+            n = len(self._blocks)
+            buf[:n] = self._index[lc]
+            for i in range(n, len(buf)):
+                buf[i] = BAD_PAGE_INDEX

@@ -1,0 +1,54 @@
+"""Life cycles: layers whose pages live and die together, and their stale block ranges."""
+
+from __future__ import annotations
+
+from kv_api.config import AttentionLayerConfig, KVCacheManagerConfig
+from kv_api.descriptors import LifeCycle
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class LifeCycleRegistry:
+    """Assigns life-cycle ids in order of first appearance in ``config.layers``; layers with the
+    same (window, sink blocks) share one. The id doubles as the layer-group id."""
+
+    def __init__(self, config: KVCacheManagerConfig) -> None:
+        self.tokens_per_block = config.tokens_per_block
+        self.life_cycles: list[LifeCycle] = []
+        self.layer_life_cycle: dict[int, int] = {}
+        index: dict[tuple[int | None, int], int] = {}
+        for i, layer in enumerate(config.layers):
+            if not isinstance(layer, AttentionLayerConfig):
+                raise ValueError(f"config.layers[{i}]: SSM layers are not supported by this backend")
+            window = layer.sliding_window_size
+            sinks = _ceil_div(layer.num_sink_tokens or 0, self.tokens_per_block) if window is not None else 0
+            key = (window, sinks)
+            if key not in index:
+                index[key] = len(self.life_cycles)
+                self.life_cycles.append(LifeCycle(len(self.life_cycles), window, sinks))
+            self.layer_life_cycle[layer.layer_id] = index[key]
+
+    def stale_range(self, life_cycle: int, history: int) -> tuple[int, int]:
+        """Blocks ``[begin, end)`` not needed for the next step at ``history`` tokens.
+
+        With ``s = min(ceil(H / tpb), sink blocks)``: full attention has none (``[s, s)``); a
+        window ``W`` makes ``[s, max(s, (H + 1 - W) // tpb))`` stale. The +1 is the token in
+        flight at position ``H``. Sink blocks are never stale.
+        """
+        lc = self.life_cycles[life_cycle]
+        tpb = self.tokens_per_block
+        s = min(_ceil_div(history, tpb), lc.num_sink_blocks)
+        if lc.window is None:
+            return s, s
+        return s, max(s, (history + 1 - lc.window) // tpb)
+
+    def min_slots_floor(self, life_cycle: int) -> int:
+        """Slots one request may need at once: a window straddles one extra block while it slides."""
+        tpb = self.tokens_per_block
+        windowed = [lc.num_sink_blocks + (lc.window + tpb - 2) // tpb + 1 for lc in self.life_cycles if lc.window]
+        lc = self.life_cycles[life_cycle]
+        if lc.window is not None:
+            return lc.num_sink_blocks + (lc.window + tpb - 2) // tpb + 1
+        return max(windowed, default=1)

@@ -1,0 +1,136 @@
+"""The radix tree of committed blocks, keyed by chained block keys (docs/key-format.md).
+
+Each scope has its own root (keyed by the root key), so scopes never share blocks. A block
+holds up to one page per life cycle; a page's ``num_tokens`` says how many of the block's
+tokens it is valid for. Children keep insertion order, which decides ties when a partial match
+scans siblings, so every backend picks the same block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from hashlib import sha256
+
+from kv_api.keys import Token, encode_block
+from kv_api.scope import ReuseScope
+from kv_core_py.page import Page
+
+#: Siblings are scanned for a partial match only when there are fewer than this many.
+PARTIAL_SCAN_LIMIT = 32
+
+
+class Node:
+    __slots__ = ("children", "key", "parent")
+
+    def __init__(self, key: bytes, parent: Node | None) -> None:
+        self.key = key
+        self.parent = parent
+        self.children: dict[bytes, Block] = {}
+
+
+class Root(Node):
+    __slots__ = ("scope",)
+
+    def __init__(self, key: bytes, scope: ReuseScope) -> None:
+        super().__init__(key, None)
+        self.scope = scope
+
+
+class Block(Node):
+    __slots__ = ("ordinal", "pages", "tokens", "v1_hash")
+
+    def __init__(self, key: bytes, parent: Node, tokens: tuple[Token, ...], ordinal: int, num_life_cycles: int) -> None:
+        super().__init__(key, parent)
+        self.tokens = tokens
+        self.ordinal = ordinal
+        self.pages: list[Page | None] = [None] * num_life_cycles
+        self.v1_hash: tuple[int, bool] | None = None  # cached by the event manager
+
+    def has_pages(self) -> bool:
+        return any(p is not None for p in self.pages)
+
+
+def common_prefix(a: Sequence[Token], b: Sequence[Token]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def chunk_key(parent_key: bytes, chunk: Sequence[Token], key_format: str) -> bytes:
+    return sha256(parent_key + encode_block(list(chunk), key_format)).digest()
+
+
+class RadixTree:
+    def __init__(self, num_life_cycles: int) -> None:
+        self.roots: dict[bytes, Root] = {}
+        self.num_life_cycles = num_life_cycles
+
+    def walk(
+        self, root_key: bytes, tokens: Sequence[Token], tokens_per_block: int, key_format: str, partial: bool
+    ) -> list[tuple[Block, int]]:
+        """The longest chain of blocks matching ``tokens``: ``(block, matched tokens)`` per block.
+
+        Whole blocks match by key; at the first miss (or the partial tail), with ``partial``,
+        the last matched node's children are scanned (if fewer than 32) for the longest common
+        token prefix, first in insertion order on ties. Coverage is not checked here.
+        """
+        node: Node | None = self.roots.get(root_key)
+        path: list[tuple[Block, int]] = []
+        if node is None:
+            return path
+        for start in range(0, len(tokens), tokens_per_block):
+            chunk = tokens[start : start + tokens_per_block]
+            child = node.children.get(chunk_key(node.key, chunk, key_format))
+            if child is not None:
+                path.append((child, len(chunk)))
+                if len(chunk) == tokens_per_block:
+                    node = child
+                    continue
+                break
+            if partial and len(node.children) < PARTIAL_SCAN_LIMIT:
+                best, best_len = None, 0
+                for candidate in node.children.values():
+                    n = common_prefix(candidate.tokens, chunk)
+                    if n > best_len:
+                        best, best_len = candidate, n
+                if best is not None:
+                    path.append((best, best_len))
+            break
+        return path
+
+    def root(self, root_key: bytes, scope: ReuseScope) -> Root:
+        node = self.roots.get(root_key)
+        if node is None:
+            node = self.roots[root_key] = Root(root_key, scope)
+        return node
+
+    def add(self, parent: Node, key: bytes, tokens: tuple[Token, ...], ordinal: int) -> Block:
+        block = Block(key, parent, tokens, ordinal, self.num_life_cycles)
+        parent.children[key] = block
+        return block
+
+    @staticmethod
+    def subtree(block: Block) -> Iterator[Block]:
+        """``block`` and its descendants, parents before children, children in insertion order."""
+        stack = [block]
+        while stack:
+            b = stack.pop()
+            yield b
+            stack.extend(reversed(list(b.children.values())))
+
+    def detach(self, block: Block) -> None:
+        assert block.parent is not None
+        del block.parent.children[block.key]
+
+    def prune(self, node: Node) -> None:
+        """Remove ``node`` and its ancestors while they have no children and no page in any life
+        cycle; a root without children is dropped."""
+        while isinstance(node, Block) and not node.children and not node.has_pages():
+            parent = node.parent
+            assert parent is not None
+            del parent.children[node.key]
+            node = parent
+        if isinstance(node, Root) and not node.children:
+            self.roots.pop(node.key, None)

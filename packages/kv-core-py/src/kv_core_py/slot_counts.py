@@ -1,0 +1,144 @@
+"""From a device quota to slot counts per pool group (docs/manager.md, "Sizing").
+
+Every step is integer arithmetic except the ratio split, whose float operations happen in a
+fixed order and round half to even, so the native backend reproduces them exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from kv_api.config import BatchDesc, KVCacheDesc, KVCacheManagerConfig
+from kv_core_py.life_cycles import LifeCycleRegistry
+from kv_core_py.storage_config import PoolGroupConfig, StorageConfig
+
+MIB = 1 << 20
+GIB = 1 << 30
+FALLBACK_BATCH = BatchDesc([KVCacheDesc(2049, 2048)])
+
+
+def gpu_granularity(quota: int) -> int:
+    """``2 MiB << min(4, max(0, floor(log2(quota / 1 GiB))))``: 2 to 32 MiB."""
+    exponent = 0 if quota < GIB else min(4, quota.bit_length() - 1 - 30)
+    return (2 * MIB) << exponent
+
+
+def grains_for(slots: int, slot_sizes: Sequence[int], granularity: int) -> int:
+    """Grains a pool group of ``slots`` slots occupies: each pool rounds up on its own."""
+    return sum(-(-slots * size // granularity) for size in slot_sizes)
+
+
+def max_slots(grains: int, slot_sizes: Sequence[int], granularity: int) -> int:
+    """The most slots whose pools fit in ``grains`` grains."""
+    lo, hi = 0, grains * granularity // max(slot_sizes)  # the largest pool alone bounds it
+    while lo < hi:  # lo fits; nothing above hi does
+        mid = (lo + hi + 1) // 2
+        if grains_for(mid, slot_sizes, granularity) <= grains:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def slots_for_batch(registry: LifeCycleRegistry, life_cycle: int, batch: BatchDesc) -> int:
+    """Slots one life cycle needs to hold ``batch`` at once: each request's non-stale blocks,
+    with system-prompt blocks shared (counted once, unless stale for every request)."""
+    tpb = registry.tokens_per_block
+    sys_blocks = batch.system_prompt_length // tpb
+    shared: set[int] = set()
+    total = 0
+    for desc in batch.kv_caches:
+        num_blocks = -(-desc.capacity // tpb)
+        begin, end = registry.stale_range(life_cycle, desc.history_length)
+        stale = max(0, min(end, num_blocks) - min(begin, num_blocks))
+        live_sys = [o for o in range(min(sys_blocks, num_blocks)) if not begin <= o < end]
+        shared.update(live_sys)
+        total += num_blocks - stale - len(live_sys)
+    return total + len(shared)
+
+
+def min_slots(config: KVCacheManagerConfig, registry: LifeCycleRegistry, storage: StorageConfig) -> list[int]:
+    """Per pool group: the sum over its life cycles of max(structural floor, each constraint
+    batch's need scaled by ``1 / max_util_for_resume`` so resume keeps its headroom)."""
+    per_lc = []
+    for lc in range(len(registry.life_cycles)):
+        floor = registry.min_slots_floor(lc)
+        for batch in config.constraints:
+            need = slots_for_batch(registry, lc, batch)
+            floor = max(floor, math.ceil(need / config.max_util_for_resume))
+        per_lc.append(floor)
+    return [sum(per_lc[lc] for lc in pg.life_cycles) for pg in storage.pool_groups]
+
+
+def initial_ratio(
+    config: KVCacheManagerConfig, registry: LifeCycleRegistry, storage: StorageConfig, minimum: list[int]
+) -> list[float]:
+    """Share of the quota per pool group: ``initial_pool_ratio``, else the bytes of
+    ``typical_step``, else of the constraint floors, else of one 2049-token request."""
+    groups = storage.pool_groups
+    if config.initial_pool_ratio is not None:
+        if len(config.initial_pool_ratio) != len(groups):
+            raise ValueError(
+                f"initial_pool_ratio: expected {len(groups)} entries (one per pool group), "
+                f"got {len(config.initial_pool_ratio)}"
+            )
+        return list(config.initial_pool_ratio)
+    if config.typical_step is None and config.constraints:
+        weights = [minimum[pg.index] * pg.slot_bytes for pg in groups]
+    else:
+        batch = config.typical_step or FALLBACK_BATCH
+        weights = [sum(slots_for_batch(registry, lc, batch) for lc in pg.life_cycles) * pg.slot_bytes for pg in groups]
+    total = sum(weights)
+    return [w / total for w in weights] if total else [1.0 / len(groups)] * len(groups)
+
+
+def distribute(
+    ratio: list[float], minimum: list[int], groups: list[PoolGroupConfig], grains: int, granularity: int
+) -> list[int]:
+    """Split ``grains`` by ratio (ascending ratio first, each taking its rounded share of what
+    is left), pin any group at or below its minimum to the minimum and split again, then give
+    leftover grains to groups in index order."""
+    n = len(groups)
+    pinned = [False] * n
+    slots = [0] * n
+    while True:
+        budget = grains - sum(grains_for(minimum[p], groups[p].slot_sizes, granularity) for p in range(n) if pinned[p])
+        free = sorted((p for p in range(n) if not pinned[p]), key=lambda p: (ratio[p], p))
+        remaining = 0.0
+        for p in free:
+            remaining += ratio[p]
+        for p in free:
+            share = round(budget * ratio[p] / remaining) if remaining > 0 else 0
+            share = max(0, min(share, budget))
+            budget -= share
+            remaining -= ratio[p]
+            slots[p] = max_slots(share, groups[p].slot_sizes, granularity)
+        newly = [p for p in free if slots[p] <= minimum[p]]
+        for p in newly:
+            pinned[p] = True
+        for p in range(n):
+            if pinned[p]:
+                slots[p] = minimum[p]
+        if not newly or all(pinned):
+            break
+    leftover = grains - sum(grains_for(slots[p], groups[p].slot_sizes, granularity) for p in range(n))
+    for p in range(n):
+        used = grains_for(slots[p], groups[p].slot_sizes, granularity)
+        slots[p] = max(slots[p], max_slots(used + leftover, groups[p].slot_sizes, granularity))
+        leftover -= grains_for(slots[p], groups[p].slot_sizes, granularity) - used
+    return slots
+
+
+class SlotCounts:
+    """The device tier's effective quota, granularity and slots per pool group."""
+
+    def __init__(self, config: KVCacheManagerConfig, registry: LifeCycleRegistry, storage: StorageConfig) -> None:
+        quota = config.cache_tiers[0].quota
+        self.granularity = g = gpu_granularity(quota)
+        self.min_slots = minimum = min_slots(config, registry, storage)
+        groups = storage.pool_groups
+        ratio = initial_ratio(config, registry, storage, minimum)
+        min_quota = sum(-(-minimum[pg.index] * size // g) * g for pg in groups for size in pg.slot_sizes)
+        self.quota = max(min_quota, -(-quota // g) * g)
+        self.slots = distribute(ratio, minimum, groups, self.quota // g, g)

@@ -1,0 +1,80 @@
+"""How buffers are coalesced into pools and life cycles into pool groups (docs/manager.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kv_api.config import KVCacheManagerConfig
+from kv_api.descriptors import BufferId
+from kv_core_py.life_cycles import LifeCycleRegistry
+
+
+@dataclass(frozen=True)
+class BufferPlacement:
+    """Where one buffer lives: the ``position``-th of ``scale`` buffers of ``size`` bytes in
+    each slot of pool ``pool`` of its life cycle's pool group."""
+
+    life_cycle: int
+    pool: int
+    position: int
+    scale: int
+    size: int  # bytes per block, expanded
+    page_size: int  # bytes per page: ``size // expansion``
+    expansion: int
+
+
+@dataclass(frozen=True)
+class PoolGroupConfig:
+    index: int
+    life_cycles: tuple[int, ...]
+    slot_sizes: tuple[int, ...]  # one per pool, descending
+
+    @property
+    def slot_bytes(self) -> int:
+        return sum(self.slot_sizes)
+
+
+class StorageConfig:
+    """Per life cycle, buffers are grouped by expanded size (first appearance order, ids in
+    layer/buffer order); each group is one pool whose slot holds the group side by side. Pools
+    are sorted by descending slot size (stable). Life cycles with equal slot-size lists share a
+    pool group; pool groups are numbered in order of first appearance."""
+
+    def __init__(self, config: KVCacheManagerConfig, registry: LifeCycleRegistry) -> None:
+        tpb = config.tokens_per_block
+        per_lc: list[list[tuple[int, list[tuple[BufferId, int]]]]] = [[] for _ in registry.life_cycles]
+        for layer in config.layers:
+            lc = registry.layer_life_cycle[layer.layer_id]
+            groups = per_lc[lc]
+            for b in layer.buffers:
+                expansion = tpb // b.tokens_per_block_override if b.tokens_per_block_override else 1
+                size = b.size * expansion
+                group = next((g for s, g in groups if s == size), None)
+                if group is None:
+                    group = []
+                    groups.append((size, group))
+                group.append((BufferId(layer.layer_id, b.role), expansion))
+        self.placements: dict[BufferId, BufferPlacement] = {}
+        self.pool_groups: list[PoolGroupConfig] = []
+        self.life_cycle_pool_group: list[int] = []
+        for lc, groups in enumerate(per_lc):
+            pools = sorted(groups, key=lambda g: -g[0] * len(g[1]))
+            slot_sizes = tuple(size * len(ids) for size, ids in pools)
+            for pool, (size, ids) in enumerate(pools):
+                for position, (buffer, expansion) in enumerate(ids):
+                    self.placements[buffer] = BufferPlacement(
+                        lc, pool, position, len(ids), size, size // expansion, expansion
+                    )
+            match = next((pg for pg in self.pool_groups if pg.slot_sizes == slot_sizes), None)
+            if match is None:
+                match = PoolGroupConfig(len(self.pool_groups), (lc,), slot_sizes)
+                self.pool_groups.append(match)
+            else:
+                self.pool_groups[match.index] = PoolGroupConfig(match.index, (*match.life_cycles, lc), slot_sizes)
+            self.life_cycle_pool_group.append(match.index)
+
+    def placement(self, layer_id: int, role: str) -> BufferPlacement:
+        try:
+            return self.placements[BufferId(layer_id, role)]
+        except KeyError:
+            raise KeyError(f"no buffer {role!r} in layer {layer_id}") from None
