@@ -8,5 +8,7 @@ namespace kvcore::py {
 void bind_errors(nanobind::module_& m);
 void bind_keys(nanobind::module_& m);
 void bind_manager(nanobind::module_& m);
+void bind_event_manager(nanobind::module_& m);
+void bind_kv_cache(nanobind::module_& m);
 
 }  // namespace kvcore::py

@@ -30,6 +30,8 @@ PyObject* python_class(ErrorKind kind) {
       return api("DiskOOMError");
     case ErrorKind::kCorrupted:
       return api("CorruptedError");
+    case ErrorKind::kNotImplemented:
+      return PyExc_NotImplementedError;
   }
   return PyExc_RuntimeError;
 }

@@ -1,43 +1,380 @@
-// The manager class: converts the kv_api config, then delegates to kvcore::Manager.
+// KVCacheManager: reads the kv_api config, checks arguments in kv_core_py's order and words,
+// and calls kvcore::Manager without the GIL.
 #include "kvcore/manager.h"
 
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <climits>
 #include <memory>
 
 #include "bind.h"
+#include "py_objects.h"
 #include "python_api.h"
 
 namespace kvcore::py {
 
 namespace {
 
-class PyManager {
- public:
-  PyManager(nb::handle config, nb::handle /*event_manager*/) {
-    if (!nb::isinstance(config, kv_api().manager_config)) {
-      raise(PyExc_TypeError, "config: expected KVCacheManagerConfig, got " + py_type_name(config));
-    }
-    // The config is frozen and validated by kv_api, so its fields are read as they are.
-    config_ = nb::borrow(config);
-    ManagerConfig c;
-    c.tokens_per_block = nb::cast<std::size_t>(config.attr("tokens_per_block"));
-    manager_ = std::make_unique<Manager>(c);
+// --- the config ----------------------------------------------------------------------------
+
+std::optional<std::int64_t> int_or_none(nb::handle v) {
+  if (v.is_none()) return std::nullopt;
+  return nb::cast<std::int64_t>(v);
+}
+
+BatchDesc batch_desc(nb::handle b) {
+  BatchDesc out;
+  for (nb::handle d : b.attr("kv_caches")) {
+    out.kv_caches.push_back(
+        {nb::cast<std::int64_t>(d.attr("capacity")), nb::cast<std::int64_t>(d.attr("history_length"))});
   }
+  out.system_prompt_length = nb::cast<std::int64_t>(b.attr("system_prompt_length"));
+  return out;
+}
 
-  nb::object init_config() const { return config_; }
-  std::size_t tokens_per_block() const { return manager_->tokens_per_block(); }
+// kv_api validated the config when it was built, so its fields are read as they are.
+ManagerConfig manager_config(nb::handle c) {
+  ManagerConfig out;
+  out.tokens_per_block = nb::cast<std::int64_t>(c.attr("tokens_per_block"));
+  for (nb::handle tier : c.attr("cache_tiers")) out.tier_quotas.push_back(nb::cast<std::uint64_t>(tier.attr("quota")));
+  nb::object ssm = api("SsmLayerConfig");
+  for (nb::handle layer : c.attr("layers")) {
+    LayerConfig l;
+    l.layer_id = nb::cast<std::int64_t>(layer.attr("layer_id"));
+    l.ssm = nb::isinstance(layer, ssm);
+    for (nb::handle b : layer.attr("buffers")) {
+      nb::object o = b.attr("tokens_per_block_override");
+      l.buffers.push_back({nb::cast<std::string>(b.attr("role")), nb::cast<std::uint64_t>(b.attr("size")),
+                           o.is_none() ? std::nullopt : std::optional<std::uint64_t>(nb::cast<std::uint64_t>(o))});
+    }
+    if (!l.ssm) {
+      l.sliding_window_size = int_or_none(layer.attr("sliding_window_size"));
+      l.num_sink_tokens = int_or_none(layer.attr("num_sink_tokens"));
+    }
+    out.layers.push_back(std::move(l));
+  }
+  out.max_util_for_resume = nb::cast<double>(c.attr("max_util_for_resume"));
+  out.enable_partial_reuse = nb::cast<bool>(c.attr("enable_partial_reuse"));
+  out.reuse_match_backoff = nb::cast<std::int64_t>(c.attr("reuse_match_backoff"));
+  for (nb::handle b : c.attr("constraints")) out.constraints.push_back(batch_desc(b));
+  nb::object typical = c.attr("typical_step");
+  if (!typical.is_none()) out.typical_step = batch_desc(typical);
+  nb::object ratio = c.attr("initial_pool_ratio");
+  if (!ratio.is_none()) out.initial_pool_ratio = nb::cast<std::vector<double>>(ratio);
+  out.commit_min_snapshot = nb::cast<bool>(c.attr("commit_min_snapshot"));
+  out.key_format = parse_key_format(nb::cast<std::string>(c.attr("key_format")));
+  return out;
+}
 
- private:
-  nb::object config_;
-  std::unique_ptr<Manager> manager_;
+void init(PyManager* self, nb::handle config, nb::handle event_manager) {
+  if (!nb::isinstance(config, kv_api().manager_config)) {
+    raise(PyExc_TypeError, "config: expected KVCacheManagerConfig, got " + py_type_name(config));
+  }
+  EventManager* events = nullptr;
+  if (!event_manager.is_none()) {
+    if (!nb::isinstance<PyEventManager>(event_manager)) {
+      raise(PyExc_TypeError,
+            "event_manager: expected this backend's KVCacheEventManager, got " + py_type_name(event_manager));
+    }
+    events = nb::cast<PyEventManager&>(event_manager).events.get();
+  }
+  const ManagerConfig c = manager_config(config);
+  std::unique_ptr<Manager> manager;
+  {
+    nb::gil_scoped_release release;
+    manager = std::make_unique<Manager>(c, events);
+  }
+  new (self) PyManager{nb::borrow(config), nb::borrow(event_manager), std::move(manager)};
+}
+
+// --- arguments -------------------------------------------------------------------------------
+
+std::int64_t layer_arg(nb::handle layer_id) {
+  if (PyBool_Check(layer_id.ptr()) || !PyIndex_Check(layer_id.ptr())) {
+    raise(PyExc_TypeError, "layer_id: expected an int, got " + py_type_name(layer_id));
+  }
+  nb::object index = nb::steal(PyNumber_Index(layer_id.ptr()));
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (overflow) raise(PyExc_KeyError, "no layer " + str(index));
+  return v;
+}
+
+std::string role_arg(nb::handle role) {
+  if (!PyUnicode_Check(role.ptr())) raise(PyExc_TypeError, "role: expected a str, got " + py_type_name(role));
+  return nb::cast<std::string>(role);
+}
+
+const BufferPlacement& placement(PyManager& self, nb::handle layer_id, nb::handle role) {
+  const std::int64_t layer = layer_arg(layer_id);
+  return self.manager->storage_config().placement(layer, role_arg(role));
+}
+
+int level_arg(nb::handle level) {
+  const std::uint64_t v = int_at_least("level", level, 0);
+  if (v != 0)
+    raise(PyExc_IndexError, "level " + str(nb::steal(PyNumber_Index(level.ptr()))) + " out of range (one cache level)");
+  return 0;
+}
+
+std::uint64_t index_arg(const char* where, nb::handle value, std::size_t size) {
+  const std::uint64_t v = int_at_least(where, value, 0);
+  if (v >= size) {
+    raise(PyExc_IndexError, std::string(where) + " " + str(nb::steal(PyNumber_Index(value.ptr()))) +
+                                " out of range (0.." + std::to_string(static_cast<long long>(size) - 1) + ")");
+  }
+  return v;
+}
+
+// --- memory ----------------------------------------------------------------------------------
+
+// A pool's bytes, exported through the buffer protocol; it keeps its manager alive.
+struct PoolBuffer {
+  nb::object owner;
+  std::uint8_t* data;
+  Py_ssize_t size;
 };
+
+int pool_getbuffer(PyObject* self, Py_buffer* view, int flags) {
+  PoolBuffer* pb = nb::inst_ptr<PoolBuffer>(self);
+  return PyBuffer_FillInfo(view, self, pb->data, pb->size, 0, flags);
+}
+
+PyType_Slot pool_buffer_slots[] = {{Py_bf_getbuffer, reinterpret_cast<void*>(pool_getbuffer)}, {0, nullptr}};
+
+nb::object pool_memory(nb::handle self_handle, nb::handle pool_group, nb::handle pool) {
+  PyManager& self = nb::cast<PyManager&>(self_handle);
+  self.manager->require_live();
+  auto& groups = self.manager->storage().pool_groups();
+  const std::uint64_t g = index_arg("pool_group", pool_group, groups.size());
+  const std::uint64_t p = index_arg("pool", pool, groups[g].pools.size());
+  const MemoryPool& mp = groups[g].pools[p];
+  nb::object buffer = nb::cast(PoolBuffer{nb::borrow(self_handle), mp.data(), static_cast<Py_ssize_t>(mp.size())});
+  return nb::steal(PyMemoryView_FromObject(buffer.ptr()));
+}
+
+// --- reuse -------------------------------------------------------------------------------------
+
+TokenList tokens_arg(PyManager& self, nb::handle tokens) {
+  return token_list(tokens, self.manager->config().key_format);
+}
+
+PriorityCallback priority_callback(nb::handle callback, Manager& manager) {
+  if (callback.is_none()) return {};
+  nb::object fn = nb::borrow(callback);
+  std::vector<nb::object> life_cycles;
+  for (const LifeCycle& lc : manager.registry().life_cycles()) {
+    life_cycles.push_back(api("LifeCycle")(lc.id, optional_int(lc.window), lc.num_sink_blocks));
+  }
+  return [fn, life_cycles](std::int64_t ordinal, int lc) -> int {
+    nb::gil_scoped_acquire acquire;
+    nb::object value = fn(ordinal, life_cycles[lc]);
+    if (PyBool_Check(value.ptr()) || !PyLong_Check(value.ptr())) {
+      raise(PyExc_TypeError, "custom_priority_callback: expected an int, got " + py_type_name(value));
+    }
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
+    if (overflow || v < 0 || v > 100) {
+      raise(PyExc_ValueError, "custom_priority_callback: " + str(value) + " is outside [0, 100]");
+    }
+    return static_cast<int>(v);
+  };
+}
+
+nb::object create_kv_cache(nb::handle self_handle, nb::handle reuse_scope_arg, nb::handle input_tokens, nb::handle id,
+                           nb::handle callback) {
+  PyManager& self = nb::cast<PyManager&>(self_handle);
+  self.manager->require_live();
+  if (!callback.is_none() && !PyCallable_Check(callback.ptr())) {
+    raise(PyExc_TypeError, "custom_priority_callback: expected a callable or None");
+  }
+  const ReuseScope scope = reuse_scope(reuse_scope_arg);
+  const TokenList tokens = tokens_arg(self, input_tokens);
+  std::optional<std::int64_t> cache_id;
+  if (!id.is_none())
+    cache_id = static_cast<std::int64_t>(std::min<std::uint64_t>(int_at_least("id", id, 0), LLONG_MAX));
+  PriorityCallback priority = priority_callback(callback, *self.manager);
+  std::unique_ptr<KVCache> cache;
+  {
+    nb::gil_scoped_release release;
+    cache = self.manager->create_kv_cache(scope, tokens, cache_id, std::move(priority));
+  }
+  auto* py_cache = new PyKVCache{nb::borrow(self_handle), nb::borrow(callback), std::move(cache), {}};
+  return nb::cast(py_cache, nb::rv_policy::take_ownership);
+}
+
+std::int64_t probe_reuse(PyManager& self, nb::handle reuse_scope_arg, nb::handle tokens) {
+  self.manager->require_live();
+  const ReuseScope scope = reuse_scope(reuse_scope_arg);
+  const TokenList list = tokens_arg(self, tokens);
+  nb::gil_scoped_release release;
+  return self.manager->probe_reuse(scope, list);
+}
+
+nb::object probe_first_new_block_key(PyManager& self, nb::handle reuse_scope_arg, nb::handle tokens) {
+  self.manager->require_live();
+  const ReuseScope scope = reuse_scope(reuse_scope_arg);
+  const TokenList list = tokens_arg(self, tokens);
+  std::optional<Digest> key;
+  {
+    nb::gil_scoped_release release;
+    key = self.manager->probe_first_new_block_key(scope, list);
+  }
+  if (!key) return nb::none();
+  return nb::bytes(reinterpret_cast<const char*>(key->data()), key->size());
+}
+
+// --- statistics ---------------------------------------------------------------------------------
+
+nb::object stats_object(const CacheStats& s) {
+  return api("stats.CacheStats")(s.requests, s.lookup_tokens, s.reused_tokens, s.allocated_pages, s.evicted_pages,
+                                 s.committed_blocks);
+}
+
+nb::list storage_statistics(PyManager& self, nb::handle level) {
+  level_arg(level);
+  std::vector<StorageStatistics> stats;
+  {
+    nb::gil_scoped_release release;
+    stats = self.manager->storage_statistics();
+  }
+  nb::list out;
+  for (const StorageStatistics& s : stats) out.append(api("StorageStatistics")(s.total, s.free, s.evictable));
+  return out;
+}
+
+nb::list pool_group_descs(PyManager& self) {
+  self.manager->require_live();
+  nb::list out;
+  auto& groups = self.manager->storage().pool_groups();
+  for (const PoolGroupConfig& pg : self.manager->storage_config().pool_groups()) {
+    nb::list pools;
+    for (const MemoryPool& pool : groups[pg.index].pools) {
+      pools.append(api("PoolDesc")(reinterpret_cast<std::uintptr_t>(pool.data()), pool.slot_size()));
+    }
+    nb::list lcs;
+    for (int lc : pg.life_cycles) lcs.append(lc);
+    out.append(
+        api("PoolGroupDesc")(pg.index, self.manager->counts().slots[pg.index], nb::tuple(lcs), nb::tuple(pools)));
+  }
+  return out;
+}
 
 }  // namespace
 
 void bind_manager(nb::module_& m) {
+  nb::class_<PoolBuffer>(m, "PoolBuffer", nb::type_slots(pool_buffer_slots));
   nb::class_<PyManager>(m, "KVCacheManager")
-      .def(nb::init<nb::handle, nb::handle>(), nb::arg("config").none(), nb::arg("event_manager").none() = nb::none())
-      .def_prop_ro("init_config", &PyManager::init_config)
-      .def_prop_ro("tokens_per_block", &PyManager::tokens_per_block);
+      .def("__init__", &init, nb::arg("config").none(), nb::arg("event_manager").none() = nb::none())
+      .def_prop_ro("init_config", [](PyManager& self) { return self.config; })
+      .def_prop_ro("tokens_per_block", [](PyManager& self) { return self.manager->tokens_per_block(); })
+      .def_prop_ro("life_cycles",
+                   [](PyManager& self) {
+                     nb::list out;
+                     for (const LifeCycle& lc : self.manager->registry().life_cycles()) {
+                       out.append(api("LifeCycle")(lc.id, optional_int(lc.window), lc.num_sink_blocks));
+                     }
+                     return out;
+                   })
+      .def_prop_ro("layer_grouping",
+                   [](PyManager& self) {
+                     std::vector<std::vector<std::int64_t>> groups(self.manager->registry().size());
+                     for (const auto& [layer, lc] : self.manager->registry().layers()) groups[lc].push_back(layer);
+                     return groups;
+                   })
+      .def_prop_ro("layer_ids",
+                   [](PyManager& self) {
+                     std::vector<std::int64_t> ids;
+                     for (const auto& entry : self.manager->registry().layers()) ids.push_back(entry.first);
+                     return ids;
+                   })
+      .def_prop_ro("num_layers", [](PyManager& self) { return self.manager->registry().layers().size(); })
+      .def(
+          "get_layer_group_id",
+          [](PyManager& self, nb::handle layer_id) {
+            return self.manager->registry().life_cycle_of(layer_arg(layer_id));
+          },
+          nb::arg("layer_id"))
+      .def(
+          "get_mem_pool_base_address",
+          [](PyManager& self, nb::handle layer_id, nb::handle role, nb::handle index_mode) {
+            self.manager->require_live();
+            const BufferPlacement& p = placement(self, layer_id, role);
+            const bool shared = nb::cast<int>(api("PageIndexMode")(index_mode)) == 1;
+            const int pg = self.manager->storage_config().pool_group_of(p.life_cycle);
+            const auto base =
+                reinterpret_cast<std::uintptr_t>(self.manager->storage().pool_groups()[pg].pools[p.pool].data());
+            return base + (shared ? static_cast<std::uint64_t>(p.position) * p.size : 0);
+          },
+          nb::arg("layer_id"), nb::arg("role"), nb::arg("index_mode") = 0)
+      .def(
+          "get_page_stride",
+          [](PyManager& self, nb::handle layer_id, nb::handle role) {
+            return placement(self, layer_id, role).page_size;
+          },
+          nb::arg("layer_id"), nb::arg("role"))
+      .def(
+          "get_page_index_converter",
+          [](PyManager& self, nb::handle layer_id, nb::handle role) {
+            const BufferPlacement& p = placement(self, layer_id, role);
+            return api("PageIndexConverter")(p.scale, p.expansion, p.position);
+          },
+          nb::arg("layer_id"), nb::arg("role"))
+      .def(
+          "get_page_index_upper_bound",
+          [](PyManager& self, nb::handle layer_id, nb::handle role) {
+            const BufferPlacement& p = placement(self, layer_id, role);
+            const auto slots = static_cast<std::int64_t>(
+                self.manager->counts().slots[self.manager->storage_config().pool_group_of(p.life_cycle)]);
+            return (p.scale * slots - p.position) * p.expansion;
+          },
+          nb::arg("layer_id"), nb::arg("role"))
+      .def_prop_ro("pool_group_descs", &pool_group_descs)
+      .def("pool_memory", &pool_memory, nb::arg("pool_group"), nb::arg("pool"))
+      .def(
+          "get_quota",
+          [](PyManager& self, nb::handle level) {
+            level_arg(level);
+            return self.manager->counts().quota;
+          },
+          nb::arg("level") = 0)
+      .def("get_storage_statistics", &storage_statistics, nb::arg("level") = 0)
+      .def("get_committed_stats",
+           [](PyManager& self) {
+             CacheStats s;
+             {
+               nb::gil_scoped_release release;
+               s = self.manager->committed_stats();
+             }
+             return stats_object(s);
+           })
+      .def("get_and_reset_iteration_stats",
+           [](PyManager& self) {
+             CacheStats s;
+             {
+               nb::gil_scoped_release release;
+               s = self.manager->take_iteration_stats();
+             }
+             return stats_object(s);
+           })
+      .def("probe_reuse", &probe_reuse, nb::arg("reuse_scope").none() = nb::none(),
+           nb::arg("tokens").none() = nb::none())
+      .def("probe_first_new_block_key", &probe_first_new_block_key, nb::arg("reuse_scope").none(),
+           nb::arg("tokens").none())
+      .def("create_kv_cache", &create_kv_cache, nb::arg("reuse_scope").none() = nb::none(),
+           nb::arg("input_tokens").none() = nb::none(), nb::arg("id").none() = nb::none(),
+           nb::arg("custom_priority_callback").none() = nb::none())
+      .def_prop_ro("num_open_kv_caches", [](PyManager& self) { return self.manager->num_open_kv_caches(); })
+      .def("clear_reusable_blocks",
+           [](PyManager& self) {
+             nb::gil_scoped_release release;
+             self.manager->clear_reusable_blocks();
+           })
+      .def("shutdown", [](PyManager& self) {
+        nb::gil_scoped_release release;
+        self.manager->shutdown();
+      });
 }
 
 }  // namespace kvcore::py

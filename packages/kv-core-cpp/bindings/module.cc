@@ -16,7 +16,9 @@ NB_MODULE(_core, m) {
   kvcore::py::init_kv_api();
   kvcore::py::bind_errors(m);
   kvcore::py::bind_keys(m);
+  kvcore::py::bind_event_manager(m);
   kvcore::py::bind_manager(m);
+  kvcore::py::bind_kv_cache(m);
 
   m.def("build_info", &kvcore::build_info, "Compiler, flags, build type and the SHA-256 transform in use.");
   m.def("sha256_transforms", &kvcore::sha256::available, "SHA-256 transforms this build and CPU can run.");

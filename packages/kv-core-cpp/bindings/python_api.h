@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kvcore/block_keys.h"
+#include "kvcore/tokens.h"
 
 namespace kvcore::py {
 
@@ -23,6 +24,7 @@ struct KvApi {
 
 const KvApi& kv_api();
 void init_kv_api();
+nb::object api(const char* name);  // kv_api.<name>, e.g. "PageIndexConverter"
 
 [[noreturn]] void raise(PyObject* type, const std::string& message);
 std::string py_type_name(nb::handle obj);  // type(obj).__name__
@@ -33,8 +35,12 @@ std::uint64_t int_at_least(const char* where, nb::handle value, std::int64_t low
 // A u64 in [0, 2**64): the same rule with the upper bound.
 std::uint64_t u64(const char* where, nb::handle value);
 
-ReuseScope reuse_scope(nb::handle scope);              // None or kv_api.ReuseScope, else TypeError
-KeyFormat key_format(nb::handle format);               // a known format name, else TypeError/ValueError
-Digest key_digest(const char* where, nb::handle key);  // 32 bytes, else TypeError/ValueError
+ReuseScope reuse_scope(nb::handle scope);                       // None or kv_api.ReuseScope, else TypeError
+KeyFormat key_format(nb::handle format);                        // a known format name, else TypeError/ValueError
+Digest key_digest(const char* where, nb::handle key);           // 32 bytes, else TypeError/ValueError
+TokenList token_list(nb::handle tokens, KeyFormat format);      // kv_api.keys.token_list; None is empty
+nb::object token_objects(const TokenList& tokens);              // a list of ints and 32-byte bytes
+nb::object scope_object(const ReuseScope& scope);               // a kv_api.ReuseScope
+nb::object optional_int(const std::optional<std::int64_t>& v);  // an int or None
 
 }  // namespace kvcore::py

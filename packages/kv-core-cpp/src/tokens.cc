@@ -104,4 +104,65 @@ Tokens Tokens::to_owned(KeyFormat format) const {
   return out;
 }
 
+TokenList TokenList::from(const Tokens& tokens) {
+  TokenList out;
+  out.ids.resize(tokens.count);
+  for (std::size_t i = 0; i < tokens.count; ++i) out.ids[i] = tokens.raw(i);
+  out.digests = tokens.digests;
+  for (const DigestToken& d : out.digests) out.ids[d.position] = 0;
+  return out;
+}
+
+std::size_t TokenList::first_digest_at_or_after(std::size_t i) const noexcept {
+  std::size_t lo = 0, hi = digests.size();
+  while (lo < hi) {
+    const std::size_t mid = (lo + hi) / 2;
+    if (digests[mid].position < i) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+const Digest* TokenList::digest_at(std::size_t i) const noexcept {
+  const std::size_t k = first_digest_at_or_after(i);
+  return k < digests.size() && digests[k].position == i ? &digests[k].digest : nullptr;
+}
+
+bool TokenList::same(std::size_t i, const TokenList& other, std::size_t j) const noexcept {
+  if (ids[i] != other.ids[j]) return false;
+  if (digests.empty() && other.digests.empty()) return true;
+  const Digest* a = digest_at(i);
+  const Digest* b = other.digest_at(j);
+  return (a == nullptr) == (b == nullptr) && (a == nullptr || *a == *b);
+}
+
+TokenList TokenList::slice(std::size_t begin, std::size_t end) const {
+  TokenList out;
+  out.ids.assign(ids.begin() + static_cast<std::ptrdiff_t>(begin), ids.begin() + static_cast<std::ptrdiff_t>(end));
+  for (std::size_t k = first_digest_at_or_after(begin); k < digests.size() && digests[k].position < end; ++k) {
+    out.digests.push_back({digests[k].position - begin, digests[k].digest});
+  }
+  return out;
+}
+
+void TokenList::append(const TokenList& other) {
+  const std::size_t base = ids.size();
+  ids.insert(ids.end(), other.ids.begin(), other.ids.end());
+  for (const DigestToken& d : other.digests) digests.push_back({d.position + base, d.digest});
+}
+
+Tokens TokenList::view() const {
+  Tokens t;
+  t.data = reinterpret_cast<const std::uint8_t*>(ids.data());
+  t.count = ids.size();
+  t.width = 8;
+  t.stride = 8;
+  t.is_signed = false;
+  t.digests = digests;
+  return t;
+}
+
 }  // namespace kvcore

@@ -4,7 +4,7 @@
 ``kv_api.load_backend(name)`` gives any installed backend explicitly.
 """
 
-from kv_api import errors, keys
+from kv_api import descriptors, errors, events, keys, stats
 from kv_api.capabilities import KEY_FORMATS, Capabilities
 from kv_api.config import (
     AttentionLayerConfig,
@@ -31,6 +31,7 @@ from kv_api.constants import (
     PageStatus,
 )
 from kv_api.contract import Backend, KVCache, KVCacheManager
+from kv_api.descriptors import BufferId, LifeCycle, PageIndexConverter, PoolDesc, PoolGroupDesc
 from kv_api.registry import (
     ENTRY_POINT_GROUP,
     available_backends,
@@ -39,7 +40,7 @@ from kv_api.registry import (
     load_backend,
 )
 from kv_api.scope import DIGEST_SIZE, MmItemContext, ReuseScope
-from kv_api.stats import StorageStatistics
+from kv_api.stats import CacheStats, StorageStatistics
 
 __version__ = "0.1.0"
 
@@ -56,6 +57,8 @@ __all__ = [
     "Backend",
     "BatchDesc",
     "BufferConfig",
+    "BufferId",
+    "CacheStats",
     "CacheTier",
     "CacheTierConfig",
     "Capabilities",
@@ -68,16 +71,23 @@ __all__ = [
     "KVCacheManagerConfig",
     "KVCacheStatus",
     "LayerConfig",
+    "LifeCycle",
     "MmItemContext",
+    "PageIndexConverter",
     "PageIndexMode",
     "PageStatus",
+    "PoolDesc",
+    "PoolGroupDesc",
     "ReuseScope",
     "SsmLayerConfig",
     "StorageStatistics",
     "available_backends",
     "default_backend_name",
+    "descriptors",
     "errors",
+    "events",
     "installed_backends",
     "keys",
     "load_backend",
+    "stats",
 ]

@@ -8,16 +8,17 @@
 namespace kvcore {
 
 enum class ErrorKind {
-  kValue,         // ValueError
-  kType,          // TypeError
-  kIndex,         // IndexError
-  kKey,           // KeyError
-  kLogic,         // kv_api.errors.LogicError
-  kInvalidState,  // kv_api.errors.InvalidStateError
-  kOutOfPages,    // kv_api.errors.OutOfPagesError
-  kHostOOM,       // kv_api.errors.HostOOMError
-  kDiskOOM,       // kv_api.errors.DiskOOMError
-  kCorrupted,     // kv_api.errors.CorruptedError
+  kValue,           // ValueError
+  kType,            // TypeError
+  kIndex,           // IndexError
+  kKey,             // KeyError
+  kLogic,           // kv_api.errors.LogicError
+  kInvalidState,    // kv_api.errors.InvalidStateError
+  kOutOfPages,      // kv_api.errors.OutOfPagesError
+  kHostOOM,         // kv_api.errors.HostOOMError
+  kDiskOOM,         // kv_api.errors.DiskOOMError
+  kCorrupted,       // kv_api.errors.CorruptedError
+  kNotImplemented,  // NotImplementedError
 };
 
 class Error : public std::runtime_error {

@@ -1,21 +1,83 @@
-// The KV-cache manager: owns pools, the radix tree, eviction, events and statistics.
+// The KV-cache manager: owns pools, the radix tree, eviction, events and statistics (see manager.py).
 #pragma once
 
-#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "kvcore/config.h"
+#include "kvcore/event_manager.h"
+#include "kvcore/kv_cache.h"
+#include "kvcore/life_cycles.h"
+#include "kvcore/radix_tree.h"
+#include "kvcore/slot_counts.h"
+#include "kvcore/storage.h"
+#include "kvcore/storage_config.h"
 
 namespace kvcore {
 
-struct ManagerConfig {
-  std::size_t tokens_per_block = 32;
+struct CacheStats {
+  std::uint64_t requests = 0;
+  std::uint64_t lookup_tokens = 0;
+  std::uint64_t reused_tokens = 0;
+  std::uint64_t allocated_pages = 0;
+  std::uint64_t evicted_pages = 0;
+  std::uint64_t committed_blocks = 0;
 };
 
 class Manager {
  public:
-  explicit Manager(const ManagerConfig& config) : config_(config) {}
-  std::size_t tokens_per_block() const noexcept { return config_.tokens_per_block; }
+  Manager(const ManagerConfig& config, EventManager* events);
+  Manager(const Manager&) = delete;
+  Manager& operator=(const Manager&) = delete;
+
+  // Every public entry point of the manager and its caches takes this lock.
+  std::recursive_mutex& mutex() { return mutex_; }
+  const ManagerConfig& config() const { return config_; }
+  std::int64_t tokens_per_block() const { return config_.tokens_per_block; }
+  const LifeCycleRegistry& registry() const { return registry_; }
+  const StorageConfig& storage_config() const { return storage_config_; }
+  const SlotCounts& counts() const { return counts_; }
+  Storage& storage() { return storage_; }
+  RadixTree& tree() { return tree_; }
+  EventManager* events() { return events_; }
+  bool is_shut_down() const { return shut_down_; }
+  void require_live() const;  // Error(kInvalidState) after shutdown
+
+  std::unique_ptr<KVCache> create_kv_cache(const ReuseScope& scope, const TokenList& tokens,
+                                           std::optional<std::int64_t> id, PriorityCallback priority);
+  std::int64_t probe_reuse(const ReuseScope& scope, const TokenList& tokens);
+  std::optional<Digest> probe_first_new_block_key(const ReuseScope& scope, const TokenList& tokens);
+  std::vector<StorageStatistics> storage_statistics();
+  void clear_reusable_blocks();
+  void shutdown();
+  std::size_t num_open_kv_caches() const { return caches_.size(); }
+
+  CacheStats committed_stats();
+  CacheStats take_iteration_stats();
+  void stats_add(const CacheStats& delta);
+  void unregister(KVCache* cache);
 
  private:
+  MatchPath match(const Digest& root_key, const TokenList& tokens);
+  void require_no_open_caches(const char* api) const;
+
   ManagerConfig config_;
+  LifeCycleRegistry registry_;
+  StorageConfig storage_config_;
+  SlotCounts counts_;
+  RadixTree tree_;
+  EventManager* events_;
+  Storage storage_;
+  std::recursive_mutex mutex_;
+  std::vector<KVCache*> caches_;  // open, in creation order
+  std::int64_t next_id_ = 0;
+  bool shut_down_ = false;
+  CacheStats committed_;
+  CacheStats iteration_;
+  std::uint64_t evicted_mark_ = 0;
 };
 
 }  // namespace kvcore

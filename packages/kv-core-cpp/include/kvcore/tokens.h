@@ -44,6 +44,23 @@ struct Tokens {
   Tokens to_owned(KeyFormat format) const;
 };
 
+// Validated tokens the manager keeps (committed tokens, block tokens): ids, with 0 at the
+// positions of digest tokens, plus those digests.
+struct TokenList {
+  std::vector<std::uint64_t> ids;
+  std::vector<DigestToken> digests;  // sorted by position
+
+  static TokenList from(const Tokens& tokens);
+  std::size_t size() const noexcept { return ids.size(); }
+  const Digest* digest_at(std::size_t i) const noexcept;
+  std::size_t first_digest_at_or_after(std::size_t i) const noexcept;  // index into digests
+  bool same(std::size_t i, const TokenList& other, std::size_t j) const noexcept;
+  TokenList slice(std::size_t begin, std::size_t end) const;
+  void append(const TokenList& other);
+  // A Tokens view (8-byte ids) for the hasher; valid while this list is unchanged.
+  Tokens view() const;
+};
+
 // "token 3: id -1 out of range for sha256-u32 (0 <= id < 2**31)", shared with the bindings.
 std::string token_out_of_range(std::size_t position, const std::string& value, KeyFormat format);
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import kv_api
 from kv_api import Capabilities
 from kv_core_cpp._core import (
+    KVCache,
+    KVCacheEventManager,
     KVCacheManager,
     block_hash_v1,
     block_hash_v2_sha256,
@@ -27,6 +29,7 @@ capabilities = Capabilities(native_buffers=True, sha256_transforms=tuple(sha256_
 
 # nanobind classes cannot subclass the ABC; registering makes isinstance() hold.
 kv_api.KVCacheManager.register(KVCacheManager)
+kv_api.KVCache.register(KVCache)
 
 
 def build_info() -> dict[str, str]:
@@ -34,6 +37,8 @@ def build_info() -> dict[str, str]:
 
 
 __all__ = [
+    "KVCache",
+    "KVCacheEventManager",
     "KVCacheManager",
     "block_hash_v1",
     "block_hash_v2_sha256",

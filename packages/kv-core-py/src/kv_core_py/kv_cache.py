@@ -478,6 +478,8 @@ class KVCache(kv_api.KVCache):
                 raise TypeError(f"buf: expected a writable int32 buffer, got {type(buf).__name__}") from None
             if view.readonly or view.ndim != 1 or view.format not in ("i", "@i", "=i", "<i"):
                 raise ValueError(f"buf: must be a writable 1-D buffer of format 'i' (got format {view.format!r})")
+            if not view.c_contiguous:
+                raise ValueError("buf: must be contiguous")
             if len(view) < len(self._blocks):
                 raise ValueError(f"buf: too short ({len(view)} < {len(self._blocks)} blocks)")
             view = view.cast("B").cast("i")

@@ -1,0 +1,242 @@
+"""KV-cache events from a live manager (invariant 15, behaviour-spec §4): Created, Stored per
+layer group and merged along a chain, Removed on eviction and flushed first, ids, hash forms,
+no duplicates on reuse, and the ring."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import kv_api
+from kv_api import ReuseScope
+from kv_api.events import Created, KVCacheEvent, Removed, Stored, StoredBlock, UniqueToken
+
+from ._manager import active, committed, hybrid_config, make_config, make_manager, priority, raises_exactly, toks
+
+TPB = 4
+
+
+def keys(scope: ReuseScope | None, tokens: list[int]) -> list[bytes]:
+    """The block keys of ``tokens``, block 0 first (no root)."""
+    raw = kv_api.keys.block_keys(TPB, scope, tokens)
+    return [raw[i : i + 32] for i in range(32, len(raw), 32)]
+
+
+def v1_hashes(scope: ReuseScope | None, tokens: list[int]) -> list[int]:
+    out, parent = [], 0
+    for start in range(0, len(tokens), TPB):
+        parent = kv_api.keys.block_hash_v1(tokens[start : start + TPB], parent, scope)
+        out.append(parent)
+    return out
+
+
+def hashes(algo: str, scope: ReuseScope | None, tokens: list[int]) -> list[Any]:
+    if algo == "v2_sha256":
+        return [k.hex() for k in keys(scope, tokens)]
+    if algo == "v2_sha256_64":
+        return [int.from_bytes(k[:8], "big") for k in keys(scope, tokens)]
+    return v1_hashes(scope, tokens)
+
+
+def drain(events: Any) -> list[KVCacheEvent]:
+    events.flush_iteration_events()
+    return list(events.get_latest_events(0))
+
+
+def setup(backend: Any, config: Any = None, entries: int = 100, algo: str = "v2_sha256") -> tuple[Any, Any]:
+    events = backend.KVCacheEventManager(entries, algo)
+    manager = make_manager(backend, config if config is not None else make_config(TPB, slots=16), event_manager=events)
+    return manager, events
+
+
+def stored_chain(events: list[KVCacheEvent], layer_group: int) -> list[tuple[Any, StoredBlock]]:
+    """``(parent hash, block)`` for every Stored block of a layer group, in event order."""
+    out = []
+    for e in events:
+        if isinstance(e.data, Stored) and e.layer_group_id == layer_group:
+            parent = e.data.parent_hash
+            for block in e.data.blocks:
+                out.append((parent, block))
+                parent = block.block_hash
+    return out
+
+
+def test_created_first(backend: Any) -> None:
+    manager, events = setup(backend)
+    got = drain(events)
+    assert len(got) == 1
+    assert got[0].event_id == 0
+    total = sum(pg.num_slots for pg in manager.pool_group_descs)
+    assert got[0].data == Created((total,))
+    assert drain(events) == []
+
+
+def test_stored_blocks_merge_along_a_chain(backend: Any) -> None:
+    manager, events = setup(backend)
+    drain(events)
+    cache = active(manager, 16)
+    for start in range(0, 12, TPB):
+        cache.commit(toks(TPB, start))
+    got = drain(events)
+    assert [type(e.data) for e in got] == [Stored]
+    (event,) = got
+    assert (event.layer_group_id, event.window_size, event.hash_algo) == (0, None, "v2_sha256")
+    assert isinstance(event.data, Stored)
+    assert event.data.parent_hash is None
+    expected = hashes("v2_sha256", None, toks(12))
+    assert [b.block_hash for b in event.data.blocks] == expected
+    for i, block in enumerate(event.data.blocks):
+        assert block.tokens == tuple(UniqueToken(t) for t in toks(TPB, i * TPB))
+        assert (block.cache_level, block.priority) == (0, 35)
+    # A later block continues the chain in a new event whose parent is the last block.
+    cache.commit(toks(TPB, 12))
+    (event,) = drain(events)
+    assert isinstance(event.data, Stored)
+    assert event.data.parent_hash == expected[-1]
+    assert [b.block_hash for b in event.data.blocks] == hashes("v2_sha256", None, toks(16))[3:]
+    cache.close()
+
+
+def test_stored_per_layer_group(backend: Any) -> None:
+    manager, events = setup(backend, hybrid_config(TPB, slots=16, window=8))
+    drain(events)
+    cache = active(manager, 13, callback=lambda o, lc: 40 + o)
+    cache.commit(toks(12))
+    got = drain(events)
+    assert all(isinstance(e.data, Stored) for e in got)
+    expected = hashes("v2_sha256", None, toks(12))
+    for lg, window in ((0, None), (1, 8)):
+        assert all(e.window_size == window for e in got if e.layer_group_id == lg)
+        chain = stored_chain(got, lg)
+        assert [b.block_hash for _, b in chain] == expected, lg
+        assert [p for p, _ in chain] == [None, *expected[:-1]], lg
+        assert [b.priority for _, b in chain] == [40, 41, 42], lg
+    assert {e.layer_group_id for e in got} == {0, 1}
+    cache.close()
+
+
+@pytest.mark.parametrize("algo", ["v2_sha256", "v2_sha256_64", "v1_block_key"])
+@pytest.mark.parametrize("scope", [None, ReuseScope(7, 11), ReuseScope(None, 123)])
+def test_hash_forms(backend: Any, algo: str, scope: ReuseScope | None) -> None:
+    manager, events = setup(backend, algo=algo)
+    drain(events)
+    committed(manager, toks(12, 1), scope=scope)
+    got = drain(events)
+    assert all(e.hash_algo == algo for e in got)
+    chain = stored_chain(got, 0)
+    expected = hashes(algo, scope, toks(12, 1))
+    assert [b.block_hash for _, b in chain] == expected
+    assert [p for p, _ in chain] == [None, *expected[:-1]]
+
+
+def test_v1_golden_values(backend: Any) -> None:
+    """behaviour-spec §4: [1, 2, 3, 4] then [5, 6], unsalted and with salt 123."""
+    for scope, golden in (
+        (None, [924206229973855, 6875034662206558884]),
+        (ReuseScope(None, 123), [6280297290684427985, 18177682803760873588]),
+    ):
+        manager, events = setup(backend, algo="v1_block_key")
+        committed(manager, [1, 2, 3, 4, 5, 6], scope=scope)
+        chain = stored_chain(drain(events), 0)
+        assert [b.block_hash for _, b in chain] == golden
+
+
+def test_auto_is_v1(backend: Any) -> None:
+    manager, events = setup(backend, algo="auto")
+    committed(manager, toks(4, 1))
+    got = drain(events)
+    assert all(e.hash_algo == "v1_block_key" for e in got)
+    assert [b.block_hash for _, b in stored_chain(got, 0)] == v1_hashes(None, toks(4, 1))
+
+
+def test_no_duplicate_stored_on_reuse(backend: Any) -> None:
+    manager, events = setup(backend)
+    committed(manager, toks(8))
+    drain(events)
+    # Reusing the prefix and extending it announces only the new blocks.
+    cache = active(manager, None, toks(8, 8), reuse=toks(8))
+    cache.close()
+    chain = stored_chain(drain(events), 0)
+    expected = hashes("v2_sha256", None, toks(16))
+    assert [b.block_hash for _, b in chain] == expected[2:]
+    assert chain[0][0] == expected[1]
+    # Committing the same tokens again from scratch announces nothing.
+    committed(manager, toks(16))
+    assert stored_chain(drain(events), 0) == []
+
+
+def test_removed_on_eviction_and_flushed_first(backend: Any) -> None:
+    manager, events = setup(backend, make_config(TPB, slots=8))
+    committed(manager, toks(8), callback=priority(10))  # evicted first
+    committed(manager, toks(4, 100))
+    drain(events)
+    cache = active(manager, 7 * TPB)  # one eviction: block 0 of the first chain, and its child
+    cache.commit(toks(4, 200))
+    got = drain(events)
+    first = hashes("v2_sha256", None, toks(8))
+    assert [type(e.data) for e in got] == [Removed, Stored]
+    removed = got[0].data
+    assert isinstance(removed, Removed)
+    assert sorted(removed.block_hashes) == sorted(first)
+    assert got[0].layer_group_id == 0
+    assert got[0].event_id < got[1].event_id
+    # Removed events are flushed even when nothing else follows.
+    cache.close()
+    big = active(manager, 8 * TPB)
+    got = drain(events)
+    assert [type(e.data) for e in got] == [Removed]
+    assert isinstance(got[0].data, Removed)
+    assert sorted(got[0].data.block_hashes) == sorted(
+        hashes("v2_sha256", None, toks(4, 100)) + hashes("v2_sha256", None, toks(4, 200))
+    )
+    big.close()
+
+
+def test_event_ids_increase_from_zero(backend: Any) -> None:
+    manager, events = setup(backend, make_config(TPB, slots=8))
+    got: list[KVCacheEvent] = []
+    for i in range(10):  # ten one-block chains in eight slots: two are evicted
+        committed(manager, toks(TPB, 100 * i))
+        if i % 3 == 2:
+            got += drain(events)
+    got += drain(events)
+    assert [e.event_id for e in got] == list(range(len(got)))
+    kinds = [type(e.data) for e in got]
+    assert (kinds.count(Created), kinds.count(Stored)) == (1, 10)
+    assert kinds.count(Removed) >= 1
+
+
+def test_nothing_published_before_flush(backend: Any) -> None:
+    manager, events = setup(backend)
+    committed(manager, toks(8))
+    assert events.get_latest_events(0) == []
+    events.flush_iteration_events()
+    got = events.get_latest_events(0)
+    assert [type(e.data) for e in got] == [Created, Stored]
+    assert events.get_latest_events(0) == []  # drained
+
+
+def test_ring_drops_the_oldest(backend: Any) -> None:
+    manager, events = setup(backend, entries=3)
+    for i in range(4):  # four unrelated one-block chains: four Stored events that do not merge
+        committed(manager, toks(TPB, 100 * (i + 1)))
+    got = drain(events)
+    assert [e.event_id for e in got] == [2, 3, 4]
+    assert [type(e.data) for e in got] == [Stored, Stored, Stored]
+
+
+def test_zero_capacity_publishes_nothing(backend: Any) -> None:
+    manager, events = setup(backend, entries=0)
+    committed(manager, toks(8))
+    assert drain(events) == []
+
+
+@pytest.mark.parametrize("algo", ["sha256", "V2_SHA256", "", "v1"])
+def test_unknown_hash_algo(backend: Any, algo: str) -> None:
+    raises_exactly(ValueError, lambda: backend.KVCacheEventManager(16, algo))
+
+
+@pytest.mark.parametrize(("entries", "algo"), [(16, None), (16, 1), ("16", "v2_sha256"), (True, "v2_sha256")])
+def test_event_manager_argument_types(backend: Any, entries: Any, algo: Any) -> None:
+    raises_exactly(TypeError, lambda: backend.KVCacheEventManager(entries, algo))

@@ -1,0 +1,249 @@
+"""Reuse through the radix tree (invariants 3, 4, 5): exact and partial matches, probes that
+change nothing, scopes that never share, backoff, the first-new-block probe, and windowed layers
+that reuse only where their window pages exist."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import kv_api
+from kv_api import KVCacheStatus, ReuseScope
+
+from ._manager import (
+    active,
+    check_accounting,
+    check_lengths,
+    committed,
+    hybrid_config,
+    make_config,
+    make_manager,
+    snapshot,
+    toks,
+)
+
+TPB = 4
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def test_exact_reuse_after_close(backend: Any) -> None:
+    manager = make_manager(backend, make_config(TPB, slots=16))
+    tokens = toks(10)
+    committed(manager, tokens)
+    assert manager.probe_reuse(None, tokens) == 10
+    cache = manager.create_kv_cache(None, tokens)
+    assert cache.status == KVCacheStatus.SUSPENDED
+    assert (cache.num_committed_tokens, cache.history_length, cache.capacity, cache.num_blocks) == (10, 10, 10, 3)
+    assert list(cache.committed_tokens) == tokens
+    assert cache.resume()
+    check_lengths(cache)
+    cache.close()
+    # Without input tokens nothing is reused.
+    empty = manager.create_kv_cache()
+    assert (empty.num_committed_tokens, empty.capacity, empty.num_blocks) == (0, 0, 0)
+    empty.close()
+    assert manager.probe_reuse() == 0
+    assert manager.probe_reuse(None, []) == 0
+
+
+def test_reuse_continues_a_chain(backend: Any) -> None:
+    manager = make_manager(backend, make_config(TPB, slots=16))
+    committed(manager, toks(8))
+    cache = active(manager, None, toks(8, 8), reuse=toks(8))
+    assert cache.num_committed_tokens == 16
+    cache.close()
+    assert manager.probe_reuse(None, toks(16)) == 16
+    assert manager.probe_reuse(None, toks(20)) == 16
+    assert manager.probe_reuse(None, [*toks(8), 99]) == 8
+
+
+def build_tree(manager: Any, sequences: list[list[int]]) -> None:
+    """Commit each sequence in turn, reusing what the tree already has, then close."""
+    for seq in sequences:
+        cache = manager.create_kv_cache(None, seq)
+        assert cache.resume()
+        assert cache.resize(len(seq))
+        cache.commit(seq[cache.num_committed_tokens :])
+        cache.close()
+
+
+SEQUENCES = st.lists(st.lists(st.integers(0, 2), max_size=14), min_size=1, max_size=3)
+QUERIES = st.lists(st.lists(st.integers(0, 2), max_size=16), min_size=1, max_size=6)
+
+
+@given(sequences=SEQUENCES, queries=QUERIES, partial=st.booleans())
+def test_probe_matches_create_and_changes_nothing(
+    backend: Any, sequences: list[list[int]], queries: list[list[int]], partial: bool
+) -> None:
+    manager = make_manager(backend, make_config(TPB, slots=64, enable_partial_reuse=partial))
+    build_tree(manager, sequences)
+    check_accounting(manager, open_caches=False)
+    probes = [(None, q) for q in queries]
+    before = snapshot(manager, (), probes)
+    for q in queries:
+        # Nothing is evicted (64 slots), so full attention reuses the longest common prefix
+        # (partial reuse) or the whole blocks of it plus an exact tail block.
+        best = max(common_prefix(s, q) for s in sequences)
+        if partial:
+            expected = best
+        else:
+            expected = best // TPB * TPB
+            if len(q) % TPB and q in sequences and expected == len(q) // TPB * TPB:
+                expected = len(q)
+        assert manager.probe_reuse(None, q) == expected, q
+        assert manager.probe_reuse(None, q) == expected, q
+        cache = manager.create_kv_cache(None, q)
+        assert cache.num_committed_tokens == expected
+        assert list(cache.committed_tokens) == q[:expected]
+        check_lengths(cache)
+        cache.close()
+        assert snapshot(manager, (), probes) == before
+
+
+SCOPES = [None, ReuseScope(), ReuseScope(0, None), ReuseScope(None, 0), ReuseScope(0, 0), ReuseScope(1, None)]
+
+
+def scope_class(scope: ReuseScope | None) -> ReuseScope:
+    return ReuseScope() if scope is None else scope
+
+
+@pytest.mark.parametrize("writer", range(len(SCOPES)), ids=[str(s) for s in SCOPES])
+def test_scopes_never_share(backend: Any, writer: int) -> None:
+    manager = make_manager(backend, make_config(TPB, slots=16))
+    tokens = toks(8)
+    committed(manager, tokens, scope=SCOPES[writer])
+    for scope in SCOPES:
+        expected = 8 if scope_class(scope) == scope_class(SCOPES[writer]) else 0
+        assert manager.probe_reuse(scope, tokens) == expected, scope
+        cache = manager.create_kv_cache(scope, tokens)
+        assert cache.num_committed_tokens == expected, scope
+        cache.close()
+
+
+def test_each_scope_has_its_own_pages(backend: Any) -> None:
+    manager = make_manager(backend, make_config(TPB, slots=16))
+    scopes = [ReuseScope(), ReuseScope(0, None), ReuseScope(None, 0)]
+    for scope in scopes:
+        committed(manager, toks(8), scope=scope)
+    assert manager.get_storage_statistics()[0].evictable == 2 * len(scopes)
+    for scope in scopes:
+        assert manager.probe_reuse(scope, toks(8)) == 8
+
+
+@pytest.mark.parametrize(
+    ("query", "with_partial", "without"),
+    [
+        (toks(10), 10, 10),  # the partial tail block, exactly
+        (toks(9), 9, 8),  # a prefix of the partial tail
+        (toks(11), 10, 8),  # past the partial tail
+        ([*toks(9), 50], 9, 8),  # diverges inside the partial tail
+        (toks(6), 6, 4),  # a prefix of a full block
+        ([*toks(5), 50, 51, 52], 5, 4),  # diverges inside a full block
+        (toks(8), 8, 8),
+        ([50, *toks(9)], 0, 0),
+    ],
+)
+def test_partial_reuse(backend: Any, query: list[int], with_partial: int, without: int) -> None:
+    for partial, expected in ((True, with_partial), (False, without)):
+        manager = make_manager(backend, make_config(TPB, slots=16, enable_partial_reuse=partial))
+        committed(manager, toks(10))  # blocks [0..3] [4..7] and the partial tail [8, 9]
+        assert manager.probe_reuse(None, query) == expected, partial
+        cache = manager.create_kv_cache(None, query)
+        assert cache.num_committed_tokens == expected, partial
+        assert cache.resume()
+        check_lengths(cache)
+        cache.close()
+
+
+@pytest.mark.parametrize(
+    ("backoff", "query_len", "expected"),
+    [(0, 12, 12), (1, 12, 11), (3, 12, 9), (4, 12, 8), (5, 12, 7), (11, 12, 1), (12, 12, 0), (3, 2, 0), (3, 6, 3)],
+)
+def test_reuse_match_backoff(backend: Any, backoff: int, query_len: int, expected: int) -> None:
+    manager = make_manager(backend, make_config(TPB, slots=16, reuse_match_backoff=backoff))
+    committed(manager, toks(12))
+    query = toks(query_len)
+    assert manager.probe_reuse(None, query) == expected
+    cache = manager.create_kv_cache(None, query)
+    assert cache.num_committed_tokens == expected
+    cache.close()
+
+
+def nth_key(scope: ReuseScope | None, tokens: list[int], block: int) -> bytes:
+    keys = kv_api.keys.block_keys(TPB, scope, tokens)
+    return keys[32 * (block + 1) : 32 * (block + 2)]  # the root key comes first
+
+
+@pytest.mark.parametrize("scope", [None, ReuseScope(3, 4)])
+def test_probe_first_new_block_key(backend: Any, scope: ReuseScope | None) -> None:
+    manager = make_manager(backend, make_config(TPB, slots=16))
+    # Empty tree: block 0 of the query, unless it is partial.
+    assert manager.probe_first_new_block_key(scope, toks(6)) == nth_key(scope, toks(6), 0)
+    assert manager.probe_first_new_block_key(scope, toks(3)) is None
+    assert manager.probe_first_new_block_key(scope, []) is None
+    committed(manager, toks(10), scope=scope)
+    query = [*toks(8), *toks(8, 100), 7, 7]
+    assert manager.probe_reuse(scope, query) == 8
+    assert manager.probe_first_new_block_key(scope, query) == nth_key(scope, query, 2)
+    # A partial match (9 tokens) still names block 2, computed over the query's own tokens.
+    query = [*toks(9), 50, 51, 52, 53]
+    assert manager.probe_reuse(scope, query) == 9
+    assert manager.probe_first_new_block_key(scope, query) == nth_key(scope, query, 2)
+    # The next block would be partial, or everything is reusable: None.
+    assert manager.probe_first_new_block_key(scope, [*toks(8), 50, 51]) is None
+    assert manager.probe_first_new_block_key(scope, toks(8)) is None
+    assert manager.probe_first_new_block_key(scope, toks(10)) is None
+    # Another scope sees an empty tree.
+    other = ReuseScope(9, None)
+    assert manager.probe_first_new_block_key(other, toks(8)) == nth_key(other, toks(8), 0)
+
+
+def test_probe_first_new_block_key_changes_nothing(backend: Any) -> None:
+    manager = make_manager(backend, make_config(TPB, slots=16))
+    committed(manager, toks(8))
+    probes = [(None, toks(8)), (None, toks(16))]
+    before = snapshot(manager, (), probes)
+    manager.probe_first_new_block_key(None, toks(16))
+    assert snapshot(manager, (), probes) == before
+
+
+def test_window_reuses_only_where_window_pages_exist(backend: Any) -> None:
+    """tpb 4, window 8: a cache whose history ran ahead never held window pages for blocks 0
+    and 1, so only endpoints whose window needs neither of them are reusable."""
+    manager = make_manager(backend, hybrid_config(TPB, slots=16, window=8))
+    cache = manager.create_kv_cache()
+    assert cache.resume()
+    assert cache.resize(17, 16)  # blocks 0 and 1 are stale for the window at history 16
+    assert list(cache.get_base_page_indices(1))[:2] == [-1, -1]
+    cache.commit(toks(16))
+    cache.close()
+    # At endpoint H the window needs blocks from (H + 1 - 8) // 4 on.
+    expected = {16: 16, 15: 15, 14: 0, 12: 0, 8: 0, 4: 0, 20: 16}
+    for length, reusable in expected.items():
+        assert manager.probe_reuse(None, toks(length)) == reusable, length
+        cache = manager.create_kv_cache(None, toks(length))
+        assert cache.num_committed_tokens == reusable, length
+        cache.close()
+
+
+def test_window_pages_committed_in_flight_stay_reusable(backend: Any) -> None:
+    """Committing block by block, each block's window page is committed before it goes stale:
+    it stays in the tree (evictable), so every prefix is reusable."""
+    manager = make_manager(backend, hybrid_config(TPB, slots=16, window=8))
+    cache = active(manager, 17)
+    for start in range(0, 16, TPB):
+        cache.commit(toks(TPB, start))
+    cache.close()
+    for length in range(1, 17):
+        assert manager.probe_reuse(None, toks(length)) == length

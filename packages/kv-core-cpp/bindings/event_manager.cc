@@ -1,0 +1,116 @@
+// KVCacheEventManager: argument checks as kv_core_py's, events converted to kv_api.events.
+#include <nanobind/stl/string.h>
+
+#include <climits>
+#include <cmath>
+#include <variant>
+
+#include "bind.h"
+#include "kvcore/event_hash.h"
+#include "py_objects.h"
+#include "python_api.h"
+
+namespace kvcore::py {
+
+namespace {
+
+nb::object hash_object(const BlockHash& h) {
+  if (const auto* s = std::get_if<std::string>(&h)) return nb::str(s->c_str());
+  return nb::steal(PyLong_FromUnsignedLongLong(std::get<std::uint64_t>(h)));
+}
+
+nb::object event_object(const Event& e, const char* algo) {
+  nb::object data;
+  switch (e.kind) {
+    case Event::Kind::kCreated: {
+      nb::list levels;
+      for (std::uint64_t n : e.num_blocks_per_cache_level) levels.append(n);
+      data = api("events.Created")(nb::tuple(levels));
+      break;
+    }
+    case Event::Kind::kStored: {
+      nb::list blocks;
+      for (const StoredBlockEvent& b : e.blocks) {
+        nb::list tokens;
+        std::size_t d = 0;
+        for (std::size_t i = 0; i < b.tokens.size(); ++i) {
+          nb::object id;
+          if (d < b.tokens.digests.size() && b.tokens.digests[d].position == i) {
+            const Digest& digest = b.tokens.digests[d++].digest;
+            id = nb::str(block_hash_v2_sha256(digest).c_str());  // a digest token as its hex
+          } else {
+            id = nb::steal(PyLong_FromUnsignedLongLong(b.tokens.ids[i]));
+          }
+          tokens.append(api("events.UniqueToken")(id));
+        }
+        blocks.append(
+            api("events.StoredBlock")(hash_object(b.block_hash), nb::tuple(tokens), b.cache_level, b.priority));
+      }
+      data = api("events.Stored")(e.parent_hash ? hash_object(*e.parent_hash) : nb::none(), nb::tuple(blocks));
+      break;
+    }
+    case Event::Kind::kRemoved: {
+      nb::list hashes;
+      for (const BlockHash& h : e.block_hashes) hashes.append(hash_object(h));
+      data = api("events.Removed")(nb::tuple(hashes));
+      break;
+    }
+  }
+  return api("events.KVCacheEvent")(
+      e.id, data, optional_int(e.window_size), algo, nb::none(),
+      optional_int(e.layer_group_id ? std::optional<std::int64_t>(*e.layer_group_id) : std::nullopt));
+}
+
+void init(PyEventManager* self, nb::handle max_entries, nb::handle hash_algo) {
+  // kv_core_py.event_manager.check_event_args, in its order and words.
+  if (PyBool_Check(max_entries.ptr()) || !PyLong_Check(max_entries.ptr())) {
+    raise(PyExc_TypeError, "max_kv_event_entries: expected an int, got " + py_type_name(max_entries));
+  }
+  if (!PyUnicode_Check(hash_algo.ptr())) {
+    raise(PyExc_TypeError, "hash_algo: expected a str, got " + py_type_name(hash_algo));
+  }
+  const std::string name = nb::cast<std::string>(hash_algo);
+  if (name != "auto" && name != "v2_sha256" && name != "v2_sha256_64" && name != "v1_block_key") {
+    raise(PyExc_ValueError, "hash_algo: unknown " + nb::cast<std::string>(nb::repr(hash_algo)) +
+                                " (expected auto, v2_sha256, v2_sha256_64, v1_block_key)");
+  }
+  int overflow = 0;
+  long long n = PyLong_AsLongLongAndOverflow(max_entries.ptr(), &overflow);
+  if (overflow) n = overflow > 0 ? LLONG_MAX : LLONG_MIN;
+  new (self) PyEventManager{std::make_unique<EventManager>(n, parse_hash_algo(name))};
+}
+
+nb::list latest(PyEventManager& self, nb::handle timeout_ms) {
+  double timeout = -1;  // None: wait for events
+  if (!timeout_ms.is_none()) {
+    timeout = nb::cast<double>(nb::float_(timeout_ms));
+    if (!(timeout > 0)) timeout = 0;
+  }
+  std::vector<Event> events;
+  {
+    nb::gil_scoped_release release;
+    events = self.events->get_latest_events(timeout);
+  }
+  nb::list out;
+  const char* algo = hash_algo_name(self.events->hash_algo());
+  for (const Event& e : events) out.append(event_object(e, algo));
+  return out;
+}
+
+}  // namespace
+
+void bind_event_manager(nb::module_& m) {
+  nb::class_<PyEventManager>(m, "KVCacheEventManager")
+      .def("__init__", &init, nb::arg("max_kv_event_entries") = 1000, nb::arg("hash_algo") = "v2_sha256")
+      .def_prop_ro("hash_algo",
+                   [](PyEventManager& self) { return std::string(hash_algo_name(self.events->hash_algo())); })
+      .def_prop_ro("max_kv_event_entries", [](PyEventManager& self) { return self.events->max_kv_event_entries(); })
+      .def("flush_iteration_events",
+           [](PyEventManager& self) {
+             nb::gil_scoped_release release;
+             self.events->flush_iteration_events();
+           })
+      .def("get_latest_events", &latest, nb::arg("timeout_ms").none() = 0);
+}
+
+}  // namespace kvcore::py

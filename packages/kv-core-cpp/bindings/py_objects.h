@@ -1,0 +1,35 @@
+// The Python-facing objects that own core objects; shared by the bind_* files.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include <map>
+#include <memory>
+
+#include "kvcore/event_manager.h"
+#include "kvcore/kv_cache.h"
+#include "kvcore/manager.h"
+
+namespace kvcore::py {
+
+namespace nb = nanobind;
+
+struct PyEventManager {
+  std::unique_ptr<EventManager> events;
+};
+
+struct PyManager {
+  nb::object config;         // the kv_api config, as given (frozen)
+  nb::object event_manager;  // keeps the events alive as long as the manager
+  std::unique_ptr<Manager> manager;
+};
+
+struct PyKVCache {
+  ~PyKVCache();
+  nb::object manager;   // the PyManager, kept alive while the cache lives
+  nb::object priority;  // the Python callback, if any
+  std::unique_ptr<KVCache> cache;
+  std::map<int, Py_buffer> buffers;  // caller index buffers, exported while attached
+};
+
+}  // namespace kvcore::py

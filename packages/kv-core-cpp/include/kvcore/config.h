@@ -1,0 +1,51 @@
+// The manager's configuration, as plain data (the binding reads kv_api's validated config).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kvcore/tokens.h"
+
+namespace kvcore {
+
+struct BufferConfig {
+  std::string role;
+  std::uint64_t size = 0;  // bytes per block at the override's granularity
+  std::optional<std::uint64_t> tokens_per_block_override;
+};
+
+struct LayerConfig {
+  std::int64_t layer_id = 0;
+  std::vector<BufferConfig> buffers;
+  std::optional<std::int64_t> sliding_window_size;
+  std::optional<std::int64_t> num_sink_tokens;
+  bool ssm = false;
+};
+
+struct KVCacheDesc {
+  std::int64_t capacity = 0;
+  std::int64_t history_length = 0;
+};
+
+struct BatchDesc {
+  std::vector<KVCacheDesc> kv_caches;
+  std::int64_t system_prompt_length = 0;
+};
+
+struct ManagerConfig {
+  std::int64_t tokens_per_block = 32;
+  std::vector<std::uint64_t> tier_quotas;  // device tier first
+  std::vector<LayerConfig> layers;
+  double max_util_for_resume = 0.97;
+  bool enable_partial_reuse = true;
+  std::int64_t reuse_match_backoff = 0;
+  std::vector<BatchDesc> constraints;
+  std::optional<BatchDesc> typical_step;
+  std::optional<std::vector<double>> initial_pool_ratio;
+  bool commit_min_snapshot = false;
+  KeyFormat key_format = KeyFormat::kU32;
+};
+
+}  // namespace kvcore

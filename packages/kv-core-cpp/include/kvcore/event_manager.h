@@ -1,0 +1,80 @@
+// KV-cache events for KV-aware routers (see event_manager.py for the rules).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "kvcore/radix_tree.h"
+
+namespace kvcore {
+
+enum class HashAlgo { kV2Sha256, kV2Sha256_64, kV1BlockKey };
+HashAlgo parse_hash_algo(const std::string& name);  // "auto" is v1_block_key; Error(kValue)
+const char* hash_algo_name(HashAlgo algo);
+
+using BlockHash = std::variant<std::string, std::uint64_t>;
+
+struct StoredBlockEvent {
+  BlockHash block_hash;
+  TokenList tokens;
+  int cache_level = 0;
+  int priority = 0;
+};
+
+struct Event {
+  enum class Kind { kCreated, kStored, kRemoved };
+  std::int64_t id = 0;
+  Kind kind = Kind::kCreated;
+  std::vector<std::uint64_t> num_blocks_per_cache_level;  // created
+  std::optional<BlockHash> parent_hash;                   // stored
+  std::vector<StoredBlockEvent> blocks;                   // stored
+  std::vector<BlockHash> block_hashes;                    // removed
+  std::optional<std::int64_t> window_size;
+  std::optional<int> layer_group_id;
+};
+
+class EventManager {
+ public:
+  EventManager(std::int64_t max_kv_event_entries, HashAlgo algo);
+
+  HashAlgo hash_algo() const { return algo_; }
+  std::int64_t max_kv_event_entries() const { return max_entries_; }
+  void flush_iteration_events();
+  // Drains published events; timeout_ms < 0 waits for some, > 0 waits that long at most.
+  std::vector<Event> get_latest_events(double timeout_ms);
+
+  // Hooks the manager calls.
+  void bind(std::vector<std::optional<std::int64_t>> windows);  // Error(kValue) if bound twice
+  void created(std::vector<std::uint64_t> num_blocks_per_cache_level);
+  void stored(Block* block, int life_cycle, int priority);
+  void removed(Block* block, int life_cycle);
+
+ private:
+  void queue(Event event, std::optional<int> life_cycle);
+  void flush_removed();
+  BlockHash hash(Block* block);
+  std::uint64_t v1(Block* block);
+
+  std::int64_t max_entries_;
+  HashAlgo algo_;
+  std::mutex mutex_;
+  std::condition_variable published_;
+  std::deque<Event> ring_;
+  std::vector<Event> pending_;
+  std::vector<std::pair<int, std::vector<BlockHash>>> removed_;  // per life cycle, first-use order
+  std::set<std::pair<Digest, int>> stored_;
+  std::int64_t next_id_ = 0;
+  std::vector<std::optional<std::int64_t>> windows_;
+  bool bound_ = false;
+};
+
+}  // namespace kvcore

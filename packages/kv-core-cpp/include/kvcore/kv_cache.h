@@ -1,0 +1,118 @@
+// One request's KV cache: its blocks, pages and lengths, and the state machine over them
+// (see kv_cache.py; the two must stay step-for-step alike).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "kvcore/block_keys.h"
+#include "kvcore/page.h"
+#include "kvcore/radix_tree.h"
+#include "kvcore/tokens.h"
+
+namespace kvcore {
+
+class Manager;
+
+enum class CacheStatus { kActive = 0, kSuspended = 1, kClosed = 2 };
+enum class CommitState { kAllowed = 0, kUserStop = 1, kVirtualStop = 2 };
+
+// (ordinal, life cycle) -> priority in [0, 100]; may throw (a Python callback's error).
+using PriorityCallback = std::function<int(std::int64_t, int)>;
+
+struct CacheBlock {
+  explicit CacheBlock(std::size_t num_life_cycles) : pages(num_life_cycles, nullptr), locked(num_life_cycles, false) {}
+  std::vector<Page*> pages;
+  std::vector<bool> locked;
+  Block* tree_block = nullptr;  // the tree block once this block is committed
+  bool copy_on_resume = false;  // pages are a reused partial block's, shared with the tree
+};
+
+// A caller's int32 buffer kept updated with one layer group's page indices.
+struct IndexBuffer {
+  std::int32_t* data = nullptr;
+  std::size_t size = 0;
+};
+
+class KVCache {
+ public:
+  KVCache(Manager& manager, std::int64_t id, const ReuseScope& scope, const Digest& root_key, TokenList tokens,
+          const MatchPath& path, PriorityCallback priority);
+  ~KVCache();
+  KVCache(const KVCache&) = delete;
+  KVCache& operator=(const KVCache&) = delete;
+
+  std::int64_t id() const { return id_; }
+  const ReuseScope& reuse_scope() const { return scope_; }
+  CacheStatus status() const { return status_; }
+  std::int64_t num_committed_tokens() const { return static_cast<std::int64_t>(tokens_.size()); }
+  const TokenList& committed_tokens() const { return tokens_; }
+  std::int64_t history_length() const { return history_; }
+  std::int64_t capacity() const { return capacity_; }
+  std::int64_t num_blocks() const { return static_cast<std::int64_t>(blocks_.size()); }
+  std::int64_t num_reused_tokens() const { return num_reused_; }
+  Manager& manager() { return manager_; }
+
+  // Error(kInvalidState) unless the cache is in `status`; bindings check it before converting
+  // arguments, as the Python backend does.
+  void require(CacheStatus status, const char* api) const;
+  void require_commit_allowed() const;  // Error(kLogic) after stop_committing()
+
+  bool resume();
+  void suspend();
+  bool resize(std::optional<std::int64_t> capacity, std::optional<std::int64_t> history_length);
+  void commit(const TokenList& tokens, bool is_end);
+  void stop_committing();
+  void close();
+
+  std::vector<std::int32_t> base_page_indices(int layer_group) const;
+  // Validates and attaches (or, with data == nullptr, detaches) a caller's index buffer.
+  void set_index_buffer(int layer_group, IndexBuffer buffer);
+  int num_layer_groups() const;
+
+ private:
+  int priority_of(std::int64_t ordinal, int lc);
+  void set_index(std::int64_t ordinal, int lc, std::int32_t value);
+  void lock_page(std::int64_t ordinal, int lc);
+  void unlock_page(std::int64_t ordinal, int lc);
+  void release_page(std::int64_t ordinal, int lc);
+  bool is_stale(int lc, std::int64_t ordinal, std::int64_t history) const;
+  struct Release {
+    std::int64_t ordinal;
+    int lc;
+    bool keep;
+  };
+  std::vector<Release> stale_releases(std::int64_t history) const;
+  void apply_stale_releases(const std::vector<Release>& releases);
+  bool fits(const std::vector<std::pair<std::int64_t, int>>& needs, const std::vector<Page*>& freed);
+  std::vector<Page*> new_pages(const std::vector<std::pair<std::int64_t, int>>& needs,
+                               const std::vector<int>& priorities);
+  std::vector<std::pair<std::int64_t, int>> missing(std::int64_t num_blocks, std::int64_t history) const;
+  Node* parent_node(std::int64_t ordinal);
+  void commit_block(std::int64_t ordinal);
+  void stop_committing_locked();
+  void sync_user_buffers();
+  void close_locked();
+
+  Manager& manager_;
+  std::int64_t id_;
+  ReuseScope scope_;
+  Digest root_key_;
+  PriorityCallback priority_;
+  CacheStatus status_ = CacheStatus::kSuspended;
+  CommitState commit_state_ = CommitState::kAllowed;
+  TokenList tokens_;
+  std::int64_t history_;
+  std::int64_t capacity_;
+  std::int64_t tpb_;
+  std::size_t num_lcs_;
+  std::int64_t num_reused_;
+  std::vector<CacheBlock> blocks_;
+  std::vector<std::vector<std::int32_t>> index_;
+  std::map<int, IndexBuffer> user_buffers_;
+};
+
+}  // namespace kvcore

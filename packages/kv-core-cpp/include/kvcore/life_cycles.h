@@ -1,0 +1,51 @@
+// Life cycles: layers whose pages live and die together, and their stale block ranges.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "kvcore/config.h"
+
+namespace kvcore {
+
+struct LifeCycle {
+  int id = 0;
+  std::optional<std::int64_t> window;  // none: full attention
+  std::int64_t num_sink_blocks = 0;
+};
+
+inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// Ids by first appearance in config.layers; layers with the same (window, sink blocks) share
+// one. The id doubles as the layer-group id.
+class LifeCycleRegistry {
+ public:
+  explicit LifeCycleRegistry(const ManagerConfig& config);
+
+  const std::vector<LifeCycle>& life_cycles() const { return life_cycles_; }
+  std::size_t size() const { return life_cycles_.size(); }
+  std::int64_t tokens_per_block() const { return tokens_per_block_; }
+  // Layer ids with their life cycle, in config order.
+  const std::vector<std::pair<std::int64_t, int>>& layers() const { return layers_; }
+  int life_cycle_of(std::int64_t layer_id) const;  // throws Error(kKey)
+
+  // Blocks [first, second) not needed for the next step at `history` tokens (see life_cycles.py).
+  std::pair<std::int64_t, std::int64_t> stale_range(int life_cycle, std::int64_t history) const;
+  bool is_stale(int life_cycle, std::int64_t ordinal, std::int64_t history) const {
+    const auto r = stale_range(life_cycle, history);
+    return r.first <= ordinal && ordinal < r.second;
+  }
+  // Slots one request may need at once: a window straddles one extra block while it slides.
+  std::int64_t min_slots_floor(int life_cycle) const;
+
+ private:
+  std::int64_t tokens_per_block_;
+  std::vector<LifeCycle> life_cycles_;
+  std::vector<std::pair<std::int64_t, int>> layers_;
+  std::map<std::int64_t, int> layer_index_;
+};
+
+}  // namespace kvcore

@@ -1,0 +1,30 @@
+// Real memory behind a pool: an anonymous mapping, so untouched slots cost no RAM.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvcore {
+
+class MemoryPool {
+ public:
+  MemoryPool(std::uint64_t num_slots, std::uint64_t slot_size);  // Error(kHostOOM) if mapping fails
+  ~MemoryPool();
+  MemoryPool(const MemoryPool&) = delete;
+  MemoryPool& operator=(const MemoryPool&) = delete;
+  MemoryPool(MemoryPool&& other) noexcept;
+  MemoryPool& operator=(MemoryPool&&) = delete;
+
+  std::uint8_t* data() const { return data_; }
+  std::uint64_t size() const { return size_; }
+  std::uint64_t slot_size() const { return slot_size_; }
+  void copy_slot(std::uint64_t src, std::uint64_t dst);
+
+ private:
+  std::uint8_t* data_ = nullptr;
+  std::uint64_t size_ = 0;
+  std::uint64_t mapped_ = 0;
+  std::uint64_t slot_size_ = 0;
+};
+
+}  // namespace kvcore

@@ -1,0 +1,101 @@
+// The radix tree of committed blocks, keyed by chained block keys (see radix_tree.py).
+// Each scope has its own root; children keep insertion order, which decides ties when a
+// partial match scans siblings, so every backend picks the same block.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "kvcore/block_keys.h"
+#include "kvcore/page.h"
+#include "kvcore/tokens.h"
+
+namespace kvcore {
+
+// Siblings are scanned for a partial match only when there are fewer than this many.
+constexpr std::size_t kPartialScanLimit = 32;
+
+struct DigestHash {
+  std::size_t operator()(const Digest& d) const noexcept {
+    std::size_t h;
+    std::memcpy(&h, d.data(), sizeof h);  // SHA-256 output: any 8 bytes are uniform
+    return h;
+  }
+};
+
+class Block;
+
+class Node {
+ public:
+  Node(const Digest& key, Node* parent) : key(key), parent(parent) {}
+  virtual ~Node() = default;
+  virtual bool is_root() const = 0;
+
+  Block* child(const Digest& key) const;
+  const std::vector<Block*>& children() const { return order_; }
+  Block* add_child(std::unique_ptr<Block> block);
+  std::unique_ptr<Block> take_child(Block* block);
+
+  Digest key;
+  Node* parent;
+
+ private:
+  std::unordered_map<Digest, std::unique_ptr<Block>, DigestHash> children_;
+  std::vector<Block*> order_;  // insertion order
+};
+
+class Root : public Node {
+ public:
+  Root(const Digest& key, const ReuseScope& scope) : Node(key, nullptr), scope(scope) {}
+  bool is_root() const override { return true; }
+  ReuseScope scope;
+};
+
+class Block : public Node {
+ public:
+  Block(const Digest& key, Node* parent, TokenList tokens, std::int64_t ordinal, std::size_t num_life_cycles)
+      : Node(key, parent), tokens(std::move(tokens)), ordinal(ordinal), pages(num_life_cycles, nullptr) {}
+  bool is_root() const override { return false; }
+  bool has_pages() const;
+
+  TokenList tokens;
+  std::int64_t ordinal;
+  std::vector<Page*> pages;                               // one per life cycle
+  std::optional<std::pair<std::uint64_t, bool>> v1_hash;  // cached by the event manager
+};
+
+using MatchPath = std::vector<std::pair<Block*, std::int64_t>>;
+
+// SHA-256(parent key || tokens [begin, end)) in `format`.
+Digest chunk_key(const Digest& parent, const TokenList& tokens, std::size_t begin, std::size_t end, KeyFormat format);
+
+class RadixTree {
+ public:
+  explicit RadixTree(std::size_t num_life_cycles) : num_life_cycles_(num_life_cycles) {}
+
+  // The longest chain of blocks matching `tokens` (see RadixTree.walk in radix_tree.py).
+  MatchPath walk(const Digest& root_key, const TokenList& tokens, std::int64_t tokens_per_block, KeyFormat format,
+                 bool partial) const;
+  Root* find_root(const Digest& root_key) const;
+  Root* root(const Digest& root_key, const ReuseScope& scope);
+  Block* add(Node* parent, const Digest& key, TokenList tokens, std::int64_t ordinal);
+  // `block` and its descendants, parents before children, children in insertion order.
+  static std::vector<Block*> subtree(Block* block);
+  std::unique_ptr<Block> detach(Block* block) { return block->parent->take_child(block); }
+  // Remove `node` and its ancestors while childless and page-less; drop a childless root.
+  void prune(Node* node);
+  const std::vector<Root*>& roots() const { return root_order_; }
+  void clear();
+
+ private:
+  std::size_t num_life_cycles_;
+  std::unordered_map<Digest, std::unique_ptr<Root>, DigestHash> roots_;
+  std::vector<Root*> root_order_;
+};
+
+}  // namespace kvcore

@@ -1,0 +1,30 @@
+#include "kvcore/eviction.h"
+
+namespace kvcore {
+
+void EvictionQueue::push(Page* page) {
+  auto& bucket = buckets_[page->priority];
+  page->queue_pos = bucket.insert(bucket.end(), page);
+  page->queued = true;
+  ++size_;
+}
+
+void EvictionQueue::remove(Page* page) {
+  auto it = buckets_.find(page->priority);
+  it->second.erase(page->queue_pos);
+  if (it->second.empty()) buckets_.erase(it);
+  page->queued = false;
+  --size_;
+}
+
+Page* EvictionQueue::pop() {
+  auto it = buckets_.begin();
+  Page* page = it->second.front();
+  it->second.pop_front();
+  if (it->second.empty()) buckets_.erase(it);
+  page->queued = false;
+  --size_;
+  return page;
+}
+
+}  // namespace kvcore

@@ -1,0 +1,448 @@
+#include "kvcore/kv_cache.h"
+
+#include <algorithm>
+#include <string>
+
+#include "kvcore/error.h"
+#include "kvcore/manager.h"
+
+namespace kvcore {
+
+namespace {
+
+constexpr std::int32_t kBadPageIndex = -1;
+constexpr int kMinPriority = 0;
+constexpr int kMaxPriority = 100;
+constexpr int kDefaultPriority = 35;
+
+const char* status_name(CacheStatus s) {
+  switch (s) {
+    case CacheStatus::kActive:
+      return "ACTIVE";
+    case CacheStatus::kSuspended:
+      return "SUSPENDED";
+    case CacheStatus::kClosed:
+      return "CLOSED";
+  }
+  return "";
+}
+
+}  // namespace
+
+KVCache::KVCache(Manager& manager, std::int64_t id, const ReuseScope& scope, const Digest& root_key, TokenList tokens,
+                 const MatchPath& path, PriorityCallback priority)
+    : manager_(manager),
+      id_(id),
+      scope_(scope),
+      root_key_(root_key),
+      priority_(std::move(priority)),
+      tokens_(std::move(tokens)),
+      history_(static_cast<std::int64_t>(tokens_.size())),
+      capacity_(history_),
+      tpb_(manager.tokens_per_block()),
+      num_lcs_(manager.registry().size()),
+      num_reused_(history_),
+      index_(num_lcs_) {
+  // Priorities first: a failing callback must leave the tree untouched.
+  struct Reused {
+    std::int64_t ordinal;
+    int lc;
+    Page* page;
+    int priority;
+  };
+  std::vector<Reused> reused;
+  for (std::size_t o = 0; o < path.size(); ++o) {
+    Block* block = path[o].first;
+    for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
+      Page* page = block->pages[lc];
+      const auto ordinal = static_cast<std::int64_t>(o);
+      if (page != nullptr && !is_stale(lc, ordinal, history_))
+        reused.push_back({ordinal, lc, page, priority_of(ordinal, lc)});
+    }
+  }
+  for (const auto& [block, matched] : path) {
+    CacheBlock cb(num_lcs_);
+    if (matched == static_cast<std::int64_t>(block->tokens.size()) && matched == tpb_) {
+      cb.tree_block = block;
+    } else {
+      cb.copy_on_resume = true;  // a reused partial block: never written in place
+    }
+    blocks_.push_back(std::move(cb));
+    for (auto& idx : index_) idx.push_back(kBadPageIndex);
+  }
+  Storage& storage = manager_.storage();
+  for (const Reused& r : reused) {
+    storage.hold(r.page);
+    r.page->priority = std::max(r.page->priority, r.priority);  // reuse may raise a block's priority
+    blocks_[r.ordinal].pages[r.lc] = r.page;
+  }
+}
+
+KVCache::~KVCache() {
+  std::lock_guard<std::recursive_mutex> lock(manager_.mutex());
+  if (status_ != CacheStatus::kClosed && !manager_.is_shut_down()) {
+    try {
+      close_locked();
+    } catch (...) {  // never throw from a destructor
+    }
+  }
+}
+
+void KVCache::require(CacheStatus status, const char* api) const {
+  if (status_ != status) {
+    throw Error(ErrorKind::kInvalidState, std::string(api) + "() requires a " + status_name(status) +
+                                              " cache (status: " + status_name(status_) + ")");
+  }
+}
+
+void KVCache::require_commit_allowed() const {
+  if (commit_state_ == CommitState::kUserStop)
+    throw Error(ErrorKind::kLogic, "Cannot commit tokens after stop_committing()");
+}
+
+int KVCache::priority_of(std::int64_t ordinal, int lc) {
+  if (!priority_) return kDefaultPriority;
+  const int value = priority_(ordinal, lc);  // the binding checks the type
+  if (value < kMinPriority || value > kMaxPriority) {
+    throw Error(ErrorKind::kValue, "custom_priority_callback: " + std::to_string(value) + " is outside [0, 100]");
+  }
+  return value;
+}
+
+int KVCache::num_layer_groups() const { return static_cast<int>(num_lcs_); }
+
+void KVCache::set_index(std::int64_t ordinal, int lc, std::int32_t value) {
+  index_[lc][ordinal] = value;
+  const auto it = user_buffers_.find(lc);
+  if (it != user_buffers_.end()) it->second.data[ordinal] = value;
+}
+
+void KVCache::lock_page(std::int64_t ordinal, int lc) {
+  Page* page = blocks_[ordinal].pages[lc];
+  ++page->locks;
+  blocks_[ordinal].locked[lc] = true;
+  set_index(ordinal, lc, static_cast<std::int32_t>(page->slot));
+}
+
+void KVCache::unlock_page(std::int64_t ordinal, int lc) {
+  CacheBlock& cb = blocks_[ordinal];
+  if (!cb.locked[lc]) return;
+  --cb.pages[lc]->locks;
+  cb.locked[lc] = false;
+  set_index(ordinal, lc, kBadPageIndex);
+}
+
+void KVCache::release_page(std::int64_t ordinal, int lc) {
+  Page* page = blocks_[ordinal].pages[lc];
+  if (page == nullptr) return;
+  unlock_page(ordinal, lc);
+  blocks_[ordinal].pages[lc] = nullptr;
+  manager_.storage().unhold(page);
+}
+
+bool KVCache::is_stale(int lc, std::int64_t ordinal, std::int64_t history) const {
+  return manager_.registry().is_stale(lc, ordinal, history);
+}
+
+std::vector<KVCache::Release> KVCache::stale_releases(std::int64_t history) const {
+  // Pages of blocks stale at `history`; an uncommitted page is kept (held, unlocked) while it
+  // may still be committed.
+  std::vector<Release> out;
+  for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
+    const auto [begin, end] = manager_.registry().stale_range(lc, history);
+    for (std::int64_t o = begin; o < std::min<std::int64_t>(end, num_blocks()); ++o) {
+      const CacheBlock& cb = blocks_[o];
+      const Page* page = cb.pages[lc];
+      if (page == nullptr || (!cb.locked[lc] && !page->committed())) continue;
+      out.push_back({o, lc, !page->committed() && commit_state_ == CommitState::kAllowed});
+    }
+  }
+  return out;
+}
+
+void KVCache::apply_stale_releases(const std::vector<Release>& releases) {
+  for (const Release& r : releases) {
+    if (r.keep) {
+      unlock_page(r.ordinal, r.lc);
+    } else {
+      release_page(r.ordinal, r.lc);
+    }
+  }
+}
+
+bool KVCache::fits(const std::vector<std::pair<std::int64_t, int>>& needs, const std::vector<Page*>& freed) {
+  Storage& storage = manager_.storage();
+  std::vector<std::int64_t> per_pg(storage.pool_groups().size(), 0);
+  for (const auto& n : needs) ++per_pg[storage.config().pool_group_of(n.second)];
+  for (const Page* p : freed) --per_pg[p->pool_group];
+  for (PoolGroup& pg : storage.pool_groups()) {
+    const auto room = static_cast<std::int64_t>(pg.allocator.num_free() + pg.evictable.size());
+    if (per_pg[pg.index] > room) return false;
+  }
+  return true;
+}
+
+std::vector<Page*> KVCache::new_pages(const std::vector<std::pair<std::int64_t, int>>& needs,
+                                      const std::vector<int>& priorities) {
+  std::vector<std::pair<int, int>> requests;
+  for (std::size_t i = 0; i < needs.size(); ++i) requests.emplace_back(needs[i].second, priorities[i]);
+  std::vector<Page*> pages = manager_.storage().new_pages(requests);
+  CacheStats delta;
+  delta.allocated_pages = pages.size();
+  manager_.stats_add(delta);
+  for (Page* p : pages) p->holders = 1;
+  return pages;
+}
+
+std::vector<std::pair<std::int64_t, int>> KVCache::missing(std::int64_t num_blocks, std::int64_t history) const {
+  // Non-stale blocks below num_blocks without a page, by ordinal then life cycle.
+  std::vector<std::pair<std::int64_t, int>> out;
+  for (std::int64_t o = 0; o < num_blocks; ++o) {
+    for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
+      const bool has = o < this->num_blocks() && blocks_[o].pages[lc] != nullptr;
+      if (!has && !is_stale(lc, o, history)) out.emplace_back(o, lc);
+    }
+  }
+  return out;
+}
+
+bool KVCache::resume() {
+  std::lock_guard<std::recursive_mutex> lock(manager_.mutex());
+  require(CacheStatus::kSuspended, "resume");
+  Storage& storage = manager_.storage();
+  const double limit = manager_.config().max_util_for_resume;
+  for (const PoolGroup& pg : storage.pool_groups()) {
+    if (pg.utilization() > limit) return false;
+  }
+  std::vector<std::pair<std::int64_t, int>> needs;
+  for (std::int64_t o = 0; o < num_blocks(); ++o) {
+    if (!blocks_[o].copy_on_resume) continue;
+    for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
+      if (blocks_[o].pages[lc] != nullptr) needs.emplace_back(o, lc);
+    }
+  }
+  const auto more = missing(num_blocks(), history_);
+  needs.insert(needs.end(), more.begin(), more.end());
+  std::vector<int> priorities;
+  for (const auto& [o, lc] : needs) priorities.push_back(priority_of(o, lc));
+  std::vector<Page*> fresh;
+  try {
+    fresh = new_pages(needs, priorities);
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::kOutOfPages) return false;
+    throw;
+  }
+  for (std::size_t i = 0; i < needs.size(); ++i) {
+    CacheBlock& cb = blocks_[needs[i].first];
+    Page* source = cb.pages[needs[i].second];
+    if (source != nullptr) {  // copy-on-write of a reused partial block
+      storage.copy(source, fresh[i]);
+      storage.unhold(source);
+    }
+    cb.pages[needs[i].second] = fresh[i];
+  }
+  for (CacheBlock& cb : blocks_) cb.copy_on_resume = false;
+  for (std::int64_t o = 0; o < num_blocks(); ++o) {
+    for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
+      if (blocks_[o].pages[lc] != nullptr && !is_stale(lc, o, history_)) lock_page(o, lc);
+    }
+  }
+  status_ = CacheStatus::kActive;
+  return true;
+}
+
+void KVCache::suspend() {
+  std::lock_guard<std::recursive_mutex> lock(manager_.mutex());
+  require(CacheStatus::kActive, "suspend");
+  for (std::int64_t o = 0; o < num_blocks(); ++o) {
+    for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) unlock_page(o, lc);
+  }
+  status_ = CacheStatus::kSuspended;
+}
+
+bool KVCache::resize(std::optional<std::int64_t> capacity, std::optional<std::int64_t> history_length) {
+  std::lock_guard<std::recursive_mutex> lock(manager_.mutex());
+  require(CacheStatus::kActive, "resize");
+  const std::int64_t cap = capacity.value_or(capacity_);
+  const std::int64_t hist = history_length.value_or(history_);
+  if (hist < history_) {
+    throw Error(ErrorKind::kValue,
+                "history_length: cannot decrease (" + std::to_string(history_) + " -> " + std::to_string(hist) + ")");
+  }
+  if (cap < hist) {
+    throw Error(ErrorKind::kValue,
+                "capacity: " + std::to_string(cap) + " is below history_length " + std::to_string(hist));
+  }
+  const std::int64_t new_blocks = ceil_div(cap, tpb_);
+  for (const auto& [lc, buf] : user_buffers_) {
+    if (static_cast<std::int64_t>(buf.size) < new_blocks) {
+      throw Error(ErrorKind::kValue, "base page index buffer of layer group " + std::to_string(lc) + " too short: " +
+                                         std::to_string(buf.size) + " < " + std::to_string(new_blocks));
+    }
+  }
+  const std::vector<Release> releases = stale_releases(hist);
+  std::vector<std::pair<std::int64_t, int>> shrink;
+  for (std::int64_t o = new_blocks; o < num_blocks(); ++o) {
+    for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) shrink.emplace_back(o, lc);
+  }
+  const auto needs = missing(new_blocks, hist);
+  std::vector<int> priorities;
+  for (const auto& [o, lc] : needs) priorities.push_back(priority_of(o, lc));
+  std::vector<Page*> freed;
+  for (const auto& [o, lc] : shrink) {
+    Page* p = blocks_[o].pages[lc];
+    if (p != nullptr && p->holders == 1) freed.push_back(p);
+  }
+  for (const Release& r : releases) {
+    Page* p = blocks_[r.ordinal].pages[r.lc];
+    if (!r.keep && p != nullptr && p->holders == 1) freed.push_back(p);
+  }
+  if (!fits(needs, freed)) return false;
+  for (auto it = shrink.rbegin(); it != shrink.rend(); ++it) release_page(it->first, it->second);
+  std::vector<Release> kept;
+  for (const Release& r : releases) {
+    if (r.ordinal < new_blocks) kept.push_back(r);
+  }
+  apply_stale_releases(kept);
+  blocks_.resize(static_cast<std::size_t>(std::min(new_blocks, num_blocks())), CacheBlock(num_lcs_));
+  for (auto& idx : index_) idx.resize(blocks_.size());
+  while (num_blocks() < new_blocks) {
+    blocks_.emplace_back(num_lcs_);
+    for (auto& idx : index_) idx.push_back(kBadPageIndex);
+  }
+  capacity_ = cap;
+  history_ = hist;
+  const std::vector<Page*> pages = new_pages(needs, priorities);
+  for (std::size_t i = 0; i < needs.size(); ++i) {
+    blocks_[needs[i].first].pages[needs[i].second] = pages[i];
+    lock_page(needs[i].first, needs[i].second);
+  }
+  sync_user_buffers();
+  return true;
+}
+
+void KVCache::commit(const TokenList& tokens, bool is_end) {
+  std::lock_guard<std::recursive_mutex> lock(manager_.mutex());
+  require(CacheStatus::kActive, "commit");
+  require_commit_allowed();
+  const auto committed = static_cast<std::int64_t>(tokens_.size());
+  const auto added = static_cast<std::int64_t>(tokens.size());
+  if (committed + added > capacity_) {
+    throw Error(ErrorKind::kValue, "commit: " + std::to_string(committed) + " committed + " + std::to_string(added) +
+                                       " new tokens exceed capacity " + std::to_string(capacity_));
+  }
+  const std::int64_t first = committed / tpb_;
+  tokens_.append(tokens);
+  history_ = std::max(history_, static_cast<std::int64_t>(tokens_.size()));
+  for (std::int64_t o = first; o < static_cast<std::int64_t>(tokens_.size()) / tpb_; ++o) commit_block(o);
+  apply_stale_releases(stale_releases(history_));
+  if (is_end) stop_committing_locked();
+}
+
+Node* KVCache::parent_node(std::int64_t ordinal) {
+  if (ordinal == 0) return manager_.tree().root(root_key_, scope_);
+  return blocks_[ordinal - 1].tree_block;
+}
+
+void KVCache::commit_block(std::int64_t ordinal) {
+  // Put block `ordinal` (full, or the partial tail on stop) into the tree. A block already
+  // there keeps its pages and ours are given up for them (rebase); ours fill the life cycles
+  // it lacks. Without a parent in the tree the cache stops committing.
+  if (commit_state_ == CommitState::kVirtualStop) return;
+  Node* parent = parent_node(ordinal);
+  if (parent == nullptr) {
+    commit_state_ = CommitState::kVirtualStop;
+    return;
+  }
+  CacheBlock& cb = blocks_[ordinal];
+  const std::size_t begin = static_cast<std::size_t>(ordinal * tpb_);
+  const std::size_t end = std::min(begin + static_cast<std::size_t>(tpb_), tokens_.size());
+  const Digest key = chunk_key(parent->key, tokens_, begin, end, manager_.config().key_format);
+  Block* block = parent->child(key);
+  if (block == nullptr) {
+    block = manager_.tree().add(parent, key, tokens_.slice(begin, end), ordinal);
+    CacheStats delta;
+    delta.committed_blocks = 1;
+    manager_.stats_add(delta);
+  }
+  Storage& storage = manager_.storage();
+  EventManager* events = manager_.events();
+  const bool full = static_cast<std::int64_t>(end - begin) == tpb_;
+  for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
+    Page* ours = cb.pages[lc];
+    Page* theirs = block->pages[lc];
+    if (theirs != nullptr) {
+      if (ours != nullptr && ours != theirs && full) {
+        storage.hold(theirs);
+        if (cb.locked[lc]) {
+          unlock_page(ordinal, lc);
+          cb.pages[lc] = theirs;
+          lock_page(ordinal, lc);
+        } else {
+          cb.pages[lc] = theirs;
+        }
+        storage.unhold(ours);
+      }
+    } else if (ours != nullptr && !ours->committed()) {
+      ours->block = block;
+      ours->num_tokens = static_cast<std::int64_t>(end - begin);
+      block->pages[lc] = ours;
+      if (events) events->stored(block, lc, ours->priority);
+    }
+  }
+  cb.tree_block = block;
+}
+
+void KVCache::stop_committing() {
+  std::lock_guard<std::recursive_mutex> lock(manager_.mutex());
+  stop_committing_locked();
+}
+
+void KVCache::stop_committing_locked() {
+  if (commit_state_ == CommitState::kUserStop || status_ == CacheStatus::kClosed) return;
+  const auto n = static_cast<std::int64_t>(tokens_.size());
+  const std::int64_t ordinal = n / tpb_;
+  if (n % tpb_ && ordinal < num_blocks() && !blocks_[ordinal].copy_on_resume) commit_block(ordinal);
+  commit_state_ = CommitState::kUserStop;
+  apply_stale_releases(stale_releases(history_));
+}
+
+void KVCache::close() {
+  std::lock_guard<std::recursive_mutex> lock(manager_.mutex());
+  close_locked();
+}
+
+void KVCache::close_locked() {
+  if (status_ == CacheStatus::kClosed) return;
+  stop_committing_locked();
+  for (std::int64_t o = num_blocks() - 1; o >= 0; --o) {
+    for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) release_page(o, lc);
+  }
+  status_ = CacheStatus::kClosed;
+  manager_.unregister(this);
+}
+
+std::vector<std::int32_t> KVCache::base_page_indices(int layer_group) const { return index_[layer_group]; }
+
+void KVCache::set_index_buffer(int layer_group, IndexBuffer buffer) {
+  if (buffer.data == nullptr) {
+    user_buffers_.erase(layer_group);
+    return;
+  }
+  if (static_cast<std::int64_t>(buffer.size) < num_blocks()) {
+    throw Error(ErrorKind::kValue,
+                "buf: too short (" + std::to_string(buffer.size) + " < " + std::to_string(num_blocks()) + " blocks)");
+  }
+  user_buffers_[layer_group] = buffer;
+  sync_user_buffers();
+}
+
+void KVCache::sync_user_buffers() {
+  for (auto& [lc, buf] : user_buffers_) {
+    const std::vector<std::int32_t>& idx = index_[lc];
+    std::copy(idx.begin(), idx.end(), buf.data);
+    std::fill(buf.data + idx.size(), buf.data + buf.size, kBadPageIndex);
+  }
+}
+
+}  // namespace kvcore

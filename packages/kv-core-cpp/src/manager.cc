@@ -1,0 +1,201 @@
+#include "kvcore/manager.h"
+
+#include <algorithm>
+#include <string>
+
+#include "kvcore/error.h"
+
+namespace kvcore {
+
+namespace {
+
+const ManagerConfig& supported(const ManagerConfig& config) {
+  if (config.tier_quotas.size() > 1) {
+    throw Error(ErrorKind::kNotImplemented,
+                "cache_tiers: host and disk tiers are not supported yet (see capabilities)");
+  }
+  if (config.commit_min_snapshot) throw Error(ErrorKind::kNotImplemented, "commit_min_snapshot is not supported yet");
+  return config;
+}
+
+EventManager* bind_events(EventManager* events, const LifeCycleRegistry& registry) {
+  if (events != nullptr) {
+    std::vector<std::optional<std::int64_t>> windows;
+    for (const LifeCycle& lc : registry.life_cycles()) windows.push_back(lc.window);
+    events->bind(std::move(windows));
+  }
+  return events;
+}
+
+void add(CacheStats& to, const CacheStats& d) {
+  to.requests += d.requests;
+  to.lookup_tokens += d.lookup_tokens;
+  to.reused_tokens += d.reused_tokens;
+  to.allocated_pages += d.allocated_pages;
+  to.evicted_pages += d.evicted_pages;
+  to.committed_blocks += d.committed_blocks;
+}
+
+}  // namespace
+
+Manager::Manager(const ManagerConfig& config, EventManager* events)
+    : config_(supported(config)),
+      registry_(config_),
+      storage_config_(config_, registry_),
+      counts_(config_, registry_, storage_config_),
+      tree_(registry_.size()),
+      events_(bind_events(events, registry_)),
+      storage_(storage_config_, counts_, registry_, tree_, events_) {
+  if (events_ != nullptr) {
+    std::uint64_t total = 0;
+    for (std::uint64_t s : counts_.slots) total += s;
+    events_->created({total});
+  }
+}
+
+void Manager::require_live() const {
+  if (shut_down_) throw Error(ErrorKind::kInvalidState, "the manager is shut down");
+}
+
+MatchPath Manager::match(const Digest& root_key, const TokenList& tokens) {
+  // The reusable prefix: walk, back off, then cut until every life cycle has, for each block
+  // it needs at the endpoint, a page covering the matched tokens.
+  const std::int64_t tpb = config_.tokens_per_block;
+  MatchPath path = tree_.walk(root_key, tokens, tpb, config_.key_format, config_.enable_partial_reuse);
+  std::int64_t backoff = config_.reuse_match_backoff;
+  while (backoff && !path.empty()) {
+    auto& [block, n] = path.back();
+    if (n > backoff) {
+      n -= backoff;
+      backoff = 0;
+    } else {
+      backoff -= n;
+      path.pop_back();
+    }
+  }
+  bool changed = true;
+  while (changed && !path.empty()) {
+    changed = false;
+    std::int64_t total = 0;
+    for (const auto& step : path) total += step.second;
+    for (int lc = 0; lc < static_cast<int>(registry_.size()) && !changed; ++lc) {
+      const auto [begin, end] = registry_.stale_range(lc, total);
+      for (std::size_t o = 0; o < path.size(); ++o) {
+        const auto ordinal = static_cast<std::int64_t>(o);
+        if (begin <= ordinal && ordinal < end) continue;
+        Block* block = path[o].first;
+        const Page* page = block->pages[lc];
+        const std::int64_t coverage = page ? page->num_tokens : 0;
+        if (coverage < path[o].second) {
+          path.resize(o);
+          if (coverage) path.emplace_back(block, coverage);
+          changed = true;
+          break;
+        }
+      }
+    }
+  }
+  return path;
+}
+
+std::int64_t Manager::probe_reuse(const ReuseScope& scope, const TokenList& tokens) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  require_live();
+  std::int64_t total = 0;
+  for (const auto& step : match(root_key(scope), tokens)) total += step.second;
+  return total;
+}
+
+std::optional<Digest> Manager::probe_first_new_block_key(const ReuseScope& scope, const TokenList& tokens) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  require_live();
+  const Digest root = root_key(scope);
+  const std::int64_t tpb = config_.tokens_per_block;
+  std::int64_t reusable = 0;
+  for (const auto& step : match(root, tokens)) reusable += step.second;
+  const std::int64_t k = reusable / tpb;
+  const auto n = static_cast<std::int64_t>(tokens.size());
+  if (reusable >= n || (k + 1) * tpb > n) return std::nullopt;
+  Digest key = root;
+  for (std::int64_t o = 0; o <= k; ++o) {
+    key = chunk_key(key, tokens, static_cast<std::size_t>(o * tpb), static_cast<std::size_t>((o + 1) * tpb),
+                    config_.key_format);
+  }
+  return key;
+}
+
+std::unique_ptr<KVCache> Manager::create_kv_cache(const ReuseScope& scope, const TokenList& tokens,
+                                                  std::optional<std::int64_t> id, PriorityCallback priority) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  require_live();
+  const std::int64_t cache_id = id.value_or(next_id_);
+  const Digest root = root_key(scope);
+  const MatchPath path = match(root, tokens);
+  std::int64_t reused = 0;
+  for (const auto& step : path) reused += step.second;
+  auto cache = std::make_unique<KVCache>(*this, cache_id, scope, root,
+                                         tokens.slice(0, static_cast<std::size_t>(reused)), path, std::move(priority));
+  next_id_ = std::max(next_id_, cache_id) + 1;
+  caches_.push_back(cache.get());
+  CacheStats delta;
+  delta.requests = 1;
+  delta.lookup_tokens = tokens.size();
+  delta.reused_tokens = static_cast<std::uint64_t>(reused);
+  stats_add(delta);
+  return cache;
+}
+
+std::vector<StorageStatistics> Manager::storage_statistics() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  require_live();
+  return storage_.statistics();
+}
+
+void Manager::require_no_open_caches(const char* api) const {
+  if (!caches_.empty()) {
+    throw Error(ErrorKind::kLogic,
+                std::string(api) + "() with " + std::to_string(caches_.size()) + " KV cache(s) still open");
+  }
+}
+
+void Manager::clear_reusable_blocks() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  require_live();
+  require_no_open_caches("clear_reusable_blocks");
+  storage_.clear();
+}
+
+void Manager::shutdown() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (shut_down_) return;
+  require_no_open_caches("shutdown");
+  storage_.clear();
+  shut_down_ = true;
+}
+
+void Manager::stats_add(const CacheStats& delta) {
+  add(committed_, delta);
+  add(iteration_, delta);
+}
+
+CacheStats Manager::committed_stats() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  CacheStats s = committed_;
+  s.evicted_pages = storage_.num_evicted;
+  return s;
+}
+
+CacheStats Manager::take_iteration_stats() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  CacheStats s = iteration_;
+  s.evicted_pages = storage_.num_evicted - evicted_mark_;
+  iteration_ = CacheStats{};
+  evicted_mark_ = storage_.num_evicted;
+  return s;
+}
+
+void Manager::unregister(KVCache* cache) {
+  caches_.erase(std::remove(caches_.begin(), caches_.end(), cache), caches_.end());
+}
+
+}  // namespace kvcore

@@ -1,0 +1,32 @@
+#include "kvcore/memory_pool.h"
+
+#include <sys/mman.h>
+
+#include <cstring>
+#include <string>
+
+#include "kvcore/error.h"
+
+namespace kvcore {
+
+MemoryPool::MemoryPool(std::uint64_t num_slots, std::uint64_t slot_size)
+    : size_(num_slots * slot_size), mapped_(size_ ? size_ : 1), slot_size_(slot_size) {
+  void* p = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw Error(ErrorKind::kHostOOM, "cannot map " + std::to_string(mapped_) + " bytes for a pool");
+  data_ = static_cast<std::uint8_t*>(p);
+}
+
+MemoryPool::~MemoryPool() {
+  if (data_) munmap(data_, mapped_);
+}
+
+MemoryPool::MemoryPool(MemoryPool&& other) noexcept
+    : data_(other.data_), size_(other.size_), mapped_(other.mapped_), slot_size_(other.slot_size_) {
+  other.data_ = nullptr;
+}
+
+void MemoryPool::copy_slot(std::uint64_t src, std::uint64_t dst) {
+  std::memcpy(data_ + dst * slot_size_, data_ + src * slot_size_, slot_size_);
+}
+
+}  // namespace kvcore

@@ -1,0 +1,199 @@
+#include "kvcore/slot_counts.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <set>
+#include <string>
+
+#include "kvcore/error.h"
+
+namespace kvcore {
+
+namespace {
+
+constexpr std::uint64_t kMiB = 1ull << 20;
+constexpr std::uint64_t kGiB = 1ull << 30;
+
+std::uint64_t ceil_div_u(std::uint64_t a, std::uint64_t b) { return (a + b - 1) / b; }
+
+int bit_length(std::uint64_t v) {
+  int n = 0;
+  while (v) {
+    ++n;
+    v >>= 1;
+  }
+  return n;
+}
+
+// Python's round(): to nearest, ties to even (the default rounding mode of nearbyint).
+double round_half_even(double v) { return std::nearbyint(v); }
+
+std::vector<std::uint64_t> compute_min_slots(const ManagerConfig& config, const LifeCycleRegistry& registry,
+                                             const StorageConfig& storage) {
+  std::vector<std::uint64_t> per_lc;
+  for (int lc = 0; lc < static_cast<int>(registry.size()); ++lc) {
+    std::int64_t floor = registry.min_slots_floor(lc);
+    for (const BatchDesc& batch : config.constraints) {
+      const double need = static_cast<double>(slots_for_batch(registry, lc, batch));
+      floor = std::max(floor, static_cast<std::int64_t>(std::ceil(need / config.max_util_for_resume)));
+    }
+    per_lc.push_back(static_cast<std::uint64_t>(floor));
+  }
+  std::vector<std::uint64_t> out;
+  for (const PoolGroupConfig& pg : storage.pool_groups()) {
+    std::uint64_t sum = 0;
+    for (int lc : pg.life_cycles) sum += per_lc[lc];
+    out.push_back(sum);
+  }
+  return out;
+}
+
+std::vector<double> initial_ratio(const ManagerConfig& config, const LifeCycleRegistry& registry,
+                                  const StorageConfig& storage, const std::vector<std::uint64_t>& minimum) {
+  const auto& groups = storage.pool_groups();
+  if (config.initial_pool_ratio) {
+    if (config.initial_pool_ratio->size() != groups.size()) {
+      throw Error(ErrorKind::kValue, "initial_pool_ratio: expected " + std::to_string(groups.size()) +
+                                         " entries (one per pool group), got " +
+                                         std::to_string(config.initial_pool_ratio->size()));
+    }
+    return *config.initial_pool_ratio;
+  }
+  std::vector<std::uint64_t> weights;
+  if (!config.typical_step && !config.constraints.empty()) {
+    for (const PoolGroupConfig& pg : groups) weights.push_back(minimum[pg.index] * pg.slot_bytes());
+  } else {
+    const BatchDesc batch = config.typical_step ? *config.typical_step : BatchDesc{{{2049, 2048}}, 0};
+    for (const PoolGroupConfig& pg : groups) {
+      std::uint64_t slots = 0;
+      for (int lc : pg.life_cycles) slots += static_cast<std::uint64_t>(slots_for_batch(registry, lc, batch));
+      weights.push_back(slots * pg.slot_bytes());
+    }
+  }
+  // Python sums the ints exactly, then divides each weight by the total as floats.
+  const std::uint64_t total = std::accumulate(weights.begin(), weights.end(), std::uint64_t{0});
+  std::vector<double> ratio;
+  for (std::uint64_t w : weights) {
+    ratio.push_back(total ? static_cast<double>(w) / static_cast<double>(total) : 1.0 / groups.size());
+  }
+  return ratio;
+}
+
+std::vector<std::uint64_t> distribute(const std::vector<double>& ratio, const std::vector<std::uint64_t>& minimum,
+                                      const std::vector<PoolGroupConfig>& groups, std::uint64_t grains,
+                                      std::uint64_t g) {
+  const std::size_t n = groups.size();
+  std::vector<bool> pinned(n, false);
+  std::vector<std::uint64_t> slots(n, 0);
+  while (true) {
+    std::int64_t budget = static_cast<std::int64_t>(grains);
+    for (std::size_t p = 0; p < n; ++p) {
+      if (pinned[p]) budget -= static_cast<std::int64_t>(grains_for(minimum[p], groups[p].slot_sizes, g));
+    }
+    std::vector<std::size_t> free;
+    for (std::size_t p = 0; p < n; ++p) {
+      if (!pinned[p]) free.push_back(p);
+    }
+    std::stable_sort(free.begin(), free.end(), [&](std::size_t a, std::size_t b) {
+      return ratio[a] < ratio[b] || (ratio[a] == ratio[b] && a < b);
+    });
+    double remaining = 0.0;
+    for (std::size_t p : free) remaining += ratio[p];
+    for (std::size_t p : free) {
+      std::int64_t share =
+          remaining > 0 ? static_cast<std::int64_t>(round_half_even(static_cast<double>(budget) * ratio[p] / remaining))
+                        : 0;
+      share = std::max<std::int64_t>(0, std::min(share, budget));
+      budget -= share;
+      remaining -= ratio[p];
+      slots[p] = max_slots(static_cast<std::uint64_t>(share), groups[p].slot_sizes, g);
+    }
+    bool any_new = false;
+    for (std::size_t p : free) {
+      if (slots[p] <= minimum[p]) {
+        pinned[p] = true;
+        any_new = true;
+      }
+    }
+    for (std::size_t p = 0; p < n; ++p) {
+      if (pinned[p]) slots[p] = minimum[p];
+    }
+    if (!any_new || std::all_of(pinned.begin(), pinned.end(), [](bool b) { return b; })) break;
+  }
+  std::int64_t leftover = static_cast<std::int64_t>(grains);
+  for (std::size_t p = 0; p < n; ++p)
+    leftover -= static_cast<std::int64_t>(grains_for(slots[p], groups[p].slot_sizes, g));
+  for (std::size_t p = 0; p < n; ++p) {
+    const std::uint64_t used = grains_for(slots[p], groups[p].slot_sizes, g);
+    const std::int64_t room = static_cast<std::int64_t>(used) + leftover;
+    if (room > 0) slots[p] = std::max(slots[p], max_slots(static_cast<std::uint64_t>(room), groups[p].slot_sizes, g));
+    leftover -=
+        static_cast<std::int64_t>(grains_for(slots[p], groups[p].slot_sizes, g)) - static_cast<std::int64_t>(used);
+  }
+  return slots;
+}
+
+}  // namespace
+
+std::uint64_t gpu_granularity(std::uint64_t quota) {
+  const int exponent = quota < kGiB ? 0 : std::min(4, bit_length(quota) - 1 - 30);
+  return (2 * kMiB) << exponent;
+}
+
+std::uint64_t grains_for(std::uint64_t slots, const std::vector<std::uint64_t>& slot_sizes, std::uint64_t granularity) {
+  std::uint64_t total = 0;
+  for (std::uint64_t size : slot_sizes) total += ceil_div_u(slots * size, granularity);
+  return total;
+}
+
+std::uint64_t max_slots(std::uint64_t grains, const std::vector<std::uint64_t>& slot_sizes, std::uint64_t granularity) {
+  const std::uint64_t largest = *std::max_element(slot_sizes.begin(), slot_sizes.end());
+  std::uint64_t lo = 0, hi = grains * granularity / largest;  // the largest pool alone bounds it
+  while (lo < hi) {
+    const std::uint64_t mid = (lo + hi + 1) / 2;
+    if (grains_for(mid, slot_sizes, granularity) <= grains) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+std::int64_t slots_for_batch(const LifeCycleRegistry& registry, int life_cycle, const BatchDesc& batch) {
+  const std::int64_t tpb = registry.tokens_per_block();
+  const std::int64_t sys_blocks = batch.system_prompt_length / tpb;
+  std::set<std::int64_t> shared;
+  std::int64_t total = 0;
+  for (const KVCacheDesc& desc : batch.kv_caches) {
+    const std::int64_t num_blocks = ceil_div(desc.capacity, tpb);
+    const auto [begin, end] = registry.stale_range(life_cycle, desc.history_length);
+    const std::int64_t stale = std::max<std::int64_t>(0, std::min(end, num_blocks) - std::min(begin, num_blocks));
+    std::int64_t live_sys = 0;
+    for (std::int64_t o = 0; o < std::min(sys_blocks, num_blocks); ++o) {
+      if (!(begin <= o && o < end)) {
+        shared.insert(o);
+        ++live_sys;
+      }
+    }
+    total += num_blocks - stale - live_sys;
+  }
+  return total + static_cast<std::int64_t>(shared.size());
+}
+
+SlotCounts::SlotCounts(const ManagerConfig& config, const LifeCycleRegistry& registry, const StorageConfig& storage) {
+  const std::uint64_t requested = config.tier_quotas.at(0);
+  granularity = gpu_granularity(requested);
+  const std::uint64_t g = granularity;
+  min_slots = compute_min_slots(config, registry, storage);
+  const std::vector<double> ratio = initial_ratio(config, registry, storage, min_slots);
+  std::uint64_t min_quota = 0;
+  for (const PoolGroupConfig& pg : storage.pool_groups()) {
+    for (std::uint64_t size : pg.slot_sizes) min_quota += ceil_div_u(min_slots[pg.index] * size, g) * g;
+  }
+  quota = std::max(min_quota, ceil_div_u(requested, g) * g);
+  slots = distribute(ratio, min_slots, storage.pool_groups(), quota / g, g);
+}
+
+}  // namespace kvcore
