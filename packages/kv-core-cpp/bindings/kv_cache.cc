@@ -14,11 +14,11 @@
 namespace kvcore::py {
 
 PyKVCache::~PyKVCache() {
-  // Closing takes the manager's lock, which a thread waiting for the GIL may hold: let go of
-  // the GIL first (only if this thread has it; interpreter teardown may not).
-  if (cache && PyGILState_Check()) {
+  // Closing takes the manager's lock, which a thread waiting for the GIL may hold: close
+  // without the GIL, then destroy the (closed) cache with it.
+  if (cache && cache->status() != CacheStatus::kClosed && !cache->manager().is_shut_down()) {
     nb::gil_scoped_release release;
-    cache.reset();
+    cache->close();
   }
   cache.reset();
   for (auto& [lc, view] : buffers) PyBuffer_Release(&view);

@@ -67,6 +67,14 @@ ManagerConfig manager_config(nb::handle c) {
   return out;
 }
 
+nb::tuple life_cycle_objects(const Manager& manager) {
+  nb::list out;
+  for (const LifeCycle& lc : manager.registry().life_cycles()) {
+    out.append(api("LifeCycle")(lc.id, optional_int(lc.window), lc.num_sink_blocks));
+  }
+  return nb::tuple(out);
+}
+
 void init(PyManager* self, nb::handle config, nb::handle event_manager) {
   if (!nb::isinstance(config, kv_api().manager_config)) {
     raise(PyExc_TypeError, "config: expected KVCacheManagerConfig, got " + py_type_name(config));
@@ -85,7 +93,8 @@ void init(PyManager* self, nb::handle config, nb::handle event_manager) {
     nb::gil_scoped_release release;
     manager = std::make_unique<Manager>(c, events);
   }
-  new (self) PyManager{nb::borrow(config), nb::borrow(event_manager), std::move(manager)};
+  nb::tuple life_cycles = life_cycle_objects(*manager);
+  new (self) PyManager{nb::borrow(config), nb::borrow(event_manager), std::move(manager), life_cycles};
 }
 
 // --- arguments -------------------------------------------------------------------------------
@@ -160,16 +169,16 @@ TokenList tokens_arg(PyManager& self, nb::handle tokens) {
   return token_list(tokens, self.manager->config().key_format);
 }
 
-PriorityCallback priority_callback(nb::handle callback, Manager& manager) {
+// The core keeps callbacks without the GIL, so the closure holds only borrowed pointers: the
+// callable is owned by the PyKVCache (and by the call's arguments while it is created), the
+// life-cycle objects by the PyManager.
+PriorityCallback priority_callback(nb::handle callback, PyManager& self) {
   if (callback.is_none()) return {};
-  nb::object fn = nb::borrow(callback);
-  std::vector<nb::object> life_cycles;
-  for (const LifeCycle& lc : manager.registry().life_cycles()) {
-    life_cycles.push_back(api("LifeCycle")(lc.id, optional_int(lc.window), lc.num_sink_blocks));
-  }
+  PyObject* fn = callback.ptr();
+  PyObject* life_cycles = self.life_cycles.ptr();
   return [fn, life_cycles](std::int64_t ordinal, int lc) -> int {
     nb::gil_scoped_acquire acquire;
-    nb::object value = fn(ordinal, life_cycles[lc]);
+    nb::object value = nb::handle(fn)(ordinal, nb::handle(PyTuple_GET_ITEM(life_cycles, lc)));
     if (PyBool_Check(value.ptr()) || !PyLong_Check(value.ptr())) {
       raise(PyExc_TypeError, "custom_priority_callback: expected an int, got " + py_type_name(value));
     }
@@ -181,6 +190,7 @@ PriorityCallback priority_callback(nb::handle callback, Manager& manager) {
     return static_cast<int>(v);
   };
 }
+
 
 nb::object create_kv_cache(nb::handle self_handle, nb::handle reuse_scope_arg, nb::handle input_tokens, nb::handle id,
                            nb::handle callback) {
@@ -194,7 +204,7 @@ nb::object create_kv_cache(nb::handle self_handle, nb::handle reuse_scope_arg, n
   std::optional<std::int64_t> cache_id;
   if (!id.is_none())
     cache_id = static_cast<std::int64_t>(std::min<std::uint64_t>(int_at_least("id", id, 0), LLONG_MAX));
-  PriorityCallback priority = priority_callback(callback, *self.manager);
+  PriorityCallback priority = priority_callback(callback, self);
   std::unique_ptr<KVCache> cache;
   {
     nb::gil_scoped_release release;
@@ -270,13 +280,7 @@ void bind_manager(nb::module_& m) {
       .def_prop_ro("init_config", [](PyManager& self) { return self.config; })
       .def_prop_ro("tokens_per_block", [](PyManager& self) { return self.manager->tokens_per_block(); })
       .def_prop_ro("life_cycles",
-                   [](PyManager& self) {
-                     nb::list out;
-                     for (const LifeCycle& lc : self.manager->registry().life_cycles()) {
-                       out.append(api("LifeCycle")(lc.id, optional_int(lc.window), lc.num_sink_blocks));
-                     }
-                     return out;
-                   })
+                   [](PyManager& self) { return nb::list(self.life_cycles); })
       .def_prop_ro("layer_grouping",
                    [](PyManager& self) {
                      std::vector<std::vector<std::int64_t>> groups(self.manager->registry().size());

@@ -22,12 +22,13 @@ struct PyManager {
   nb::object config;         // the kv_api config, as given (frozen)
   nb::object event_manager;  // keeps the events alive as long as the manager
   std::unique_ptr<Manager> manager;
+  nb::tuple life_cycles;  // kv_api.LifeCycle objects, handed to priority callbacks
 };
 
 struct PyKVCache {
   ~PyKVCache();
   nb::object manager;   // the PyManager, kept alive while the cache lives
-  nb::object priority;  // the Python callback, if any
+  nb::object priority;  // the Python callback, if any (the core holds it borrowed)
   std::unique_ptr<KVCache> cache;
   std::map<int, Py_buffer> buffers;  // caller index buffers, exported while attached
 };

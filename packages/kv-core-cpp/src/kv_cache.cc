@@ -79,12 +79,12 @@ KVCache::KVCache(Manager& manager, std::int64_t id, const ReuseScope& scope, con
 }
 
 KVCache::~KVCache() {
+  // Only this thread can still reach a cache being destroyed, so the status needs no lock.
+  if (status_ == CacheStatus::kClosed || manager_.is_shut_down()) return;
   std::lock_guard<std::recursive_mutex> lock(manager_.mutex());
-  if (status_ != CacheStatus::kClosed && !manager_.is_shut_down()) {
-    try {
-      close_locked();
-    } catch (...) {  // never throw from a destructor
-    }
+  try {
+    close_locked();
+  } catch (...) {  // never throw from a destructor
   }
 }
 

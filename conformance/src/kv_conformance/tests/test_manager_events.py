@@ -240,3 +240,26 @@ def test_unknown_hash_algo(backend: Any, algo: str) -> None:
 @pytest.mark.parametrize(("entries", "algo"), [(16, None), (16, 1), ("16", "v2_sha256"), (True, "v2_sha256")])
 def test_event_manager_argument_types(backend: Any, entries: Any, algo: Any) -> None:
     raises_exactly(TypeError, lambda: backend.KVCacheEventManager(entries, algo))
+
+
+def test_clear_removes_everything(backend: Any) -> None:
+    manager, events = setup(backend)
+    committed(manager, toks(8))
+    committed(manager, toks(4, 100), scope=ReuseScope(1, None))
+    drain(events)
+    manager.clear_reusable_blocks()
+    got = drain(events)
+    assert all(isinstance(e.data, Removed) for e in got)
+    removed = [h for e in got if isinstance(e.data, Removed) for h in e.data.block_hashes]
+    expected = hashes("v2_sha256", None, toks(8)) + hashes("v2_sha256", ReuseScope(1, None), toks(4, 100))
+    assert sorted(removed) == sorted(expected)
+
+
+def test_stored_again_after_removal(backend: Any) -> None:
+    manager, events = setup(backend, make_config(TPB, slots=8))
+    committed(manager, toks(4))
+    active(manager, 8 * TPB).close()  # evicts it
+    drain(events)
+    committed(manager, toks(4))
+    got = drain(events)
+    assert [b.block_hash for _, b in stored_chain(got, 0)] == hashes("v2_sha256", None, toks(4))

@@ -175,3 +175,29 @@ def test_window_page_eviction_keeps_longer_prefixes(backend: Any) -> None:
     assert manager.probe_reuse(None, toks(16)) == 16
     cache.close()
     check_accounting(manager, open_caches=False)
+
+
+def test_evicting_a_sink_page_removes_the_subtree(backend: Any) -> None:
+    """A sink block's window page is needed by every later endpoint: losing it takes the whole
+    subtree, like full attention."""
+    manager = make_manager(backend, hybrid_config(TPB, slots=16, window=8, sinks=4))
+    committed(manager, toks(4 * TPB), callback=window_first)
+    assert manager.get_storage_statistics() == [StorageStatistics(16, 8, 8)]
+    cache = manager.create_kv_cache()
+    assert cache.resume()
+    assert cache.resize(4 * TPB + 1, 3 * TPB)  # 10 pages: one eviction, the sink page
+    assert manager.get_storage_statistics() == [StorageStatistics(16, 6, 0)]
+    for length in (1, 4, 8, 11, 12, 16):
+        assert manager.probe_reuse(None, toks(length)) == 0, length
+    cache.close()
+
+
+def test_failing_priority_callback_on_reuse_changes_nothing(backend: Any) -> None:
+    manager = make_manager(backend, make_config(TPB, slots=8))
+    committed(manager, toks(8))
+    probes = [(None, toks(8))]
+    fails_atomically(
+        manager, [], lambda: manager.create_kv_cache(None, toks(8), None, priority(101)), ValueError, probes
+    )
+    manager.clear_reusable_blocks()  # no cache was left open
+    assert manager.probe_reuse(None, toks(8)) == 0

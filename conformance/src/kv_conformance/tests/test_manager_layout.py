@@ -10,9 +10,11 @@ import pytest
 
 from kv_api import (
     AttentionLayerConfig,
+    BatchDesc,
     BufferConfig,
     GpuCacheTierConfig,
     HostCacheTierConfig,
+    KVCacheDesc,
     KVCacheManagerConfig,
     PageIndexMode,
 )
@@ -25,6 +27,7 @@ from ._manager import (
     active,
     attention,
     expected_life_cycles,
+    hybrid_config,
     make_config,
     make_manager,
     pool_group_of,
@@ -108,6 +111,8 @@ def test_pool_groups(backend: Any) -> None:
         assert len(set(addresses)) == len(addresses)
     stats = manager.get_storage_statistics()
     assert [(s.total, s.free, s.evictable) for s in stats] == [(pg.num_slots, pg.num_slots, 0) for pg in descs]
+    # Each of the six pools rounds up to a whole grain on its own, so one grain grows to six.
+    assert manager.get_quota() == 6 * GRAIN
 
 
 def test_spec_slot_count_vector(backend: Any) -> None:
@@ -124,6 +129,30 @@ def test_spec_slot_count_vector(backend: Any) -> None:
     assert [[p.slot_size for p in pg.pools] for pg in descs] == [[2 * MIB - 1], [2 * MIB]]
     assert manager.get_quota() == 5 * GRAIN
     assert [s.total for s in manager.get_storage_statistics()] == [2, 3]
+
+
+BATCH = BatchDesc([KVCacheDesc(40, 39)] * 2)
+MIN_SLOT_CASES: dict[str, tuple[KVCacheManagerConfig, int]] = {
+    # Window 32 at tpb 4: (32 + 2) // 4 + 1 = 9 slots, and full attention gets the same floor.
+    "window floor": (hybrid_config(TPB, slots=2, window=32), 18),
+    # Five sink tokens are two sink blocks on top of the window floor.
+    "sink blocks": (hybrid_config(TPB, slots=2, window=32, sinks=5), 22),
+    # Two 10-block requests: ceil(20 / 0.97) = 21 slots of 1 MiB, rounded up to 11 grains.
+    "constraint": (make_config(TPB, slots=2, constraints=[BATCH]), 22),
+    # A 4-block system prompt is shared: ceil((4 + 2 * 6) / 0.97) = 17, rounded up to 9 grains.
+    "system prompt": (make_config(TPB, slots=2, constraints=[BatchDesc(BATCH.kv_caches, 16)]), 18),
+    "max util": (make_config(TPB, slots=2, constraints=[BATCH], max_util_for_resume=0.5), 40),
+    # The window needs 2 blocks per request at history 39: max(3, ceil(4 / 0.97)) = 5, plus 21.
+    "stale blocks": (hybrid_config(TPB, slots=2, window=8, constraints=[BATCH]), 26),
+}
+
+
+@pytest.mark.parametrize(("config", "slots"), MIN_SLOT_CASES.values(), ids=MIN_SLOT_CASES.keys())
+def test_min_slots_raise_the_quota(backend: Any, config: KVCacheManagerConfig, slots: int) -> None:
+    """A one-grain quota too small for the min slots grows to fit them (1 MiB slots)."""
+    manager = make_manager(backend, config)
+    assert [pg.num_slots for pg in manager.pool_group_descs] == [slots]
+    assert manager.get_quota() == slots * MIB
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from typing import Any
 
 from kv_api import AttentionLayerConfig, BufferConfig, GpuCacheTierConfig, KVCacheManagerConfig
 
-from ._manager import GRAIN, active, check_indices, fill_slot, life_cycles, make_manager, slot_bytes, toks
+from ._manager import GRAIN, active, check_indices, committed, fill_slot, life_cycles, make_manager, slot_bytes, toks
 
 TPB = 4
 #: Full attention and a window of 8, each with a key/value pool and a smaller scale pool; the
@@ -116,3 +116,23 @@ def test_extending_a_reused_partial_block_keeps_the_tree_page(backend: Any) -> N
     assert check.resume()
     assert list(check.get_base_page_indices(0))[1] == private
     check.close()
+
+
+def test_partial_match_ties_go_to_the_first_inserted_sibling(backend: Any) -> None:
+    """Two siblings share the query's first two tokens of block 1: the one committed first is
+    the one reused, so every backend copies the same data."""
+    manager = make_manager(backend, CONFIG)
+    committed(manager, toks(4))
+    patterns: list[bytes] = []
+    for tail in ([4, 5, 6, 7], [4, 5, 8, 9]):
+        writer = active(manager, 8, reuse=toks(4))
+        slot = list(writer.get_base_page_indices(0))[1]
+        patterns.append(fill_slot(manager, 0, slot, len(patterns) + 7))
+        writer.commit(tail)
+        writer.close()
+    reader = manager.create_kv_cache(None, [*toks(6), 10])
+    assert reader.num_committed_tokens == 6
+    assert reader.resume()
+    private = list(reader.get_base_page_indices(0))[1]
+    assert slot_bytes(manager, 0, private) == patterns[0]
+    reader.close()

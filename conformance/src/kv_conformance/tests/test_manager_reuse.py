@@ -218,23 +218,51 @@ def test_probe_first_new_block_key_changes_nothing(backend: Any) -> None:
     assert snapshot(manager, (), probes) == before
 
 
-def test_window_reuses_only_where_window_pages_exist(backend: Any) -> None:
-    """tpb 4, window 8: a cache whose history ran ahead never held window pages for blocks 0
-    and 1, so only endpoints whose window needs neither of them are reusable."""
-    manager = make_manager(backend, hybrid_config(TPB, slots=16, window=8))
+WINDOW_REUSE = {
+    # At endpoint H the window needs blocks from (H + 1 - 8) // 4 on, so 15 is reusable but
+    # 14 is not; blocks 0 and 1 have no window page, so a cut falls back to nothing...
+    None: {16: 16, 15: 15, 14: 0, 12: 0, 8: 0, 4: 0, 20: 16},
+    # ... unless block 0 is a sink block (always kept): then a cut falls back to 4 tokens.
+    4: {16: 16, 15: 15, 14: 4, 12: 4, 8: 4, 5: 4, 4: 4, 3: 3, 20: 16},
+}
+
+
+@pytest.mark.parametrize("sinks", WINDOW_REUSE.keys())
+def test_window_reuses_only_where_window_pages_exist(backend: Any, sinks: int | None) -> None:
+    """tpb 4, window 8: a cache whose history ran ahead never held window pages for its stale
+    blocks, so only endpoints whose window needs none of them are reusable."""
+    manager = make_manager(backend, hybrid_config(TPB, slots=16, window=8, sinks=sinks))
     cache = manager.create_kv_cache()
     assert cache.resume()
-    assert cache.resize(17, 16)  # blocks 0 and 1 are stale for the window at history 16
-    assert list(cache.get_base_page_indices(1))[:2] == [-1, -1]
+    assert cache.resize(17, 16)  # block 1, and block 0 unless it is a sink, are stale at 16
+    window = list(cache.get_base_page_indices(1))
+    assert window[1] == -1
+    assert (window[0] >= 0) == (sinks is not None)
     cache.commit(toks(16))
     cache.close()
-    # At endpoint H the window needs blocks from (H + 1 - 8) // 4 on.
-    expected = {16: 16, 15: 15, 14: 0, 12: 0, 8: 0, 4: 0, 20: 16}
-    for length, reusable in expected.items():
+    for length, reusable in WINDOW_REUSE[sinks].items():
         assert manager.probe_reuse(None, toks(length)) == reusable, length
         cache = manager.create_kv_cache(None, toks(length))
         assert cache.num_committed_tokens == reusable, length
         cache.close()
+
+
+def test_rebase_onto_the_tree_page(backend: Any) -> None:
+    """A full block committed while the tree already has it takes the tree's page; its own
+    page is freed."""
+    manager = make_manager(backend, make_config(TPB, slots=8))
+    first = active(manager, 8, toks(4))
+    second = active(manager, 8)
+    tree_slot = first.get_base_page_indices(0)[0]
+    own = second.get_base_page_indices(0)[0]
+    free = manager.get_storage_statistics()[0].free
+    second.commit(toks(4))
+    assert second.get_base_page_indices(0)[0] == tree_slot != own
+    assert manager.get_storage_statistics()[0].free == free + 1
+    second.close()
+    first.close()
+    assert manager.probe_reuse(None, toks(4)) == 4
+    check_accounting(manager, open_caches=False)
 
 
 def test_window_pages_committed_in_flight_stay_reusable(backend: Any) -> None:
@@ -244,6 +272,21 @@ def test_window_pages_committed_in_flight_stay_reusable(backend: Any) -> None:
     cache = active(manager, 17)
     for start in range(0, 16, TPB):
         cache.commit(toks(TPB, start))
+    cache.close()
+    for length in range(1, 17):
+        assert manager.probe_reuse(None, toks(length)) == length
+
+
+def test_stale_window_pages_are_held_until_committed(backend: Any) -> None:
+    """Window pages that go stale before their block is committed stay held (not free, index -1)
+    while the cache may still commit them; committed, they make every prefix reusable."""
+    manager = make_manager(backend, hybrid_config(TPB, slots=16, window=8))
+    cache = active(manager, 17)
+    stats = manager.get_storage_statistics()
+    assert cache.resize(None, 16)
+    assert list(cache.get_base_page_indices(1))[:2] == [-1, -1]
+    assert manager.get_storage_statistics() == stats
+    cache.commit(toks(16))
     cache.close()
     for length in range(1, 17):
         assert manager.probe_reuse(None, toks(length)) == length

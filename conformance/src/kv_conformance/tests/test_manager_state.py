@@ -136,6 +136,18 @@ def test_commit_after_stop_committing(backend: Any, stop: str) -> None:
     assert cache.resize(16)
 
 
+def test_empty_commit(backend: Any) -> None:
+    manager = make_manager(backend, make_config(TPB, slots=16))
+    cache = active(manager, 8, toks(6))
+    before = cache_state(manager, cache)
+    cache.commit([])
+    assert cache_state(manager, cache) == before
+    assert manager.probe_reuse(None, toks(6)) == 4
+    cache.commit([], is_end=True)  # still stops committing: the partial tail enters the tree
+    assert manager.probe_reuse(None, toks(6)) == 6
+    raises_exactly(LogicError, lambda: cache.commit([6]))
+
+
 def test_close_commits_the_partial_tail(backend: Any) -> None:
     manager = make_manager(backend, make_config(TPB, slots=16))
     cache = active(manager, 8, toks(6))

@@ -1,0 +1,268 @@
+"""Differential state machine: every backend under test, driven in lock-step through random
+manager and cache calls under memory pressure, must agree on every observable after every step:
+results and exceptions, lengths, page indices, reuse, storage statistics, stats and events.
+Invariants are checked on each backend after every step as well."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from kv_api import (
+    AttentionLayerConfig,
+    BufferConfig,
+    GpuCacheTierConfig,
+    KVCacheManagerConfig,
+    KVCacheStatus,
+    ReuseScope,
+)
+
+SCOPES = [None, ReuseScope(1, None), ReuseScope(None, 0)]
+PREFIXES = [[(7 * i + 3) % 50 for i in range(48)], [(11 * i + 5) % 50 for i in range(48)]]
+PRIORITIES: dict[str, Callable[[int, Any], int] | None] = {
+    "default": None,
+    "by_ordinal": lambda ordinal, lc: min(100, 10 + 7 * ordinal),
+    "by_life_cycle": lambda ordinal, lc: 20 if lc.window else 60,
+}
+
+
+def config_for(tpb: int, window: int | None, sinks: int | None, backoff: int, partial: bool) -> KVCacheManagerConfig:
+    kv = [BufferConfig("key", 64 << 10), BufferConfig("value", 64 << 10)]
+    layers = [AttentionLayerConfig(0, kv)]
+    if window is not None:
+        layers.append(AttentionLayerConfig(1, kv, window, sinks))
+    # 2 MiB of 128 KiB slots: 16 slots the life cycles share (more if the floors need them), so
+    # caches compete for pages and committed blocks get evicted.
+    return KVCacheManagerConfig(
+        tokens_per_block=tpb,
+        cache_tiers=[GpuCacheTierConfig(2 << 20)],
+        layers=layers,
+        reuse_match_backoff=backoff,
+        enable_partial_reuse=partial,
+    )
+
+
+def make_machine(backends: list[Any]) -> type[RuleBasedStateMachine]:
+    n = len(backends)
+
+    class Differential(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.caches: list[list[Any]] = []  # one entry per cache: its object on each backend
+
+        @initialize(
+            tpb=st.sampled_from([2, 4]),
+            window=st.sampled_from([None, 4, 8]),
+            sinks=st.sampled_from([None, 2]),
+            backoff=st.sampled_from([0, 0, 1]),
+            partial=st.booleans(),
+        )
+        def build(self, tpb: int, window: int | None, sinks: int | None, backoff: int, partial: bool) -> None:
+            config = config_for(tpb, window, sinks if window else None, backoff, partial)
+            self.tpb = tpb
+            self.events = [b.KVCacheEventManager(100_000, "v1_block_key") for b in backends]
+            self.managers = [b.KVCacheManager(config, em) for b, em in zip(backends, self.events, strict=True)]
+            self.groups = len(self.managers[0].life_cycles)
+
+        def each(self, call: Callable[[int], tuple[Any, Any]]) -> list[Any] | None:
+            """``call(i) -> (kept, compared)`` on every backend. The compared values, or the
+            exceptions' classes and messages, must be equal; returns the kept values, or None if
+            the call raised (everywhere)."""
+            kept, seen = [], []
+            for i in range(n):
+                try:
+                    value, compared = call(i)
+                    kept.append(value)
+                    seen.append(("ok", compared))
+                except Exception as exc:  # noqa: BLE001 - the class and message are compared
+                    seen.append(("raised", type(exc), str(exc)))
+            for b, s in zip(backends[1:], seen[1:], strict=True):
+                assert s == seen[0], f"{backends[0].name}: {seen[0]!r}\n{b.name}: {s!r}"
+            return kept if seen[0][0] == "ok" else None
+
+        def on_cache(self, index: int, call: Callable[[Any], Any]) -> None:
+            caches = self.caches[index % len(self.caches)]
+            self.each(lambda i: (None, call(caches[i])))
+
+        # -- rules ------------------------------------------------------------------------------
+
+        @rule(
+            scope=st.sampled_from(range(len(SCOPES))),
+            prefix=st.sampled_from(range(len(PREFIXES))),
+            length=st.integers(0, 48),
+            tail=st.lists(st.integers(0, 60), max_size=6),
+            priority=st.sampled_from(sorted(PRIORITIES)),
+        )
+        def create(self, scope: int, prefix: int, length: int, tail: list[int], priority: str) -> None:
+            tokens = PREFIXES[prefix][:length] + tail
+
+            def call(i: int) -> tuple[Any, Any]:
+                cache = self.managers[i].create_kv_cache(SCOPES[scope], tokens, None, PRIORITIES[priority])
+                return cache, (cache.num_committed_tokens, cache.status)
+
+            created = self.each(call)
+            if created is not None:
+                self.caches.append(created)
+
+        @precondition(lambda self: self.caches)
+        @rule(index=st.integers(0, 99))
+        def resume(self, index: int) -> None:
+            self.on_cache(index, lambda c: c.resume())
+
+        @precondition(lambda self: self.caches)
+        @rule(index=st.integers(0, 99))
+        def suspend(self, index: int) -> None:
+            self.on_cache(index, lambda c: c.suspend())
+
+        @precondition(lambda self: self.caches)
+        @rule(index=st.integers(0, 99), grow=st.integers(-3, 12), advance=st.integers(-1, 8))
+        def resize(self, index: int, grow: int, advance: int) -> None:
+            self.on_cache(index, lambda c: c.resize(max(0, c.capacity + grow), max(0, c.history_length + advance)))
+
+        @precondition(lambda self: self.caches)
+        @rule(index=st.integers(0, 99), tokens=st.lists(st.integers(0, 60), max_size=10), is_end=st.booleans())
+        def commit(self, index: int, tokens: list[int], is_end: bool) -> None:
+            self.on_cache(index, lambda c: c.commit(tokens, is_end))
+
+        @precondition(lambda self: self.caches)
+        @rule(index=st.integers(0, 99), prefix=st.sampled_from(range(len(PREFIXES))))
+        def prefill(self, index: int, prefix: int) -> None:
+            """Grow to hold the next prefix tokens and commit them, as an engine's prefill does."""
+
+            def step(c: Any) -> Any:
+                start = c.num_committed_tokens
+                chunk = PREFIXES[prefix][start : start + 8] or [1, 2, 3]
+                if not c.resize(max(c.capacity, start + len(chunk))):
+                    return False
+                c.commit(chunk)
+                return True
+
+            self.on_cache(index, step)
+
+        @rule(
+            scope=st.sampled_from(range(len(SCOPES))),
+            prefix=st.sampled_from(range(len(PREFIXES))),
+            length=st.integers(1, 48),
+            priority=st.sampled_from(sorted(PRIORITIES)),
+        )
+        def request(self, scope: int, prefix: int, length: int, priority: str) -> None:
+            """A whole request, as an engine runs it: admit, prefill, decode a few tokens, close."""
+            tokens = PREFIXES[prefix][:length]
+
+            def run(m: Any) -> Any:
+                c = m.create_kv_cache(SCOPES[scope], tokens, None, PRIORITIES[priority])
+                steps = [c.num_committed_tokens, c.resume()]
+                if steps[-1] and c.resize(len(tokens) + 2):
+                    c.commit(tokens[c.num_committed_tokens :])
+                    for t in (61, 62):
+                        steps.append(c.resize(c.capacity + 1) and (c.commit([t]) is None))
+                    steps.append(tuple(c.get_base_page_indices(0)))
+                c.close()
+                return steps
+
+            self.each(lambda i: (None, run(self.managers[i])))
+
+        @precondition(lambda self: self.caches)
+        @rule(index=st.integers(0, 99))
+        def close(self, index: int) -> None:
+            self.on_cache(index, lambda c: c.close())
+
+        @rule(
+            scope=st.sampled_from(range(len(SCOPES))),
+            prefix=st.sampled_from(range(len(PREFIXES))),
+            length=st.integers(0, 48),
+        )
+        def probe(self, scope: int, prefix: int, length: int) -> None:
+            tokens = PREFIXES[prefix][:length]
+            self.each(
+                lambda i: (
+                    None,
+                    (
+                        self.managers[i].probe_reuse(SCOPES[scope], tokens),
+                        self.managers[i].probe_first_new_block_key(SCOPES[scope], tokens),
+                    ),
+                )
+            )
+
+        @rule()
+        def clear(self) -> None:
+            self.each(lambda i: (None, self.managers[i].clear_reusable_blocks()))
+
+        # -- observations and invariants --------------------------------------------------------------
+
+        @invariant()
+        def backends_agree(self) -> None:
+            def observe(i: int) -> tuple[None, Any]:
+                m = self.managers[i]
+                em = self.events[i]
+                em.flush_iteration_events()
+                caches = [
+                    (c[i].status, c[i].num_committed_tokens, c[i].history_length, c[i].capacity, c[i].num_blocks)
+                    + tuple(tuple(c[i].get_base_page_indices(lg)) for lg in range(self.groups))
+                    for c in self.caches
+                ]
+                return None, (caches, m.get_storage_statistics(), m.get_committed_stats(), em.get_latest_events(0))
+
+            if hasattr(self, "managers"):
+                self.each(observe)
+
+        @invariant()
+        def lengths_and_slots(self) -> None:
+            if not hasattr(self, "managers"):
+                return
+            for i, m in enumerate(self.managers):
+                for stats in m.get_storage_statistics():
+                    assert 0 <= stats.free and 0 <= stats.evictable and stats.free + stats.evictable <= stats.total
+                owner: dict[tuple[int, int], tuple[int, int]] = {}
+                for k, per_backend in enumerate(self.caches):
+                    c = per_backend[i]
+                    assert c.num_committed_tokens <= c.history_length <= c.capacity
+                    assert c.num_blocks == -(-c.capacity // self.tpb)
+                    for lg in range(self.groups):
+                        indices = list(c.get_base_page_indices(lg))
+                        assert len(indices) == c.num_blocks
+                        if c.status != KVCacheStatus.ACTIVE:
+                            assert set(indices) <= {-1}
+                        for o, slot in enumerate(indices):
+                            if slot < 0:
+                                continue
+                            committed = (o + 1) * self.tpb <= c.num_committed_tokens
+                            other = owner.setdefault((lg, slot), (k, o))
+                            if other != (k, o):
+                                # Only a committed block's page may be shared, and only by caches
+                                # that committed that block too.
+                                ok, oo = other
+                                peer = self.caches[ok][i]
+                                assert committed and (oo + 1) * self.tpb <= peer.num_committed_tokens, (
+                                    f"slot {slot} of layer group {lg} owned by caches {ok} and {k}"
+                                )
+
+        def teardown(self) -> None:
+            for per_backend in self.caches:
+                for c in per_backend:
+                    c.close()
+
+    return Differential
+
+
+def test_backends_agree(backends: list[Any]) -> None:
+    if len(backends) < 2:
+        pytest.skip("needs two backends (KV_BACKEND=all or a comma list)")
+    run_state_machine_as_test(
+        make_machine(backends),
+        settings=settings(
+            stateful_step_count=40, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
+        ),
+    )
