@@ -80,7 +80,8 @@ def make_machine(backends: list[Any]) -> type[RuleBasedStateMachine]:
             """``call(i) -> (kept, compared)`` on every backend. The compared values, or the
             exceptions' classes and messages, must be equal; returns the kept values, or None if
             the call raised (everywhere)."""
-            kept, seen = [], []
+            kept: list[Any] = []
+            seen: list[tuple[Any, ...]] = []
             for i in range(n):
                 try:
                     value, compared = call(i)
@@ -209,8 +210,14 @@ def make_machine(backends: list[Any]) -> type[RuleBasedStateMachine]:
                 em = self.events[i]
                 em.flush_iteration_events()
                 caches = [
-                    (c[i].status, c[i].num_committed_tokens, c[i].history_length, c[i].capacity, c[i].num_blocks)
-                    + tuple(tuple(c[i].get_base_page_indices(lg)) for lg in range(self.groups))
+                    (
+                        c[i].status,
+                        c[i].num_committed_tokens,
+                        c[i].history_length,
+                        c[i].capacity,
+                        c[i].num_blocks,
+                        *(tuple(c[i].get_base_page_indices(lg)) for lg in range(self.groups)),
+                    )
                     for c in self.caches
                 ]
                 return None, (caches, m.get_storage_statistics(), m.get_committed_stats(), em.get_latest_events(0))
