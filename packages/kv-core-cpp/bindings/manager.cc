@@ -11,6 +11,7 @@
 #include "bind.h"
 #include "py_objects.h"
 #include "python_api.h"
+#include "token_input.h"
 
 namespace kvcore::py {
 
@@ -116,6 +117,7 @@ std::string role_arg(nb::handle role) {
 }
 
 const BufferPlacement& placement(PyManager& self, nb::handle layer_id, nb::handle role) {
+  self.manager->require_live();
   const std::int64_t layer = layer_arg(layer_id);
   return self.manager->storage_config().placement(layer, role_arg(role));
 }
@@ -165,8 +167,10 @@ nb::object pool_memory(nb::handle self_handle, nb::handle pool_group, nb::handle
 
 // --- reuse -------------------------------------------------------------------------------------
 
-TokenList tokens_arg(PyManager& self, nb::handle tokens) {
-  return token_list(tokens, self.manager->config().key_format);
+// The caller's tokens, viewed in place (None is no tokens); destroy it with the GIL held.
+std::unique_ptr<TokenInput> tokens_arg(PyManager& self, nb::handle tokens) {
+  return std::make_unique<TokenInput>(tokens.is_none() ? nb::tuple() : nb::borrow(tokens),
+                                      self.manager->config().key_format);
 }
 
 // The core keeps callbacks without the GIL, so the closure holds only borrowed pointers: the
@@ -191,7 +195,6 @@ PriorityCallback priority_callback(nb::handle callback, PyManager& self) {
   };
 }
 
-
 nb::object create_kv_cache(nb::handle self_handle, nb::handle reuse_scope_arg, nb::handle input_tokens, nb::handle id,
                            nb::handle callback) {
   PyManager& self = nb::cast<PyManager&>(self_handle);
@@ -200,7 +203,7 @@ nb::object create_kv_cache(nb::handle self_handle, nb::handle reuse_scope_arg, n
     raise(PyExc_TypeError, "custom_priority_callback: expected a callable or None");
   }
   const ReuseScope scope = reuse_scope(reuse_scope_arg);
-  const TokenList tokens = tokens_arg(self, input_tokens);
+  const auto input = tokens_arg(self, input_tokens);
   std::optional<std::int64_t> cache_id;
   if (!id.is_none())
     cache_id = static_cast<std::int64_t>(std::min<std::uint64_t>(int_at_least("id", id, 0), LLONG_MAX));
@@ -208,7 +211,7 @@ nb::object create_kv_cache(nb::handle self_handle, nb::handle reuse_scope_arg, n
   std::unique_ptr<KVCache> cache;
   {
     nb::gil_scoped_release release;
-    cache = self.manager->create_kv_cache(scope, tokens, cache_id, std::move(priority));
+    cache = self.manager->create_kv_cache(scope, input->tokens(), cache_id, std::move(priority));
   }
   auto* py_cache = new PyKVCache{nb::borrow(self_handle), nb::borrow(callback), std::move(cache), {}};
   return nb::cast(py_cache, nb::rv_policy::take_ownership);
@@ -217,19 +220,19 @@ nb::object create_kv_cache(nb::handle self_handle, nb::handle reuse_scope_arg, n
 std::int64_t probe_reuse(PyManager& self, nb::handle reuse_scope_arg, nb::handle tokens) {
   self.manager->require_live();
   const ReuseScope scope = reuse_scope(reuse_scope_arg);
-  const TokenList list = tokens_arg(self, tokens);
+  const auto input = tokens_arg(self, tokens);
   nb::gil_scoped_release release;
-  return self.manager->probe_reuse(scope, list);
+  return self.manager->probe_reuse(scope, input->tokens());
 }
 
 nb::object probe_first_new_block_key(PyManager& self, nb::handle reuse_scope_arg, nb::handle tokens) {
   self.manager->require_live();
   const ReuseScope scope = reuse_scope(reuse_scope_arg);
-  const TokenList list = tokens_arg(self, tokens);
+  const auto input = tokens_arg(self, tokens);
   std::optional<Digest> key;
   {
     nb::gil_scoped_release release;
-    key = self.manager->probe_first_new_block_key(scope, list);
+    key = self.manager->probe_first_new_block_key(scope, input->tokens());
   }
   if (!key) return nb::none();
   return nb::bytes(reinterpret_cast<const char*>(key->data()), key->size());
@@ -279,8 +282,7 @@ void bind_manager(nb::module_& m) {
       .def("__init__", &init, nb::arg("config").none(), nb::arg("event_manager").none() = nb::none())
       .def_prop_ro("init_config", [](PyManager& self) { return self.config; })
       .def_prop_ro("tokens_per_block", [](PyManager& self) { return self.manager->tokens_per_block(); })
-      .def_prop_ro("life_cycles",
-                   [](PyManager& self) { return nb::list(self.life_cycles); })
+      .def_prop_ro("life_cycles", [](PyManager& self) { return nb::list(self.life_cycles); })
       .def_prop_ro("layer_grouping",
                    [](PyManager& self) {
                      std::vector<std::vector<std::int64_t>> groups(self.manager->registry().size());
@@ -297,13 +299,13 @@ void bind_manager(nb::module_& m) {
       .def(
           "get_layer_group_id",
           [](PyManager& self, nb::handle layer_id) {
+            self.manager->require_live();
             return self.manager->registry().life_cycle_of(layer_arg(layer_id));
           },
           nb::arg("layer_id"))
       .def(
           "get_mem_pool_base_address",
           [](PyManager& self, nb::handle layer_id, nb::handle role, nb::handle index_mode) {
-            self.manager->require_live();
             const BufferPlacement& p = placement(self, layer_id, role);
             const bool shared = nb::cast<int>(api("PageIndexMode")(index_mode)) == 1;
             const int pg = self.manager->storage_config().pool_group_of(p.life_cycle);
@@ -340,6 +342,7 @@ void bind_manager(nb::module_& m) {
           "get_quota",
           [](PyManager& self, nb::handle level) {
             level_arg(level);
+            self.manager->require_live();
             return self.manager->counts().quota;
           },
           nb::arg("level") = 0)

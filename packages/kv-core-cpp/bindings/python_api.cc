@@ -111,7 +111,7 @@ Digest key_digest(const char* where, nb::handle key) {
 TokenList token_list(nb::handle tokens, KeyFormat format) {
   if (tokens.is_none()) return TokenList{};
   TokenInput input(tokens, format);
-  return TokenList::from(input.tokens());
+  return TokenList::from(input.tokens(), 0, input.tokens().count);
 }
 
 nb::object token_objects(const TokenList& tokens) {

@@ -1,5 +1,6 @@
 #include "kvcore/block_keys.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -49,19 +50,22 @@ void full_block_keys(const Tokens& tokens, std::size_t begin, std::size_t n, std
 
 }  // namespace
 
-void block_keys(std::size_t tokens_per_block, const ReuseScope& scope, const Tokens& tokens, KeyFormat format,
-                std::uint8_t* out) noexcept {
-  const Digest root = root_key(scope);
-  std::memcpy(out, root.data(), root.size());
-  out += root.size();  // `out - 32` is always the previous key
+void chained_keys(const Digest& parent, const Tokens& tokens, std::size_t first, std::size_t count,
+                  std::size_t tokens_per_block, KeyFormat format, std::uint8_t* out) noexcept {
+  std::memcpy(out, parent.data(), parent.size());
+  out += parent.size();  // `out - 32` is always the previous key
   const bool packable = tokens_per_block * token_width(format) <= 4096;
   const bool direct = tokens.width == token_width(format) && tokens.contiguous();
+  const std::size_t stop_token = std::min(tokens.count, (first + count) * tokens_per_block);
   Hasher hasher(format);
-  std::size_t digest = 0;
-  std::size_t begin = 0;
-  while (begin < tokens.count) {
-    const std::size_t stop = digest < tokens.digests.size() ? tokens.digests[digest].position : tokens.count;
-    const std::size_t run = (stop - begin) / tokens_per_block;
+  std::size_t begin = first * tokens_per_block;
+  std::size_t digest = static_cast<std::size_t>(
+      std::lower_bound(tokens.digests.begin(), tokens.digests.end(), begin,
+                       [](const DigestToken& d, std::size_t pos) { return d.position < pos; }) -
+      tokens.digests.begin());
+  while (begin < stop_token) {
+    const std::size_t next_digest = digest < tokens.digests.size() ? tokens.digests[digest].position : tokens.count;
+    const std::size_t run = (std::min(next_digest, stop_token) - begin) / tokens_per_block;
     if (run != 0 && (direct || packable)) {
       full_block_keys(tokens, begin, run, tokens_per_block, format, out);
       out += 32 * run;
@@ -69,16 +73,21 @@ void block_keys(std::size_t tokens_per_block, const ReuseScope& scope, const Tok
       continue;
     }
     // A block holding a digest token, the partial tail, or a block too big to pack.
-    const std::size_t end = tokens.count - begin < tokens_per_block ? tokens.count : begin + tokens_per_block;
-    Digest parent;
-    std::memcpy(parent.data(), out - 32, parent.size());
-    hasher.begin(parent);
+    const std::size_t end = std::min(begin + tokens_per_block, stop_token);
+    Digest prev;
+    std::memcpy(prev.data(), out - 32, prev.size());
+    hasher.begin(prev);
     hasher.write(tokens, begin, end, digest);
     const Digest key = hasher.finish();
     std::memcpy(out, key.data(), key.size());
     out += key.size();
     begin = end;
   }
+}
+
+void block_keys(std::size_t tokens_per_block, const ReuseScope& scope, const Tokens& tokens, KeyFormat format,
+                std::uint8_t* out) noexcept {
+  chained_keys(root_key(scope), tokens, 0, num_blocks(tokens.count, tokens_per_block), tokens_per_block, format, out);
 }
 
 BlockKeyIterator::BlockKeyIterator(std::size_t tokens_per_block, const ReuseScope& scope, Tokens tokens,

@@ -64,6 +64,7 @@ KVCache::KVCache(Manager& manager, std::int64_t id, const ReuseScope& scope, con
     CacheBlock cb(num_lcs_);
     if (matched == static_cast<std::int64_t>(block->tokens.size()) && matched == tpb_) {
       cb.tree_block = block;
+      ++block->pins;
     } else {
       cb.copy_on_resume = true;  // a reused partial block: never written in place
     }
@@ -390,7 +391,10 @@ void KVCache::commit_block(std::int64_t ordinal) {
       if (events) events->stored(block, lc, ours->priority);
     }
   }
-  cb.tree_block = block;
+  if (cb.tree_block == nullptr) {
+    cb.tree_block = block;
+    ++block->pins;
+  }
 }
 
 void KVCache::stop_committing() {
@@ -417,6 +421,13 @@ void KVCache::close_locked() {
   stop_committing_locked();
   for (std::int64_t o = num_blocks() - 1; o >= 0; --o) {
     for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) release_page(o, lc);
+  }
+  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {  // blocks left without pages go now
+    if (it->tree_block != nullptr) {
+      --it->tree_block->pins;
+      manager_.tree().prune(it->tree_block);
+      it->tree_block = nullptr;
+    }
   }
   status_ = CacheStatus::kClosed;
   manager_.unregister(this);

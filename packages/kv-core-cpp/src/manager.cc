@@ -1,6 +1,7 @@
 #include "kvcore/manager.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "kvcore/error.h"
@@ -57,7 +58,7 @@ void Manager::require_live() const {
   if (shut_down_) throw Error(ErrorKind::kInvalidState, "the manager is shut down");
 }
 
-MatchPath Manager::match(const Digest& root_key, const TokenList& tokens) {
+MatchPath Manager::match(const Digest& root_key, const Tokens& tokens) {
   // The reusable prefix: walk, back off, then cut until every life cycle has, for each block
   // it needs at the endpoint, a page covering the matched tokens.
   const std::int64_t tpb = config_.tokens_per_block;
@@ -98,7 +99,7 @@ MatchPath Manager::match(const Digest& root_key, const TokenList& tokens) {
   return path;
 }
 
-std::int64_t Manager::probe_reuse(const ReuseScope& scope, const TokenList& tokens) {
+std::int64_t Manager::probe_reuse(const ReuseScope& scope, const Tokens& tokens) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   require_live();
   std::int64_t total = 0;
@@ -106,7 +107,7 @@ std::int64_t Manager::probe_reuse(const ReuseScope& scope, const TokenList& toke
   return total;
 }
 
-std::optional<Digest> Manager::probe_first_new_block_key(const ReuseScope& scope, const TokenList& tokens) {
+std::optional<Digest> Manager::probe_first_new_block_key(const ReuseScope& scope, const Tokens& tokens) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   require_live();
   const Digest root = root_key(scope);
@@ -114,17 +115,17 @@ std::optional<Digest> Manager::probe_first_new_block_key(const ReuseScope& scope
   std::int64_t reusable = 0;
   for (const auto& step : match(root, tokens)) reusable += step.second;
   const std::int64_t k = reusable / tpb;
-  const auto n = static_cast<std::int64_t>(tokens.size());
+  const auto n = static_cast<std::int64_t>(tokens.count);
   if (reusable >= n || (k + 1) * tpb > n) return std::nullopt;
-  Digest key = root;
-  for (std::int64_t o = 0; o <= k; ++o) {
-    key = chunk_key(key, tokens, static_cast<std::size_t>(o * tpb), static_cast<std::size_t>((o + 1) * tpb),
-                    config_.key_format);
-  }
+  std::vector<std::uint8_t> keys(32 * static_cast<std::size_t>(k + 2));
+  chained_keys(root, tokens, 0, static_cast<std::size_t>(k + 1), static_cast<std::size_t>(tpb), config_.key_format,
+               keys.data());
+  Digest key;
+  std::memcpy(key.data(), keys.data() + 32 * static_cast<std::size_t>(k + 1), key.size());
   return key;
 }
 
-std::unique_ptr<KVCache> Manager::create_kv_cache(const ReuseScope& scope, const TokenList& tokens,
+std::unique_ptr<KVCache> Manager::create_kv_cache(const ReuseScope& scope, const Tokens& tokens,
                                                   std::optional<std::int64_t> id, PriorityCallback priority) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   require_live();
@@ -134,12 +135,13 @@ std::unique_ptr<KVCache> Manager::create_kv_cache(const ReuseScope& scope, const
   std::int64_t reused = 0;
   for (const auto& step : path) reused += step.second;
   auto cache = std::make_unique<KVCache>(*this, cache_id, scope, root,
-                                         tokens.slice(0, static_cast<std::size_t>(reused)), path, std::move(priority));
+                                         TokenList::from(tokens, 0, static_cast<std::size_t>(reused)), path,
+                                         std::move(priority));
   next_id_ = std::max(next_id_, cache_id) + 1;
   caches_.push_back(cache.get());
   CacheStats delta;
   delta.requests = 1;
-  delta.lookup_tokens = tokens.size();
+  delta.lookup_tokens = tokens.count;
   delta.reused_tokens = static_cast<std::uint64_t>(reused);
   stats_add(delta);
   return cache;

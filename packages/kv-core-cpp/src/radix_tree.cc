@@ -41,25 +41,45 @@ Digest chunk_key(const Digest& parent, const TokenList& tokens, std::size_t begi
 
 namespace {
 
-std::int64_t common_prefix(const TokenList& a, const TokenList& b, std::size_t b_begin, std::size_t b_end) {
+constexpr std::size_t kKeyBatch = 64;  // blocks hashed ahead while walking
+
+bool same_token(const TokenList& a, std::size_t i, const Tokens& b, std::size_t j) {
+  const Digest* da = a.digests.empty() ? nullptr : a.digest_at(i);
+  const Digest* db = b.digests.empty() ? nullptr : b.digest_at(j);
+  if ((da == nullptr) != (db == nullptr)) return false;
+  return da != nullptr ? *da == *db : a.ids[i] == b.raw(j);
+}
+
+std::int64_t common_prefix(const TokenList& a, const Tokens& b, std::size_t b_begin, std::size_t b_end) {
   const std::size_t n = std::min(a.size(), b_end - b_begin);
   for (std::size_t i = 0; i < n; ++i) {
-    if (!a.same(i, b, b_begin + i)) return static_cast<std::int64_t>(i);
+    if (!same_token(a, i, b, b_begin + i)) return static_cast<std::int64_t>(i);
   }
   return static_cast<std::int64_t>(n);
 }
 
 }  // namespace
 
-MatchPath RadixTree::walk(const Digest& root_key, const TokenList& tokens, std::int64_t tokens_per_block,
-                          KeyFormat format, bool partial) const {
+MatchPath RadixTree::walk(const Digest& root_key, const Tokens& tokens, std::int64_t tokens_per_block, KeyFormat format,
+                          bool partial) const {
   MatchPath path;
   const Node* node = find_root(root_key);
   if (node == nullptr) return path;
   const std::size_t tpb = static_cast<std::size_t>(tokens_per_block);
-  for (std::size_t start = 0; start < tokens.size(); start += tpb) {
-    const std::size_t end = std::min(start + tpb, tokens.size());
-    Block* child = node->child(chunk_key(node->key, tokens, start, end, format));
+  const std::size_t blocks = num_blocks(tokens.count, tpb);
+  std::vector<std::uint8_t> keys(32 * (kKeyBatch + 1));
+  std::size_t batch_first = 0, batch_count = 0;
+  for (std::size_t b = 0; b < blocks; ++b) {
+    if (b >= batch_first + batch_count) {  // node->key is block b - 1's key
+      batch_first = b;
+      batch_count = std::min(kKeyBatch, blocks - b);
+      chained_keys(node->key, tokens, b, batch_count, tpb, format, keys.data());
+    }
+    Digest key;
+    std::memcpy(key.data(), keys.data() + 32 * (b - batch_first + 1), key.size());
+    const std::size_t start = b * tpb;
+    const std::size_t end = std::min(start + tpb, tokens.count);
+    Block* child = node->child(key);
     if (child != nullptr) {
       path.emplace_back(child, static_cast<std::int64_t>(end - start));
       if (end - start == tpb) {
@@ -119,7 +139,7 @@ std::vector<Block*> RadixTree::subtree(Block* block) {
 void RadixTree::prune(Node* node) {
   while (!node->is_root()) {
     Block* block = static_cast<Block*>(node);
-    if (!block->children().empty() || block->has_pages()) return;
+    if (!block->children().empty() || block->has_pages() || block->pins) return;
     Node* parent = block->parent;
     parent->take_child(block);  // destroys it
     node = parent;

@@ -1,5 +1,6 @@
 #include "kvcore/tokens.h"
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -104,12 +105,22 @@ Tokens Tokens::to_owned(KeyFormat format) const {
   return out;
 }
 
-TokenList TokenList::from(const Tokens& tokens) {
+const Digest* Tokens::digest_at(std::size_t i) const noexcept {
+  const auto it = std::lower_bound(digests.begin(), digests.end(), i,
+                                   [](const DigestToken& d, std::size_t pos) { return d.position < pos; });
+  return it != digests.end() && it->position == i ? &it->digest : nullptr;
+}
+
+TokenList TokenList::from(const Tokens& tokens, std::size_t begin, std::size_t end) {
   TokenList out;
-  out.ids.resize(tokens.count);
-  for (std::size_t i = 0; i < tokens.count; ++i) out.ids[i] = tokens.raw(i);
-  out.digests = tokens.digests;
-  for (const DigestToken& d : out.digests) out.ids[d.position] = 0;
+  out.ids.resize(end - begin);
+  for (std::size_t i = begin; i < end; ++i) out.ids[i - begin] = tokens.raw(i);
+  for (const DigestToken& d : tokens.digests) {
+    if (d.position >= begin && d.position < end) {
+      out.digests.push_back({d.position - begin, d.digest});
+      out.ids[d.position - begin] = 0;
+    }
+  }
   return out;
 }
 

@@ -38,9 +38,11 @@ PRIORITIES: dict[str, Callable[[int, Any], int] | None] = {
 }
 
 
-def config_for(tpb: int, window: int | None, sinks: int | None, backoff: int, partial: bool) -> KVCacheManagerConfig:
+def config_for(
+    tpb: int, window: int | None, sinks: int | None, full: bool, backoff: int, partial: bool
+) -> KVCacheManagerConfig:
     kv = [BufferConfig("key", 64 << 10), BufferConfig("value", 64 << 10)]
-    layers = [AttentionLayerConfig(0, kv)]
+    layers = [AttentionLayerConfig(0, kv)] if full or window is None else []
     if window is not None:
         layers.append(AttentionLayerConfig(1, kv, window, sinks))
     # 2 MiB of 128 KiB slots: 16 slots the life cycles share (more if the floors need them), so
@@ -66,11 +68,14 @@ def make_machine(backends: list[Any]) -> type[RuleBasedStateMachine]:
             tpb=st.sampled_from([2, 4]),
             window=st.sampled_from([None, 4, 8]),
             sinks=st.sampled_from([None, 2]),
+            full=st.booleans(),
             backoff=st.sampled_from([0, 0, 1]),
             partial=st.booleans(),
         )
-        def build(self, tpb: int, window: int | None, sinks: int | None, backoff: int, partial: bool) -> None:
-            config = config_for(tpb, window, sinks if window else None, backoff, partial)
+        def build(
+            self, tpb: int, window: int | None, sinks: int | None, full: bool, backoff: int, partial: bool
+        ) -> None:
+            config = config_for(tpb, window, sinks if window else None, full, backoff, partial)
             self.tpb = tpb
             self.events = [b.KVCacheEventManager(100_000, "v1_block_key") for b in backends]
             self.managers = [b.KVCacheManager(config, em) for b, em in zip(backends, self.events, strict=True)]

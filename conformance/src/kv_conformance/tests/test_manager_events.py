@@ -4,6 +4,8 @@ no duplicates on reuse, and the ring."""
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -226,8 +228,9 @@ def test_ring_drops_the_oldest(backend: Any) -> None:
     assert [type(e.data) for e in got] == [Stored, Stored, Stored]
 
 
-def test_zero_capacity_publishes_nothing(backend: Any) -> None:
-    manager, events = setup(backend, entries=0)
+@pytest.mark.parametrize("entries", [0, -1])
+def test_zero_capacity_publishes_nothing(backend: Any, entries: int) -> None:
+    manager, events = setup(backend, entries=entries)
     committed(manager, toks(8))
     assert drain(events) == []
 
@@ -263,3 +266,32 @@ def test_stored_again_after_removal(backend: Any) -> None:
     committed(manager, toks(4))
     got = drain(events)
     assert [b.block_hash for _, b in stored_chain(got, 0)] == hashes("v2_sha256", None, toks(4))
+
+
+def test_default_event_manager(backend: Any) -> None:
+    events = backend.KVCacheEventManager()
+    manager = make_manager(backend, event_manager=events)
+    committed(manager, toks(4))
+    got = drain(events)
+    assert all(e.hash_algo == "v2_sha256" for e in got)
+    assert [b.block_hash for _, b in stored_chain(got, 0)] == hashes("v2_sha256", None, toks(4))
+
+
+def test_get_latest_events_waits_for_a_flush(backend: Any) -> None:
+    manager, events = setup(backend)
+    drain(events)
+    start = time.monotonic()
+    assert events.get_latest_events(30) == []
+    assert time.monotonic() - start >= 0.02
+
+    def publish() -> None:
+        time.sleep(0.05)
+        committed(manager, toks(4))
+        events.flush_iteration_events()
+
+    thread = threading.Thread(target=publish)
+    thread.start()
+    got = events.get_latest_events(10_000)
+    thread.join()
+    assert [type(e.data) for e in got] == [Stored]
+    assert time.monotonic() - start < 5

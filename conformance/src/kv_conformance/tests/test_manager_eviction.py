@@ -13,7 +13,9 @@ from kv_api import StorageStatistics
 from kv_api.descriptors import LifeCycle
 
 from ._manager import (
+    GRAIN,
     active,
+    attention,
     check_accounting,
     check_indices,
     committed,
@@ -200,4 +202,31 @@ def test_failing_priority_callback_on_reuse_changes_nothing(backend: Any) -> Non
         manager, [], lambda: manager.create_kv_cache(None, toks(8), None, priority(101)), ValueError, probes
     )
     manager.clear_reusable_blocks()  # no cache was left open
+    assert manager.probe_reuse(None, toks(8)) == 0
+
+
+def test_window_page_evicted_under_a_writing_cache(backend: Any) -> None:
+    """Window-only model: block 0's window page goes stale and is committed, so it becomes
+    evictable while its cache is still writing block 1; evicting it leaves block 0 with no page
+    in any life cycle. Committing block 1 afterwards, and evicting everything later, must work
+    and keep the accounting whole (whether block 1 becomes reusable or not)."""
+    manager = make_manager(backend, make_config(TPB, layers=[attention(0, GRAIN // 8, window=4)]))
+    writer = active(manager, 2 * TPB)
+    writer.commit(toks(7))  # at history 7 block 0 is stale for a window of 4
+    assert writer.get_base_page_indices(0)[0] == -1
+    assert manager.get_storage_statistics() == [StorageStatistics(8, 6, 1)]
+    other = active(manager, 7 * TPB)  # six free slots and block 0's window page
+    assert manager.get_storage_statistics() == [StorageStatistics(8, 0, 0)]
+    writer.commit([7])
+    writer.close()
+    reusable = manager.probe_reuse(None, toks(8))
+    assert reusable in (0, 8)
+    probe = manager.create_kv_cache(None, toks(8))
+    assert probe.num_committed_tokens == reusable
+    probe.close()
+    other.close()
+    everything = active(manager, 8 * TPB)  # evicts whatever is evictable
+    assert manager.get_storage_statistics() == [StorageStatistics(8, 0, 0)]
+    everything.close()
+    check_accounting(manager, open_caches=False)
     assert manager.probe_reuse(None, toks(8)) == 0

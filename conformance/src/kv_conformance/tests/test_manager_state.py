@@ -317,6 +317,14 @@ SHUT_DOWN_CALLS: dict[str, Callable[[Any], object]] = {
     "probe_first_new_block_key": lambda m: m.probe_first_new_block_key(None, toks(8)),
     "get_storage_statistics": lambda m: m.get_storage_statistics(),
     "clear_reusable_blocks": lambda m: m.clear_reusable_blocks(),
+    "pool_group_descs": lambda m: m.pool_group_descs,
+    "pool_memory": lambda m: m.pool_memory(0, 0),
+    "get_mem_pool_base_address": lambda m: m.get_mem_pool_base_address(0, "key"),
+    "get_quota": lambda m: m.get_quota(),
+    "get_page_stride": lambda m: m.get_page_stride(0, "key"),
+    "get_page_index_converter": lambda m: m.get_page_index_converter(0, "key"),
+    "get_page_index_upper_bound": lambda m: m.get_page_index_upper_bound(0, "key"),
+    "get_layer_group_id": lambda m: m.get_layer_group_id(0),
 }
 
 

@@ -26,6 +26,12 @@ inline std::size_t num_blocks(std::size_t num_tokens, std::size_t tokens_per_blo
   return (num_tokens + tokens_per_block - 1) / tokens_per_block;
 }
 
+// Keys of blocks [first, first + count) of `tokens`, chained from `parent` (the key of block
+// first - 1, or the root): writes `parent` then the keys into `out` (32 * (1 + count) bytes).
+// Runs of full blocks without digest tokens go through the fused chain kernel.
+void chained_keys(const Digest& parent, const Tokens& tokens, std::size_t first, std::size_t count,
+                  std::size_t tokens_per_block, KeyFormat format, std::uint8_t* out) noexcept;
+
 // Writes the root key then one key per block into `out` (32 * (1 + num_blocks) bytes).
 void block_keys(std::size_t tokens_per_block, const ReuseScope& scope, const Tokens& tokens, KeyFormat format,
                 std::uint8_t* out) noexcept;

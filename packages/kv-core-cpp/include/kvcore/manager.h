@@ -46,10 +46,10 @@ class Manager {
   bool is_shut_down() const { return shut_down_; }
   void require_live() const;  // Error(kInvalidState) after shutdown
 
-  std::unique_ptr<KVCache> create_kv_cache(const ReuseScope& scope, const TokenList& tokens,
+  std::unique_ptr<KVCache> create_kv_cache(const ReuseScope& scope, const Tokens& tokens,
                                            std::optional<std::int64_t> id, PriorityCallback priority);
-  std::int64_t probe_reuse(const ReuseScope& scope, const TokenList& tokens);
-  std::optional<Digest> probe_first_new_block_key(const ReuseScope& scope, const TokenList& tokens);
+  std::int64_t probe_reuse(const ReuseScope& scope, const Tokens& tokens);
+  std::optional<Digest> probe_first_new_block_key(const ReuseScope& scope, const Tokens& tokens);
   std::vector<StorageStatistics> storage_statistics();
   void clear_reusable_blocks();
   void shutdown();
@@ -61,7 +61,7 @@ class Manager {
   void unregister(KVCache* cache);
 
  private:
-  MatchPath match(const Digest& root_key, const TokenList& tokens);
+  MatchPath match(const Digest& root_key, const Tokens& tokens);
   void require_no_open_caches(const char* api) const;
 
   ManagerConfig config_;

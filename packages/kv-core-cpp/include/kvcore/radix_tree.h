@@ -67,6 +67,7 @@ class Block : public Node {
   std::int64_t ordinal;
   std::vector<Page*> pages;                               // one per life cycle
   std::optional<std::pair<std::uint64_t, bool>> v1_hash;  // cached by the event manager
+  int pins = 0;  // open caches whose next commits hang under this block: never pruned
 };
 
 using MatchPath = std::vector<std::pair<Block*, std::int64_t>>;
@@ -78,8 +79,9 @@ class RadixTree {
  public:
   explicit RadixTree(std::size_t num_life_cycles) : num_life_cycles_(num_life_cycles) {}
 
-  // The longest chain of blocks matching `tokens` (see RadixTree.walk in radix_tree.py).
-  MatchPath walk(const Digest& root_key, const TokenList& tokens, std::int64_t tokens_per_block, KeyFormat format,
+  // The longest chain of blocks matching `tokens` (see RadixTree.walk in radix_tree.py). Keys
+  // are computed in batches through the chain kernel, a few blocks past a miss at most.
+  MatchPath walk(const Digest& root_key, const Tokens& tokens, std::int64_t tokens_per_block, KeyFormat format,
                  bool partial) const;
   Root* find_root(const Digest& root_key) const;
   Root* root(const Digest& root_key, const ReuseScope& scope);
@@ -87,7 +89,7 @@ class RadixTree {
   // `block` and its descendants, parents before children, children in insertion order.
   static std::vector<Block*> subtree(Block* block);
   std::unique_ptr<Block> detach(Block* block) { return block->parent->take_child(block); }
-  // Remove `node` and its ancestors while childless and page-less; drop a childless root.
+  // Remove `node` and its ancestors while childless, page-less and unpinned; drop a childless root.
   void prune(Node* node);
   const std::vector<Root*>& roots() const { return root_order_; }
   void clear();

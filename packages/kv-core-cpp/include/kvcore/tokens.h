@@ -38,6 +38,7 @@ struct Tokens {
   std::uint64_t raw(std::size_t i) const noexcept;
   std::string value_text(std::size_t i) const;  // item i in decimal, as Python would print it
 
+  const Digest* digest_at(std::size_t i) const noexcept;  // the digest token at i, if any
   // Throws Error(kValue) naming the first id outside the format's range.
   void validate(KeyFormat format) const;
   // A copy that owns its ids (contiguous, `format` width) so it can outlive the source buffer.
@@ -50,7 +51,7 @@ struct TokenList {
   std::vector<std::uint64_t> ids;
   std::vector<DigestToken> digests;  // sorted by position
 
-  static TokenList from(const Tokens& tokens);
+  static TokenList from(const Tokens& tokens, std::size_t begin, std::size_t end);
   std::size_t size() const noexcept { return ids.size(); }
   const Digest* digest_at(std::size_t i) const noexcept;
   std::size_t first_digest_at_or_after(std::size_t i) const noexcept;  // index into digests

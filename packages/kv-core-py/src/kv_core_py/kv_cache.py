@@ -89,6 +89,7 @@ class KVCache(kv_api.KVCache):
             cb = CacheBlock(len(self._lcs))
             if matched == len(block.tokens) == self._tpb:
                 cb.tree_block = block
+                block.pins += 1
             else:
                 cb.copy_on_resume = True  # a reused partial block: never written in place
             self._blocks.append(cb)
@@ -406,7 +407,9 @@ class KVCache(kv_api.KVCache):
                 block.pages[lc] = ours
                 if events is not None:
                     events.stored(block, lc, ours.priority)
-        cb.tree_block = block
+        if cb.tree_block is None:
+            cb.tree_block = block
+            block.pins += 1
 
     def stop_committing(self) -> None:
         """Commit the partial tail block, then accept no more commits. Idempotent."""
@@ -433,6 +436,11 @@ class KVCache(kv_api.KVCache):
             for o in reversed(range(len(self._blocks))):
                 for lc in range(len(self._lcs)):
                     self._release_page(o, lc)
+            for cb in reversed(self._blocks):  # blocks left without pages go now
+                if cb.tree_block is not None:
+                    cb.tree_block.pins -= 1
+                    self._manager._tree.prune(cb.tree_block)
+                    cb.tree_block = None
             self._status = KVCacheStatus.CLOSED
             self._manager._caches.pop(id(self), None)
 

@@ -9,7 +9,7 @@ from hashlib import sha256
 from typing import Any
 
 import kv_api
-from kv_api._check import int_in_range
+from kv_api._check import as_int, int_in_range
 from kv_api.config import KVCacheManagerConfig
 from kv_api.constants import GPU_LEVEL, PageIndexMode
 from kv_api.descriptors import LifeCycle, PageIndexConverter, PoolDesc, PoolGroupDesc
@@ -89,6 +89,8 @@ class KVCacheManager(kv_api.KVCacheManager):
         return len(self._registry.layer_life_cycle)
 
     def get_layer_group_id(self, layer_id: int) -> int:
+        self._live()
+        as_int("layer_id", layer_id)
         try:
             return self._registry.layer_life_cycle[layer_id]
         except KeyError:
@@ -101,6 +103,10 @@ class KVCacheManager(kv_api.KVCacheManager):
     # -- memory layout -----------------------------------------------------------------------------
 
     def _placement(self, layer_id: int, role: str) -> BufferPlacement:
+        self._live()
+        as_int("layer_id", layer_id)
+        if not isinstance(role, str):
+            raise TypeError(f"role: expected a str, got {type(role).__name__}")
         return self._storage_config.placement(layer_id, role)
 
     def get_mem_pool_base_address(
@@ -108,7 +114,6 @@ class KVCacheManager(kv_api.KVCacheManager):
     ) -> int:
         """The pool holding the buffer; in SHARED mode, plus the buffer's offset in a slot."""
         with self._lock:
-            self._live()
             p = self._placement(layer_id, role)
             base = (
                 self._storage.pool_groups[self._storage_config.life_cycle_pool_group[p.life_cycle]]
@@ -161,6 +166,7 @@ class KVCacheManager(kv_api.KVCacheManager):
 
     def get_quota(self, level: int = GPU_LEVEL) -> int:
         self._check_level(level)
+        self._live()
         return self._counts.quota
 
     def _check_level(self, level: Any) -> int:

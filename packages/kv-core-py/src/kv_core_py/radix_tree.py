@@ -37,7 +37,7 @@ class Root(Node):
 
 
 class Block(Node):
-    __slots__ = ("ordinal", "pages", "tokens", "v1_hash")
+    __slots__ = ("ordinal", "pages", "pins", "tokens", "v1_hash")
 
     def __init__(self, key: bytes, parent: Node, tokens: tuple[Token, ...], ordinal: int, num_life_cycles: int) -> None:
         super().__init__(key, parent)
@@ -45,6 +45,7 @@ class Block(Node):
         self.ordinal = ordinal
         self.pages: list[Page | None] = [None] * num_life_cycles
         self.v1_hash: tuple[int, bool] | None = None  # cached by the event manager
+        self.pins = 0  # open caches whose next commits hang under this block: never pruned
 
     def has_pages(self) -> bool:
         return any(p is not None for p in self.pages)
@@ -125,9 +126,9 @@ class RadixTree:
         del block.parent.children[block.key]
 
     def prune(self, node: Node) -> None:
-        """Remove ``node`` and its ancestors while they have no children and no page in any life
-        cycle; a root without children is dropped."""
-        while isinstance(node, Block) and not node.children and not node.has_pages():
+        """Remove ``node`` and its ancestors while they have no children, no page in any life
+        cycle and no open cache building on them; a root without children is dropped."""
+        while isinstance(node, Block) and not node.children and not node.has_pages() and not node.pins:
             parent = node.parent
             assert parent is not None
             del parent.children[node.key]

@@ -1,0 +1,122 @@
+"""Manager benchmark: admission of a long prompt (cold and fully cached) against the pure hashing
+time of the same tokens, and a decode step, per backend, measured side by side in one run.
+
+Admission is ``create_kv_cache`` + ``resume`` + ``resize`` to the prompt length, as an engine
+admits a request; a decode step is ``resize`` by one token and ``commit`` of one token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import kv_api
+from kv_api import AttentionLayerConfig, BufferConfig, GpuCacheTierConfig, KVCacheManagerConfig
+
+
+def config(tokens: int, tpb: int) -> KVCacheManagerConfig:
+    kv = [BufferConfig("key", 512), BufferConfig("value", 512)]
+    slots = 4 * (tokens // tpb + 16)  # room for two prompts with headroom
+    return KVCacheManagerConfig(
+        tokens_per_block=tpb,
+        cache_tiers=[GpuCacheTierConfig(slots * 2 * 1024)],
+        layers=[AttentionLayerConfig(0, kv), AttentionLayerConfig(1, kv)],
+    )
+
+
+def best_of(fn: Callable[[], float], repeat: int) -> float:
+    return min(fn() for _ in range(repeat))
+
+
+def admit(manager: Any, tokens: Any) -> tuple[float, Any]:
+    start = time.perf_counter()
+    cache = manager.create_kv_cache(None, tokens)
+    assert cache.resume()
+    assert cache.resize(len(tokens))
+    return time.perf_counter() - start, cache
+
+
+def measure(backend: Any, tokens: np.ndarray[Any, Any], tpb: int, repeat: int, steps: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    out["hash"] = best_of(lambda: timed(lambda: backend.block_keys(tpb, None, tokens)), repeat)
+
+    def cold() -> float:
+        manager = backend.KVCacheManager(config(len(tokens), tpb))
+        seconds, cache = admit(manager, tokens)
+        cache.close()
+        return seconds
+
+    out["cold"] = best_of(cold, repeat)
+    manager = backend.KVCacheManager(config(len(tokens), tpb))
+    _, first = admit(manager, tokens)
+    first.commit(tokens)
+    first.close()
+
+    def cached() -> float:
+        seconds, cache = admit(manager, tokens)
+        assert cache.num_committed_tokens == len(tokens)
+        cache.close()
+        return seconds
+
+    out["cached"] = best_of(cached, repeat)
+    _, cache = admit(manager, tokens[: len(tokens) // 2])
+    next_token = 1
+
+    def decode() -> float:
+        nonlocal next_token
+        start = time.perf_counter()
+        for _ in range(steps):
+            cache.resize(cache.capacity + 1)
+            cache.commit([next_token])
+            next_token += 1
+        return (time.perf_counter() - start) / steps
+
+    out["decode"] = best_of(decode, repeat)
+    cache.close()
+    return out
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tokens", type=int, default=200_000)
+    parser.add_argument("--tokens-per-block", type=int, default=32)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=2000)
+    args = parser.parse_args()
+    tokens = np.random.default_rng(0).integers(0, 2**31, args.tokens, dtype=np.int32)
+    results = {
+        name: measure(kv_api.load_backend(name), tokens, args.tokens_per_block, args.repeat, args.steps)
+        for name in kv_api.available_backends()
+    }
+    print(
+        f"{args.tokens}-token prompt as an int32 buffer, {args.tokens_per_block} tokens per block, 2 layers in one layer group\n"
+    )
+    print(
+        "| backend | hashing (ms) | cold admission (ms) | x hashing | cached admission (ms) | x hashing | decode step (us) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name, r in results.items():
+        print(
+            f"| {name} | {r['hash'] * 1e3:.2f} | {r['cold'] * 1e3:.2f} | {r['cold'] / r['hash']:.2f} | "
+            f"{r['cached'] * 1e3:.2f} | {r['cached'] / r['hash']:.2f} | {r['decode'] * 1e6:.1f} |"
+        )
+    if "cpp" in results and "py" in results:
+        cpp, py = results["cpp"], results["py"]
+        print(
+            f"\ncpp vs py: cold admission {py['cold'] / cpp['cold']:.1f}x, cached admission "
+            f"{py['cached'] / cpp['cached']:.1f}x, decode step {py['decode'] / cpp['decode']:.1f}x faster"
+        )
+
+
+if __name__ == "__main__":
+    main()
