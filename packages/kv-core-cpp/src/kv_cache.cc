@@ -42,7 +42,8 @@ KVCache::KVCache(Manager& manager, std::int64_t id, const ReuseScope& scope, con
       tpb_(manager.tokens_per_block()),
       num_lcs_(manager.registry().size()),
       num_reused_(history_),
-      index_(num_lcs_) {
+      index_(num_lcs_),
+      stale_scan_(num_lcs_, 0) {
   // Priorities first: a failing callback must leave the tree untouched.
   struct Reused {
     std::int64_t ordinal;
@@ -151,7 +152,7 @@ std::vector<KVCache::Release> KVCache::stale_releases(std::int64_t history) cons
   std::vector<Release> out;
   for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
     const auto [begin, end] = manager_.registry().stale_range(lc, history);
-    for (std::int64_t o = begin; o < std::min<std::int64_t>(end, num_blocks()); ++o) {
+    for (std::int64_t o = std::max(begin, stale_scan_[lc]); o < std::min<std::int64_t>(end, num_blocks()); ++o) {
       const CacheBlock& cb = blocks_[o];
       const Page* page = cb.pages[lc];
       if (page == nullptr || (!cb.locked[lc] && !page->committed())) continue;
@@ -161,13 +162,19 @@ std::vector<KVCache::Release> KVCache::stale_releases(std::int64_t history) cons
   return out;
 }
 
-void KVCache::apply_stale_releases(const std::vector<Release>& releases) {
+void KVCache::apply_stale_releases(const std::vector<Release>& releases, std::int64_t history) {
   for (const Release& r : releases) {
     if (r.keep) {
       unlock_page(r.ordinal, r.lc);
     } else {
       release_page(r.ordinal, r.lc);
     }
+  }
+  for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
+    const auto [begin, end] = manager_.registry().stale_range(lc, history);
+    std::int64_t o = std::max(begin, stale_scan_[lc]);
+    while (o < std::min<std::int64_t>(end, num_blocks()) && blocks_[o].pages[lc] == nullptr) ++o;
+    stale_scan_[lc] = o;
   }
 }
 
@@ -195,10 +202,12 @@ std::vector<Page*> KVCache::new_pages(const std::vector<std::pair<std::int64_t, 
   return pages;
 }
 
-std::vector<std::pair<std::int64_t, int>> KVCache::missing(std::int64_t num_blocks, std::int64_t history) const {
-  // Non-stale blocks below num_blocks without a page, by ordinal then life cycle.
+std::vector<std::pair<std::int64_t, int>> KVCache::missing(std::int64_t first, std::int64_t num_blocks,
+                                                           std::int64_t history) const {
+  // Non-stale blocks in [first, num_blocks) without a page, by ordinal then life cycle. (Every
+  // non-stale block of an open cache has its pages, so a resize only looks at those it adds.)
   std::vector<std::pair<std::int64_t, int>> out;
-  for (std::int64_t o = 0; o < num_blocks; ++o) {
+  for (std::int64_t o = first; o < num_blocks; ++o) {
     for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
       const bool has = o < this->num_blocks() && blocks_[o].pages[lc] != nullptr;
       if (!has && !is_stale(lc, o, history)) out.emplace_back(o, lc);
@@ -222,7 +231,7 @@ bool KVCache::resume() {
       if (blocks_[o].pages[lc] != nullptr) needs.emplace_back(o, lc);
     }
   }
-  const auto more = missing(num_blocks(), history_);
+  const auto more = missing(0, num_blocks(), history_);
   needs.insert(needs.end(), more.begin(), more.end());
   std::vector<int> priorities;
   for (const auto& [o, lc] : needs) priorities.push_back(priority_of(o, lc));
@@ -286,7 +295,7 @@ bool KVCache::resize(std::optional<std::int64_t> capacity, std::optional<std::in
   for (std::int64_t o = new_blocks; o < num_blocks(); ++o) {
     for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) shrink.emplace_back(o, lc);
   }
-  const auto needs = missing(new_blocks, hist);
+  const auto needs = missing(num_blocks(), new_blocks, hist);
   std::vector<int> priorities;
   for (const auto& [o, lc] : needs) priorities.push_back(priority_of(o, lc));
   std::vector<Page*> freed;
@@ -304,7 +313,7 @@ bool KVCache::resize(std::optional<std::int64_t> capacity, std::optional<std::in
   for (const Release& r : releases) {
     if (r.ordinal < new_blocks) kept.push_back(r);
   }
-  apply_stale_releases(kept);
+  apply_stale_releases(kept, hist);
   blocks_.resize(static_cast<std::size_t>(std::min(new_blocks, num_blocks())), CacheBlock(num_lcs_));
   for (auto& idx : index_) idx.resize(blocks_.size());
   while (num_blocks() < new_blocks) {
@@ -336,7 +345,7 @@ void KVCache::commit(const TokenList& tokens, bool is_end) {
   tokens_.append(tokens);
   history_ = std::max(history_, static_cast<std::int64_t>(tokens_.size()));
   for (std::int64_t o = first; o < static_cast<std::int64_t>(tokens_.size()) / tpb_; ++o) commit_block(o);
-  apply_stale_releases(stale_releases(history_));
+  apply_stale_releases(stale_releases(history_), history_);
   if (is_end) stop_committing_locked();
 }
 
@@ -408,7 +417,7 @@ void KVCache::stop_committing_locked() {
   const std::int64_t ordinal = n / tpb_;
   if (n % tpb_ && ordinal < num_blocks() && !blocks_[ordinal].copy_on_resume) commit_block(ordinal);
   commit_state_ = CommitState::kUserStop;
-  apply_stale_releases(stale_releases(history_));
+  apply_stale_releases(stale_releases(history_), history_);
 }
 
 void KVCache::close() {

@@ -29,6 +29,8 @@ from kv_api import (
     ReuseScope,
 )
 
+from ._manager import check_indices, check_lengths
+
 SCOPES = [None, ReuseScope(1, None), ReuseScope(None, 0)]
 PREFIXES = [[(7 * i + 3) % 50 for i in range(48)], [(11 * i + 5) % 50 for i in range(48)]]
 PRIORITIES: dict[str, Callable[[int, Any], int] | None] = {
@@ -240,8 +242,8 @@ def make_machine(backends: list[Any]) -> type[RuleBasedStateMachine]:
                 owner: dict[tuple[int, int], tuple[int, int]] = {}
                 for k, per_backend in enumerate(self.caches):
                     c = per_backend[i]
-                    assert c.num_committed_tokens <= c.history_length <= c.capacity
-                    assert c.num_blocks == -(-c.capacity // self.tpb)
+                    check_lengths(c)
+                    check_indices(m, c)
                     for lg in range(self.groups):
                         indices = list(c.get_base_page_indices(lg))
                         assert len(indices) == c.num_blocks

@@ -86,11 +86,12 @@ class KVCache {
     bool keep;
   };
   std::vector<Release> stale_releases(std::int64_t history) const;
-  void apply_stale_releases(const std::vector<Release>& releases);
+  void apply_stale_releases(const std::vector<Release>& releases, std::int64_t history);
   bool fits(const std::vector<std::pair<std::int64_t, int>>& needs, const std::vector<Page*>& freed);
   std::vector<Page*> new_pages(const std::vector<std::pair<std::int64_t, int>>& needs,
                                const std::vector<int>& priorities);
-  std::vector<std::pair<std::int64_t, int>> missing(std::int64_t num_blocks, std::int64_t history) const;
+  std::vector<std::pair<std::int64_t, int>> missing(std::int64_t first, std::int64_t num_blocks,
+                                                    std::int64_t history) const;
   Node* parent_node(std::int64_t ordinal);
   void commit_block(std::int64_t ordinal);
   void stop_committing_locked();
@@ -113,6 +114,7 @@ class KVCache {
   std::vector<CacheBlock> blocks_;
   std::vector<std::vector<std::int32_t>> index_;
   std::map<int, IndexBuffer> user_buffers_;
+  std::vector<std::int64_t> stale_scan_;  // per life cycle: stale blocks below are cleared
 };
 
 }  // namespace kvcore

@@ -77,6 +77,7 @@ class KVCache(kv_api.KVCache):
         self._index = [array("i") for _ in self._lcs]
         self._user_buffers: dict[int, memoryview] = {}
         self._resumed = False
+        self._stale_scan = [0] * len(self._lcs)  # per life cycle: stale blocks below are cleared
         self.num_reused_tokens = len(tokens)
         # Priorities first: a failing callback must leave the tree untouched.
         reused = [
@@ -203,11 +204,12 @@ class KVCache(kv_api.KVCache):
 
     def _stale_releases(self, history: int) -> list[tuple[int, int, bool]]:
         """Pages of blocks stale at ``history``: ``(ordinal, lc, keep)``; an uncommitted page is
-        kept (held, unlocked) while it may still be committed."""
+        kept (held, unlocked) while it may still be committed. Starts past the blocks already
+        cleared, so a decode step does not rescan the whole history."""
         out = []
         for lc in range(len(self._lcs)):
             begin, end = self._registry.stale_range(lc, history)
-            for ordinal in range(begin, min(end, len(self._blocks))):
+            for ordinal in range(max(begin, self._stale_scan[lc]), min(end, len(self._blocks))):
                 cb = self._blocks[ordinal]
                 page = cb.pages[lc]
                 if page is None or (not cb.locked[lc] and not page.committed):
@@ -216,12 +218,18 @@ class KVCache(kv_api.KVCache):
                 out.append((ordinal, lc, keep))
         return out
 
-    def _apply_stale_releases(self, releases: list[tuple[int, int, bool]]) -> None:
+    def _apply_stale_releases(self, releases: list[tuple[int, int, bool]], history: int) -> None:
         for ordinal, lc, keep in releases:
             if keep:
                 self._unlock_page(ordinal, lc)
             else:
                 self._release_page(ordinal, lc)
+        for lc in range(len(self._lcs)):
+            begin, end = self._registry.stale_range(lc, history)
+            o = max(begin, self._stale_scan[lc])
+            while o < min(end, len(self._blocks)) and self._blocks[o].pages[lc] is None:
+                o += 1
+            self._stale_scan[lc] = o
 
     def _fits(self, needs: list[tuple[int, int]], freed: list[Page]) -> bool:
         """Whether every pool group has room for ``needs`` counting pages this call frees."""
@@ -243,11 +251,13 @@ class KVCache(kv_api.KVCache):
             page.holders = 1
         return pages
 
-    def _missing(self, num_blocks: int, history: int) -> list[tuple[int, int]]:
-        """Non-stale blocks below ``num_blocks`` without a page, by ordinal then life cycle."""
+    def _missing(self, first: int, num_blocks: int, history: int) -> list[tuple[int, int]]:
+        """Non-stale blocks in ``[first, num_blocks)`` without a page, by ordinal then life cycle.
+        (Every non-stale block below ``num_blocks`` of an open cache has its pages, so a resize
+        only needs to look at the blocks it adds.)"""
         return [
             (o, lc)
-            for o in range(num_blocks)
+            for o in range(first, num_blocks)
             for lc in range(len(self._lcs))
             if (o >= len(self._blocks) or self._blocks[o].pages[lc] is None) and not self._is_stale(lc, o, history)
         ]
@@ -270,7 +280,7 @@ class KVCache(kv_api.KVCache):
                 for lc in range(len(self._lcs))
                 if cb.pages[lc] is not None
             ]
-            needs = copies + self._missing(len(self._blocks), self._history)
+            needs = copies + self._missing(0, len(self._blocks), self._history)
             priorities = [self._priority_of(o, lc) for o, lc in needs]
             try:
                 new = self._new_pages(needs, priorities)
@@ -319,7 +329,7 @@ class KVCache(kv_api.KVCache):
                     raise ValueError(f"base page index buffer of layer group {lc} too short: {len(buf)} < {num_blocks}")
             releases = self._stale_releases(hist)
             shrink = [(o, lc) for o in range(num_blocks, len(self._blocks)) for lc in range(len(self._lcs))]
-            needs = self._missing(num_blocks, hist)
+            needs = self._missing(len(self._blocks), num_blocks, hist)
             priorities = [self._priority_of(o, lc) for o, lc in needs]
             freed = [p for o, lc in shrink if (p := self._blocks[o].pages[lc]) is not None and p.holders == 1] + [
                 p
@@ -330,7 +340,7 @@ class KVCache(kv_api.KVCache):
                 return False
             for o, lc in reversed(shrink):
                 self._release_page(o, lc)
-            self._apply_stale_releases([r for r in releases if r[0] < num_blocks])
+            self._apply_stale_releases([r for r in releases if r[0] < num_blocks], hist)
             del self._blocks[num_blocks:]
             for idx in self._index:
                 del idx[num_blocks:]
@@ -362,7 +372,7 @@ class KVCache(kv_api.KVCache):
             self._history = max(self._history, len(self._tokens))
             for ordinal in range(first, len(self._tokens) // self._tpb):
                 self._commit_block(ordinal)
-            self._apply_stale_releases(self._stale_releases(self._history))
+            self._apply_stale_releases(self._stale_releases(self._history), self._history)
             if is_end:
                 self._stop_committing()
 
@@ -424,7 +434,7 @@ class KVCache(kv_api.KVCache):
         if tail and ordinal < len(self._blocks) and not self._blocks[ordinal].copy_on_resume:
             self._commit_block(ordinal)
         self._commit_state = CommitState.USER_STOP
-        self._apply_stale_releases(self._stale_releases(self._history))
+        self._apply_stale_releases(self._stale_releases(self._history), self._history)
 
     def close(self) -> None:
         """Commit the partial tail, release every page (last block first; committed pages become
