@@ -32,6 +32,8 @@ from kv_api import (
 from ._manager import check_indices, check_lengths
 
 SCOPES = [None, ReuseScope(1, None), ReuseScope(None, 0)]
+# Tokens of a tail or a commit: mostly ids, sometimes a multimodal digest.
+TOKEN = st.integers(0, 60) | st.sampled_from([bytes(range(32)), bytes(range(1, 33))])
 PREFIXES = [[(7 * i + 3) % 50 for i in range(48)], [(11 * i + 5) % 50 for i in range(48)]]
 PRIORITIES: dict[str, Callable[[int, Any], int] | None] = {
     "default": None,
@@ -110,10 +112,10 @@ def make_machine(backends: list[Any]) -> type[RuleBasedStateMachine]:
             scope=st.sampled_from(range(len(SCOPES))),
             prefix=st.sampled_from(range(len(PREFIXES))),
             length=st.integers(0, 48),
-            tail=st.lists(st.integers(0, 60), max_size=6),
+            tail=st.lists(TOKEN, max_size=6),
             priority=st.sampled_from(sorted(PRIORITIES)),
         )
-        def create(self, scope: int, prefix: int, length: int, tail: list[int], priority: str) -> None:
+        def create(self, scope: int, prefix: int, length: int, tail: list[Any], priority: str) -> None:
             tokens = PREFIXES[prefix][:length] + tail
 
             def call(i: int) -> tuple[Any, Any]:
@@ -140,8 +142,8 @@ def make_machine(backends: list[Any]) -> type[RuleBasedStateMachine]:
             self.on_cache(index, lambda c: c.resize(max(0, c.capacity + grow), max(0, c.history_length + advance)))
 
         @precondition(lambda self: self.caches)
-        @rule(index=st.integers(0, 99), tokens=st.lists(st.integers(0, 60), max_size=10), is_end=st.booleans())
-        def commit(self, index: int, tokens: list[int], is_end: bool) -> None:
+        @rule(index=st.integers(0, 99), tokens=st.lists(TOKEN, max_size=10), is_end=st.booleans())
+        def commit(self, index: int, tokens: list[Any], is_end: bool) -> None:
             self.on_cache(index, lambda c: c.commit(tokens, is_end))
 
         @precondition(lambda self: self.caches)

@@ -100,7 +100,7 @@ def test_incomplete_backend_names_missing_attributes(site: Path) -> None:
     _register(site, "third_kv_partial", "partial", "third_kv_partial", 'name = "partial"\nversion = "0"\n')
     with pytest.raises(BackendError) as info:
         kv_api.load_backend("partial")
-    assert "missing: capabilities, build_info, KVCacheManager" in str(info.value)
+    assert "missing: capabilities, build_info, KVCacheManager, KVCacheEventManager" in str(info.value)
 
 
 def test_default_backend_follows_env(monkeypatch: pytest.MonkeyPatch, backend: kv_api.Backend) -> None:

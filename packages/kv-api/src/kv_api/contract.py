@@ -27,6 +27,7 @@ BACKEND_ATTRIBUTES = (
     "capabilities",
     "build_info",
     "KVCacheManager",
+    "KVCacheEventManager",
     "reuse_scope_to_bytes",
     "sequence_to_blockchain_keys",
     "block_keys",
@@ -160,6 +161,7 @@ class Backend(Protocol):
     version: str
     capabilities: Capabilities
     KVCacheManager: type
+    KVCacheEventManager: type
 
     def build_info(self) -> dict[str, str]:
         """Diagnostics shown in test headers: compiler, flags, SHA-256 transform, ..."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import threading
+import weakref
 from dataclasses import replace
 from hashlib import sha256
 from typing import Any
@@ -50,7 +51,8 @@ class KVCacheManager(kv_api.KVCacheManager):
         self._events = event_manager
         self._storage = Storage(self._storage_config, self._counts, self._registry, self._tree, event_manager)
         self._lock = threading.RLock()
-        self._caches: dict[int, KVCache] = {}
+        # Weak: a cache nobody references is closed by its finaliser, as the native one is.
+        self._caches: weakref.WeakValueDictionary[int, KVCache] = weakref.WeakValueDictionary()
         self._next_id = 0
         self._is_shut_down = False
         self._committed_stats = CacheStats()
