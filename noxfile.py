@@ -137,3 +137,4 @@ def bench(session: nox.Session) -> None:
     """Benchmarks: ratios measured side by side in one run (not a test)."""
     install(session)
     session.run("python", "bench/bench_keys.py", *session.posargs)
+    session.run("python", "bench/bench_manager.py")
