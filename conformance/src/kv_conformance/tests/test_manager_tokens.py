@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -57,12 +58,13 @@ def test_bad_tokens_change_nothing(backend: kv_api.Backend, tokens: Any) -> None
     cache = manager.create_kv_cache(None, IDS[:8])
     assert cache.resume() and cache.resize(16)
     before = snapshot(manager, [cache], probes=[(None, IDS)])
-    for call in (
+    calls: list[Callable[[], object]] = [
         lambda: manager.create_kv_cache(None, tokens),
         lambda: manager.probe_reuse(None, tokens),
         lambda: manager.probe_first_new_block_key(None, tokens),
         lambda: cache.commit(tokens),
-    ):
+    ]
+    for call in calls:
         with pytest.raises(expected[0]) as info:
             call()
         assert (type(info.value), str(info.value)) == expected
