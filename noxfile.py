@@ -21,7 +21,7 @@ nox.options.sessions = ["tests"]
 
 ROOT = Path(__file__).parent
 BUILD_DEPS = ["scikit-build-core>=0.10", "nanobind>=2.4", "cmake>=3.18", "ninja"]
-TEST_DEPS = ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "numpy>=1.26"]
+TEST_DEPS = ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "numpy>=1.26", "jsonschema>=4.17"]
 PY_SOURCES = [
     "packages/kv-api/src",
     "packages/kv-core-py/src",
@@ -38,9 +38,9 @@ def _build_dir(session: nox.Session) -> str:
 
 
 def install(session: nox.Session, *extra: str) -> None:
-    """The three packages, the conformance suite and ``extra``; the C++ build is incremental."""
+    """The packages, the conformance suite and ``extra``; the C++ build is incremental."""
     session.install(*BUILD_DEPS, *TEST_DEPS, *extra)
-    session.install("./packages/kv-api", "./packages/kv-core-py", "./conformance")
+    session.install("./packages/kv-api", "./packages/kv-core-py", "./packages/kv-replay[plot]", "./conformance")
     build_dir = ROOT / "packages/kv-core-cpp" / _build_dir(session)
     session.install("--no-build-isolation", f"--config-settings=build-dir={build_dir}", "./packages/kv-core-cpp")
 
@@ -61,7 +61,7 @@ def run_conformance(session: nox.Session, backends: str) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Everything CI runs: conformance on every backend, lint, types, stubs, the arm64 SHA-256 check."""
-    install(session, "ruff>=0.6", "mypy>=1.10", "clang-format>=17", "nox>=2024.4")
+    install(session, "ruff>=0.6", "mypy>=1.10", "clang-format>=17", "nox>=2024.4", "types-jsonschema")
     run_conformance(session, "all")
     lint(session)
     typecheck(session)
@@ -97,7 +97,7 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy over every Python package, the suite and the benchmarks."""
     if session.name == "typecheck":
-        install(session, "mypy>=1.10", "nox>=2024.4")
+        install(session, "mypy>=1.10", "nox>=2024.4", "types-jsonschema")
     session.run("mypy", *PY_SOURCES)
 
 
@@ -127,9 +127,9 @@ def arm64(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The main job on its embedded default workload."""
+    """The main job: ``kvcore replay`` on its embedded default workload (posargs replace that)."""
     install(session)
-    session.run("kvcore", *(session.posargs or ["backends"]))
+    session.run("kvcore", *(session.posargs or ["replay"]))
 
 
 @nox.session

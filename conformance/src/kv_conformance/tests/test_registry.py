@@ -124,13 +124,3 @@ def test_manager_is_a_kv_api_manager(backend: kv_api.Backend) -> None:
     assert isinstance(manager, kv_api.KVCacheManager)
     assert manager.tokens_per_block == 16
     assert manager.init_config == CONFIG
-
-
-def test_cli_lists_backends(capsys: pytest.CaptureFixture[str]) -> None:
-    from kv_api.cli import main
-
-    assert main(["backends"]) == 0
-    out = capsys.readouterr().out
-    for name in kv_api.available_backends():
-        assert f"\n{name} " in out
-    assert f"default backend: {kv_api.default_backend_name()}" in out

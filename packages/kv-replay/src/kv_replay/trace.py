@@ -1,0 +1,135 @@
+"""Request traces: Mooncake JSONL (hash ids of 512-token blocks) and kvcore JSONL (explicit
+token ids). See docs/replay.md for both formats."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kv_api import ReuseScope
+from kv_api.keys import cache_salt_to_id
+
+MOONCAKE_BLOCK = 512
+VOCAB = 1 << 17
+
+
+class TraceError(ValueError):
+    """A malformed trace line; the message names the file and the line."""
+
+
+@dataclass
+class Request:
+    """One request: its prompt, the tokens the "model" answers, and its reuse scope."""
+
+    prompt: np.ndarray[Any, np.dtype[np.int32]]
+    output: np.ndarray[Any, np.dtype[np.int32]]
+    scope: ReuseScope | None = None
+    arrival: float = 0.0
+    name: str = field(default="")
+
+
+def _mix(x: np.ndarray[Any, np.dtype[np.uint64]]) -> np.ndarray[Any, np.dtype[np.uint64]]:
+    """A 64-bit mixer (splitmix64's finaliser), vectorised: distinct inputs, unrelated outputs."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def synthetic_tokens(seed: int, n: int, stream: int = 0) -> np.ndarray[Any, np.dtype[np.int32]]:
+    """``n`` deterministic token ids for ``(stream, seed)``: equal arguments, equal tokens."""
+    start = _mix(np.array([(stream * 0x9E3779B97F4A7C15 + seed) % 2**64], dtype=np.uint64))[0]
+    with np.errstate(over="ignore"):
+        counters = np.arange(n, dtype=np.uint64) + start  # wraps modulo 2**64
+    return (_mix(counters) % np.uint64(VOCAB)).astype(np.int32)
+
+
+def mooncake_prompt(hash_ids: list[int], input_length: int) -> np.ndarray[Any, np.dtype[np.int32]]:
+    """One 512-token block per hash id (the same id, the same block), cut to ``input_length``."""
+    blocks = [synthetic_tokens(h, MOONCAKE_BLOCK, stream=1) for h in hash_ids]
+    return np.concatenate(blocks)[:input_length] if blocks else np.zeros(0, dtype=np.int32)
+
+
+def _int(where: str, record: dict[str, Any], key: str, low: int = 0) -> int:
+    value = record.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise TraceError(f"{where}: {key!r} must be an integer >= {low} (got {value!r})")
+    return value
+
+
+def _tokens(where: str, record: dict[str, Any], key: str) -> np.ndarray[Any, np.dtype[np.int32]]:
+    value = record.get(key)
+    if not isinstance(value, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in value
+    ):
+        raise TraceError(f"{where}: {key!r} must be a list of token ids in [0, 2**31)")
+    return np.asarray(value, dtype=np.int32)
+
+
+def _scope(where: str, record: dict[str, Any]) -> ReuseScope | None:
+    salt = record.get("cache_salt")
+    lora = record.get("lora_id")
+    if salt is None and lora is None:
+        return None
+    if salt is not None and not isinstance(salt, str):
+        raise TraceError(f"{where}: 'cache_salt' must be a string")
+    if lora is not None and (isinstance(lora, bool) or not isinstance(lora, int) or not 0 <= lora < 2**64):
+        raise TraceError(f"{where}: 'lora_id' must be an unsigned 64-bit integer")
+    return ReuseScope(lora, cache_salt_to_id(salt) if salt is not None else None)
+
+
+def parse_record(where: str, record: Any, index: int) -> Request:
+    """One trace line's object as a request (Mooncake if it has ``hash_ids``, else kvcore)."""
+    if not isinstance(record, dict):
+        raise TraceError(f"{where}: expected a JSON object")
+    arrival = record.get("timestamp", index)
+    if isinstance(arrival, bool) or not isinstance(arrival, (int, float)):
+        raise TraceError(f"{where}: 'timestamp' must be a number")
+    scope = _scope(where, record)
+    if "hash_ids" in record:
+        hash_ids = record["hash_ids"]
+        if not isinstance(hash_ids, list) or not all(
+            isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hash_ids
+        ):
+            raise TraceError(f"{where}: 'hash_ids' must be a list of non-negative integers")
+        length = _int(where, record, "input_length", 1)
+        if length > MOONCAKE_BLOCK * len(hash_ids):
+            raise TraceError(
+                f"{where}: 'input_length' {length} exceeds {len(hash_ids)} blocks of {MOONCAKE_BLOCK} tokens"
+            )
+        output = synthetic_tokens(index, _int(where, record, "output_length"), stream=2)
+        return Request(mooncake_prompt(hash_ids, length), output, scope, float(arrival), f"request {index}")
+    if "tokens" not in record:
+        raise TraceError(f"{where}: expected 'hash_ids' (Mooncake) or 'tokens' (kvcore)")
+    prompt = _tokens(where, record, "tokens")
+    if len(prompt) == 0:
+        raise TraceError(f"{where}: 'tokens' must not be empty")
+    if "output" in record:
+        output = _tokens(where, record, "output")
+    else:
+        output = synthetic_tokens(index, _int(where, record, "output_length"), stream=2)
+    return Request(prompt, output, scope, float(arrival), str(record.get("name", f"request {index}")))
+
+
+def load_trace(path: str | Path) -> list[Request]:
+    """Every request of a JSONL trace, in arrival order (stable); ``TraceError`` names the
+    file and line of the first malformed one, before anything runs."""
+    requests: list[Request] = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TraceError(f"{where}: not valid JSON ({exc.msg})") from None
+            requests.append(parse_record(where, record, len(requests)))
+    if not requests:
+        raise TraceError(f"{path}: no requests")
+    requests.sort(key=lambda r: r.arrival)
+    return requests

@@ -1,0 +1,176 @@
+"""The `kvcore` command: traces, malformed input, JSON schema, comparison, plots."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+import kv_api
+from kv_replay.cli import main
+from kv_replay.report import COMPARE_SCHEMA, SUMMARY_SCHEMA
+from kv_replay.trace import MOONCAKE_BLOCK, load_trace
+
+SMALL = ["--quiet", "--layers", "2", "--quota", "16M", "--tokens-per-block", "16"]
+
+
+def write(tmp_path: Path, lines: list[Any], name: str = "trace.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_text("\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines) + "\n")
+    return path
+
+
+def mooncake(tmp_path: Path) -> Path:
+    return write(
+        tmp_path,
+        [
+            {"timestamp": 0, "input_length": 1000, "output_length": 4, "hash_ids": [0, 1]},
+            {"timestamp": 5, "input_length": 1500, "output_length": 3, "hash_ids": [0, 1, 2]},
+            {"timestamp": 9, "input_length": 300, "output_length": 2, "hash_ids": [7]},
+        ],
+    )
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_mooncake_blocks_are_shared_by_hash_id(tmp_path: Path) -> None:
+    a, b, c = load_trace(mooncake(tmp_path))
+    assert len(a.prompt) == 1000 and len(b.prompt) == 1500 and len(c.prompt) == 300
+    assert (b.prompt[: MOONCAKE_BLOCK * 2] == load_trace(mooncake(tmp_path))[1].prompt[: MOONCAKE_BLOCK * 2]).all()
+    assert (a.prompt[:1000] == b.prompt[:1000]).all()  # same hash ids, same tokens
+    assert not (c.prompt[:300] == a.prompt[:300]).all()
+    assert len(a.output) == 4
+
+
+def test_replay_json_follows_the_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str], backend: Any) -> None:
+    code, out, err = run(capsys, "replay", str(mooncake(tmp_path)), "--backend", backend.name, "--json", *SMALL)
+    assert code == 0, err
+    summary = json.loads(out)
+    jsonschema.validate(summary, SUMMARY_SCHEMA)
+    assert summary["backend"] == backend.name and summary["requests"] == 3
+    # The second request reuses the first's two blocks: 1000 tokens minus the partial tail.
+    assert summary["reused_tokens"] >= 1000 - 1000 % 16
+    assert summary["prompt_tokens"] == 2800
+
+
+def test_kvcore_trace_with_explicit_tokens(tmp_path: Path, capsys: pytest.CaptureFixture[str], backend: Any) -> None:
+    shared = list(range(100, 164))
+    trace = write(
+        tmp_path,
+        [
+            {"tokens": [*shared, 1, 2, 3], "output": [9, 9], "cache_salt": "a"},
+            {"tokens": [*shared, 1, 2, 7], "output_length": 3, "cache_salt": "a"},
+            {"tokens": [*shared, 1, 2, 7], "output_length": 3, "cache_salt": "b"},  # another tenant: no reuse
+        ],
+    )
+    code, out, err = run(
+        capsys, "replay", str(trace), "--backend", backend.name, "--json", *SMALL, "--max-in-flight", "1"
+    )
+    assert code == 0, err
+    # The shared blocks, then [1, 2] of the first request's partial tail block [1, 2, 3, 9, 9].
+    assert json.loads(out)["reused_tokens"] == 64 + 2
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"input_length": 10, "output_length": 1}', "expected 'hash_ids' (Mooncake) or 'tokens' (kvcore)"),
+        ('{"input_length": 600, "output_length": 1, "hash_ids": [1]}', "exceeds 1 blocks of 512 tokens"),
+        ('{"input_length": 0, "output_length": 1, "hash_ids": [1]}', "'input_length' must be an integer >= 1"),
+        ('{"input_length": 10, "output_length": -1, "hash_ids": [1]}', "'output_length' must be an integer >= 0"),
+        ('{"input_length": 10, "output_length": 1, "hash_ids": [1, "x"]}', "'hash_ids' must be a list"),
+        ('{"tokens": [1, -2], "output_length": 1}', "'tokens' must be a list of token ids"),
+        ('{"tokens": [], "output_length": 1}', "'tokens' must not be empty"),
+        ('{"tokens": [1], "output_length": 1, "cache_salt": 3}', "'cache_salt' must be a string"),
+        ('{"tokens": [1], "output_length": 1, "timestamp": "x"}', "'timestamp' must be a number"),
+    ],
+)
+def test_malformed_line_is_named_and_nothing_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, message: str
+) -> None:
+    good = json.dumps({"tokens": [1, 2, 3], "output_length": 1})
+    trace = write(tmp_path, [good, "", line, good])
+    code, out, err = run(capsys, "replay", str(trace), *SMALL)
+    assert code == 2
+    assert out == ""  # no summary: the replay never started
+    assert err.startswith(f"kvcore: error: {trace}:3: ") and message in err
+
+
+def test_missing_and_empty_traces(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "replay", str(tmp_path / "nope.jsonl"), *SMALL)
+    assert code == 2 and out == "" and "No such file" in err
+    code, out, err = run(capsys, "replay", str(write(tmp_path, [""], "empty.jsonl")), *SMALL)
+    assert code == 2 and out == "" and "no requests" in err
+
+
+def test_bad_options_fail_cleanly(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "replay", "--layers", "4x", "--quiet")
+    assert code == 2 and "--layers" in err and out == ""
+    code, out, err = run(capsys, "replay", "--backend", "nope", "--quiet")
+    assert code == 2 and "unknown backend 'nope'" in err and out == ""
+    with pytest.raises(SystemExit):
+        main(["replay", "--quota", "lots"])
+
+
+def test_compare_agrees_and_reports_ratios(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "replay", str(mooncake(tmp_path)), "--compare", "--json", *SMALL)
+    assert code == 0, err
+    report = json.loads(out)
+    jsonschema.validate(report, COMPARE_SCHEMA)
+    assert report["reuse_identical"] is True
+    assert [s["backend"] for s in report["backends"]] == list(kv_api.available_backends())
+    assert min(report["speed_ratio"].values()) == 1.0
+    code, out, err = run(capsys, "replay", str(mooncake(tmp_path)), "--compare", *SMALL)
+    assert code == 0 and "reuse identical on every backend" in out and "hit rate" in out
+
+
+def test_default_workload_table(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "replay", "--quiet", "--limit", "40")
+    assert code == 0, err
+    for row in (
+        "requests",
+        "prompt tokens",
+        "reused tokens",
+        "hit rate",
+        "evictions",
+        "peak pool utilisation",
+        "admission latency p50",
+        "admission latency p99",
+        "tokens hashed per second",
+    ):
+        assert row in out
+    assert err == ""  # no progress bar when stderr is not a terminal
+
+
+def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "replay.png"
+    code, _, err = run(capsys, "replay", "--quiet", "--limit", "20", "--plot", str(path))
+    assert code == 0, err
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_without_matplotlib_says_how(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
+    code, _, err = run(capsys, "replay", "--quiet", "--limit", "5", "--plot", str(tmp_path / "x.png"))
+    assert code == 2 and "pip install" in err and "matplotlib" in err
+
+
+def test_backends_lists_every_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "backends")
+    assert code == 0
+    for name in kv_api.available_backends():
+        assert f"\n{name} " in out
+    assert f"default backend: {kv_api.default_backend_name()}" in out
