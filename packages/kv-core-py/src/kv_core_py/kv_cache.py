@@ -76,7 +76,6 @@ class KVCache(kv_api.KVCache):
         self._blocks: list[CacheBlock] = []
         self._index = [array("i") for _ in self._lcs]
         self._user_buffers: dict[int, memoryview] = {}
-        self._resumed = False
         self._stale_scan = [0] * len(self._lcs)  # per life cycle: stale blocks below are cleared
         self.num_reused_tokens = len(tokens)
         # Priorities first: a failing callback must leave the tree untouched.
@@ -299,7 +298,6 @@ class KVCache(kv_api.KVCache):
                 for lc, held in enumerate(cb.pages):
                     if held is not None and not self._is_stale(lc, o, self._history):
                         self._lock_page(o, lc)
-            self._resumed = True
             self._status = KVCacheStatus.ACTIVE
             return True
 
