@@ -26,6 +26,8 @@ PY_SOURCES = [
     "packages/kv-api/src",
     "packages/kv-core-py/src",
     "packages/kv-core-cpp/src",
+    "packages/kv-replay/src",
+    "packages/kv-replay/tests",
     "conformance/src",
     "bench",
     "noxfile.py",
@@ -46,16 +48,11 @@ def install(session: nox.Session, *extra: str) -> None:
 
 
 def run_conformance(session: nox.Session, backends: str) -> None:
+    """The conformance suite and the replayer's tests, on ``backends`` (KV_BACKEND)."""
     workers = os.environ.get("KV_TEST_WORKERS", "auto")
-    session.run(
-        "pytest",
-        "--pyargs",
-        "kv_conformance.tests",
-        "-n",
-        workers,
-        *session.posargs,
-        env={"KV_BACKEND": backends},
-    )
+    env = {"KV_BACKEND": backends}
+    session.run("pytest", "--pyargs", "kv_conformance.tests", "-n", workers, *session.posargs, env=env)
+    session.run("pytest", "packages/kv-replay/tests", "-n", workers, *session.posargs, env=env)
 
 
 @nox.session
