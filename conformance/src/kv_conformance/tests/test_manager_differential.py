@@ -276,9 +276,12 @@ def make_machine(backends: list[Any]) -> type[RuleBasedStateMachine]:
 def test_backends_agree(backends: list[Any]) -> None:
     if len(backends) < 2:
         pytest.skip("needs two backends (KV_BACKEND=all or a comma list)")
+    # More examples than the profile's default: each is cheap, and divergences hide in rare paths.
     run_state_machine_as_test(
         make_machine(backends),
         settings=settings(
-            stateful_step_count=40, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
+            max_examples=max(200, settings.default.max_examples),
+            stateful_step_count=50,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ),
     )
