@@ -55,17 +55,13 @@ def _pack_buffer(mv: memoryview, key_format: str) -> bytes | None:
 def _pack_ints(items: list[Any], key_format: str) -> bytes | None:
     if set(map(type, items)) - {int}:
         return None  # digests, bools or int-likes: the general path decides
-    width = TOKEN_ENCODING[key_format][0]
     try:
-        packed = array("q" if width == 4 else "Q", items)
+        # 'i' takes [-2**31, 2**31) and 'Q' [0, 2**64): only negative u32 ids need a check.
+        packed = array("i" if TOKEN_ENCODING[key_format][0] == 4 else "Q", items)
     except OverflowError:
         return None
     raw = packed.tobytes()
-    if width == 4:
-        if not (_high_bit_clear(raw, 3, 8) and all(_zero(raw, b, 8) for b in range(4, 8))):
-            return None
-        return _resize(raw, 8, 4)
-    return raw
+    return raw if packed.typecode == "Q" or _high_bit_clear(raw, 3, 4) else None
 
 
 def pack_tokens(tokens: Any, key_format: str) -> bytes | None:
