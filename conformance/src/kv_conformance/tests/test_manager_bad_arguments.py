@@ -50,7 +50,7 @@ CALLS: list[tuple[str, Callable[[Any, Any], object]]] = [
 ]
 
 
-def outcome(call: Callable[[], object]) -> tuple[type[BaseException], str] | None:
+def outcome(call: Callable[..., object]) -> tuple[type[BaseException], str] | None:
     try:
         call()
     except Exception as exc:  # noqa: BLE001 - the class and message are what we compare
@@ -72,7 +72,7 @@ def test_same_error_everywhere_and_nothing_changes(backends: list[Any], call: Ca
     for backend in backends:
         manager, cache = setup(backend)
         before = snapshot(manager, [cache], probes=[(None, list(range(12)))])
-        result = outcome(lambda: call(manager, cache))
+        result = outcome(lambda m=manager, c=cache: call(m, c))
         assert result is not None, f"{backend.name}: no error"
         assert issubclass(result[0], (TypeError, ValueError, KeyError, IndexError, ZeroDivisionError))
         # Caches created by the failing call are closed before comparing the state.
