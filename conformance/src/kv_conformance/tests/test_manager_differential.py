@@ -280,7 +280,7 @@ def test_backends_agree(backends: list[Any]) -> None:
     run_state_machine_as_test(
         make_machine(backends),
         settings=settings(
-            max_examples=max(200, settings.default.max_examples),
+            max_examples=max(200, settings().max_examples),  # the active profile's, if larger
             stateful_step_count=50,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ),
