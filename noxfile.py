@@ -67,7 +67,7 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session
-@nox.parametrize("backend", ["py", "cpp"])
+@nox.parametrize("backend", ["py", "cpp"], ids=["py", "cpp"])
 def conformance(session: nox.Session, backend: str) -> None:
     """The conformance suite against one backend (``KV_BACKEND=<name>``)."""
     install(session)
