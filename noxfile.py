@@ -64,6 +64,7 @@ def tests(session: nox.Session) -> None:
     typecheck(session)
     check_stubs(session)
     session.run("bash", "ci/arm64.sh", external=True)
+    session.notify("sanitize")
 
 
 @nox.session
@@ -114,6 +115,31 @@ def stubs(session: nox.Session) -> None:
     """Regenerate the committed ``_core.pyi`` (``-- --update``) or check it is current."""
     install(session, "ruff>=0.6")
     check_stubs(session, update="--update" in session.posargs)
+
+
+@nox.session
+def sanitize(session: nox.Session) -> None:
+    """The suite against a native build with AddressSanitizer and UndefinedBehaviorSanitizer."""
+    session.install(*BUILD_DEPS, *TEST_DEPS)
+    session.install("./packages/kv-api", "./packages/kv-core-py", "./conformance")
+    session.install(
+        "--no-build-isolation",
+        f"--config-settings=build-dir={ROOT / 'packages/kv-core-cpp' / _build_dir(session)}",
+        "--config-settings=cmake.build-type=Debug",
+        "--config-settings=cmake.define.CMAKE_CXX_FLAGS=-fsanitize=address,undefined -fno-omit-frame-pointer",
+        "./packages/kv-core-cpp",
+    )
+    runtimes = [
+        session.run("gcc", f"-print-file-name={lib}", external=True, silent=True).strip()  # type: ignore[union-attr]
+        for lib in ("libasan.so", "libubsan.so")
+    ]
+    env = {
+        "KV_BACKEND": "all",
+        "LD_PRELOAD": ":".join(runtimes),  # the interpreter is not instrumented
+        "ASAN_OPTIONS": "detect_leaks=0",  # CPython's own allocations are not leaks
+        "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+    }
+    session.run("pytest", "--pyargs", "kv_conformance.tests", "-p", "no:cacheprovider", *session.posargs, env=env)
 
 
 @nox.session
