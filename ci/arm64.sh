@@ -6,6 +6,17 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."  # paths below are relative to the repo root
 
+# The cross toolchain and qemu come from Debian; install them when missing and we can.
+if ! command -v aarch64-linux-gnu-g++ >/dev/null || ! command -v qemu-aarch64 >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++-aarch64-linux-gnu qemu-user >/dev/null
+  else
+    echo "arm64: needs Debian's g++-aarch64-linux-gnu and qemu-user (apt-get install them as root)" >&2
+    exit 1
+  fi
+fi
+
 build_dir="${BUILD_DIR:-build/arm64}"
 sysroot=/usr/aarch64-linux-gnu
 
