@@ -77,7 +77,7 @@ void init(PyEventManager* self, nb::handle max_entries, nb::handle hash_algo) {
   int overflow = 0;
   long long n = PyLong_AsLongLongAndOverflow(max_entries.ptr(), &overflow);
   if (overflow) n = overflow > 0 ? LLONG_MAX : LLONG_MIN;
-  new (self) PyEventManager{std::make_unique<EventManager>(n, parse_hash_algo(name))};
+  new (self) PyEventManager{std::make_unique<KVCacheEventManager>(n, parse_hash_algo(name))};
 }
 
 nb::list latest(PyEventManager& self, nb::handle timeout_ms) {

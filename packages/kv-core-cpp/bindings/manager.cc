@@ -1,5 +1,5 @@
 // KVCacheManager: reads the kv_api config, checks arguments in kv_core_py's order and words,
-// and calls kvcore::Manager without the GIL.
+// and calls kvcore::KVCacheManager without the GIL.
 #include "kvcore/manager.h"
 
 #include <nanobind/stl/string.h>
@@ -35,8 +35,8 @@ BatchDesc batch_desc(nb::handle b) {
 }
 
 // kv_api validated the config when it was built, so its fields are read as they are.
-ManagerConfig manager_config(nb::handle c) {
-  ManagerConfig out;
+KVCacheManagerConfig manager_config(nb::handle c) {
+  KVCacheManagerConfig out;
   out.tokens_per_block = nb::cast<std::int64_t>(c.attr("tokens_per_block"));
   for (nb::handle tier : c.attr("cache_tiers")) out.tier_quotas.push_back(nb::cast<std::uint64_t>(tier.attr("quota")));
   nb::object ssm = api("SsmLayerConfig");
@@ -68,7 +68,7 @@ ManagerConfig manager_config(nb::handle c) {
   return out;
 }
 
-nb::tuple life_cycle_objects(const Manager& manager) {
+nb::tuple life_cycle_objects(const KVCacheManager& manager) {
   nb::list out;
   for (const LifeCycle& lc : manager.registry().life_cycles()) {
     out.append(api("LifeCycle")(lc.id, optional_int(lc.window), lc.num_sink_blocks));
@@ -80,7 +80,7 @@ void init(PyManager* self, nb::handle config, nb::handle event_manager) {
   if (!nb::isinstance(config, kv_api().manager_config)) {
     raise(PyExc_TypeError, "config: expected KVCacheManagerConfig, got " + py_type_name(config));
   }
-  EventManager* events = nullptr;
+  KVCacheEventManager* events = nullptr;
   if (!event_manager.is_none()) {
     if (!nb::isinstance<PyEventManager>(event_manager)) {
       raise(PyExc_TypeError,
@@ -88,11 +88,11 @@ void init(PyManager* self, nb::handle config, nb::handle event_manager) {
     }
     events = nb::cast<PyEventManager&>(event_manager).events.get();
   }
-  const ManagerConfig c = manager_config(config);
-  std::unique_ptr<Manager> manager;
+  const KVCacheManagerConfig c = manager_config(config);
+  std::unique_ptr<KVCacheManager> manager;
   {
     nb::gil_scoped_release release;
-    manager = std::make_unique<Manager>(c, events);
+    manager = std::make_unique<KVCacheManager>(c, events);
   }
   nb::tuple life_cycles = life_cycle_objects(*manager);
   new (self) PyManager{nb::borrow(config), nb::borrow(event_manager), std::move(manager), life_cycles};

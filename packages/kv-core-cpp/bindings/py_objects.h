@@ -15,13 +15,13 @@ namespace kvcore::py {
 namespace nb = nanobind;
 
 struct PyEventManager {
-  std::unique_ptr<EventManager> events;
+  std::unique_ptr<KVCacheEventManager> events;
 };
 
 struct PyManager {
   nb::object config;         // the kv_api config, as given (frozen)
   nb::object event_manager;  // keeps the events alive as long as the manager
-  std::unique_ptr<Manager> manager;
+  std::unique_ptr<KVCacheManager> manager;
   nb::tuple life_cycles;  // kv_api.LifeCycle objects, handed to priority callbacks
 };
 

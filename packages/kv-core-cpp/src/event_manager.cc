@@ -28,10 +28,10 @@ const char* hash_algo_name(HashAlgo algo) {
   return "";
 }
 
-EventManager::EventManager(std::int64_t max_kv_event_entries, HashAlgo algo)
+KVCacheEventManager::KVCacheEventManager(std::int64_t max_kv_event_entries, HashAlgo algo)
     : max_entries_(max_kv_event_entries), algo_(algo) {}
 
-void EventManager::flush_iteration_events() {
+void KVCacheEventManager::flush_iteration_events() {
   std::lock_guard<std::mutex> lock(mutex_);
   flush_removed();
   if (max_entries_ > 0) {
@@ -44,7 +44,7 @@ void EventManager::flush_iteration_events() {
   published_.notify_all();
 }
 
-std::vector<Event> EventManager::get_latest_events(double timeout_ms) {
+std::vector<Event> KVCacheEventManager::get_latest_events(double timeout_ms) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (ring_.empty() && timeout_ms != 0) {
     if (timeout_ms < 0) {
@@ -59,13 +59,13 @@ std::vector<Event> EventManager::get_latest_events(double timeout_ms) {
   return out;
 }
 
-void EventManager::bind(std::vector<std::optional<std::int64_t>> windows) {
+void KVCacheEventManager::bind(std::vector<std::optional<std::int64_t>> windows) {
   if (bound_) throw Error(ErrorKind::kValue, "event_manager: already used by another KVCacheManager");
   bound_ = true;
   windows_ = std::move(windows);
 }
 
-void EventManager::created(std::vector<std::uint64_t> num_blocks_per_cache_level) {
+void KVCacheEventManager::created(std::vector<std::uint64_t> num_blocks_per_cache_level) {
   Event e;
   e.kind = Event::Kind::kCreated;
   e.num_blocks_per_cache_level = std::move(num_blocks_per_cache_level);
@@ -73,7 +73,7 @@ void EventManager::created(std::vector<std::uint64_t> num_blocks_per_cache_level
   queue(std::move(e), std::nullopt);
 }
 
-void EventManager::stored(Block* block, int life_cycle, int priority) {
+void KVCacheEventManager::stored(Block* block, int life_cycle, int priority) {
   if (!stored_.insert({block->key, life_cycle}).second) return;
   std::optional<BlockHash> parent_hash;
   if (!block->parent->is_root()) parent_hash = hash(static_cast<Block*>(block->parent));
@@ -95,7 +95,7 @@ void EventManager::stored(Block* block, int life_cycle, int priority) {
   queue(std::move(e), life_cycle);
 }
 
-void EventManager::removed(Block* block, int life_cycle) {
+void KVCacheEventManager::removed(Block* block, int life_cycle) {
   if (stored_.erase({block->key, life_cycle}) == 0) return;  // never announced
   BlockHash h = hash(block);
   std::lock_guard<std::mutex> lock(mutex_);
@@ -107,7 +107,7 @@ void EventManager::removed(Block* block, int life_cycle) {
   it->second.push_back(std::move(h));
 }
 
-void EventManager::queue(Event event, std::optional<int> life_cycle) {
+void KVCacheEventManager::queue(Event event, std::optional<int> life_cycle) {
   flush_removed();
   event.id = next_id_++;
   event.layer_group_id = life_cycle;
@@ -115,7 +115,7 @@ void EventManager::queue(Event event, std::optional<int> life_cycle) {
   pending_.push_back(std::move(event));
 }
 
-void EventManager::flush_removed() {
+void KVCacheEventManager::flush_removed() {
   std::vector<std::pair<int, std::vector<BlockHash>>> removed;
   removed.swap(removed_);
   for (auto& [lc, hashes] : removed) {
@@ -129,7 +129,7 @@ void EventManager::flush_removed() {
   }
 }
 
-BlockHash EventManager::hash(Block* block) {
+BlockHash KVCacheEventManager::hash(Block* block) {
   switch (algo_) {
     case HashAlgo::kV2Sha256:
       return block_hash_v2_sha256(block->key);
@@ -141,7 +141,7 @@ BlockHash EventManager::hash(Block* block) {
   return std::uint64_t{0};
 }
 
-std::uint64_t EventManager::v1(Block* block) {
+std::uint64_t KVCacheEventManager::v1(Block* block) {
   // Chained from the root; a block with a digest token, and every descendant, falls back to
   // v2_sha256_64. Iterative: chains may be thousands of blocks deep.
   std::vector<Block*> chain;

@@ -29,8 +29,8 @@ const char* status_name(CacheStatus s) {
 
 }  // namespace
 
-KVCache::KVCache(Manager& manager, std::int64_t id, const ReuseScope& scope, const Digest& root_key, TokenList tokens,
-                 const MatchPath& path, PriorityCallback priority)
+KVCache::KVCache(KVCacheManager& manager, std::int64_t id, const ReuseScope& scope, const Digest& root_key,
+                 TokenList tokens, const MatchPath& path, PriorityCallback priority)
     : manager_(manager),
       id_(id),
       scope_(scope),
@@ -376,7 +376,7 @@ void KVCache::commit_block(std::int64_t ordinal) {
     manager_.stats_add(delta);
   }
   Storage& storage = manager_.storage();
-  EventManager* events = manager_.events();
+  KVCacheEventManager* events = manager_.events();
   const bool full = static_cast<std::int64_t>(end - begin) == tpb_;
   for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
     Page* ours = cb.pages[lc];

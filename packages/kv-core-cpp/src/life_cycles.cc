@@ -6,7 +6,7 @@
 
 namespace kvcore {
 
-LifeCycleRegistry::LifeCycleRegistry(const ManagerConfig& config) : tokens_per_block_(config.tokens_per_block) {
+LifeCycleRegistry::LifeCycleRegistry(const KVCacheManagerConfig& config) : tokens_per_block_(config.tokens_per_block) {
   for (std::size_t i = 0; i < config.layers.size(); ++i) {
     const LayerConfig& layer = config.layers[i];
     if (layer.ssm) {

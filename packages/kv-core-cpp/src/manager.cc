@@ -10,7 +10,7 @@ namespace kvcore {
 
 namespace {
 
-const ManagerConfig& supported(const ManagerConfig& config) {
+const KVCacheManagerConfig& supported(const KVCacheManagerConfig& config) {
   if (config.tier_quotas.size() > 1) {
     throw Error(ErrorKind::kNotImplemented,
                 "cache_tiers: host and disk tiers are not supported yet (see capabilities)");
@@ -19,7 +19,7 @@ const ManagerConfig& supported(const ManagerConfig& config) {
   return config;
 }
 
-EventManager* bind_events(EventManager* events, const LifeCycleRegistry& registry) {
+KVCacheEventManager* bind_events(KVCacheEventManager* events, const LifeCycleRegistry& registry) {
   if (events != nullptr) {
     std::vector<std::optional<std::int64_t>> windows;
     for (const LifeCycle& lc : registry.life_cycles()) windows.push_back(lc.window);
@@ -39,7 +39,7 @@ void add(CacheStats& to, const CacheStats& d) {
 
 }  // namespace
 
-Manager::Manager(const ManagerConfig& config, EventManager* events)
+KVCacheManager::KVCacheManager(const KVCacheManagerConfig& config, KVCacheEventManager* events)
     : config_(supported(config)),
       registry_(config_),
       storage_config_(config_, registry_),
@@ -54,11 +54,11 @@ Manager::Manager(const ManagerConfig& config, EventManager* events)
   }
 }
 
-void Manager::require_live() const {
+void KVCacheManager::require_live() const {
   if (shut_down_) throw Error(ErrorKind::kInvalidState, "the manager is shut down");
 }
 
-MatchPath Manager::match(const Digest& root_key, const Tokens& tokens) {
+MatchPath KVCacheManager::match(const Digest& root_key, const Tokens& tokens) {
   // The reusable prefix: walk, back off, then cut until every life cycle has, for each block
   // it needs at the endpoint, a page covering the matched tokens.
   const std::int64_t tpb = config_.tokens_per_block;
@@ -99,7 +99,7 @@ MatchPath Manager::match(const Digest& root_key, const Tokens& tokens) {
   return path;
 }
 
-std::int64_t Manager::probe_reuse(const ReuseScope& scope, const Tokens& tokens) {
+std::int64_t KVCacheManager::probe_reuse(const ReuseScope& scope, const Tokens& tokens) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   require_live();
   std::int64_t total = 0;
@@ -107,7 +107,7 @@ std::int64_t Manager::probe_reuse(const ReuseScope& scope, const Tokens& tokens)
   return total;
 }
 
-std::optional<Digest> Manager::probe_first_new_block_key(const ReuseScope& scope, const Tokens& tokens) {
+std::optional<Digest> KVCacheManager::probe_first_new_block_key(const ReuseScope& scope, const Tokens& tokens) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   require_live();
   const Digest root = root_key(scope);
@@ -125,8 +125,8 @@ std::optional<Digest> Manager::probe_first_new_block_key(const ReuseScope& scope
   return key;
 }
 
-std::unique_ptr<KVCache> Manager::create_kv_cache(const ReuseScope& scope, const Tokens& tokens,
-                                                  std::optional<std::int64_t> id, PriorityCallback priority) {
+std::unique_ptr<KVCache> KVCacheManager::create_kv_cache(const ReuseScope& scope, const Tokens& tokens,
+                                                         std::optional<std::int64_t> id, PriorityCallback priority) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   require_live();
   const std::int64_t cache_id = id.value_or(next_id_);
@@ -147,27 +147,27 @@ std::unique_ptr<KVCache> Manager::create_kv_cache(const ReuseScope& scope, const
   return cache;
 }
 
-std::vector<StorageStatistics> Manager::storage_statistics() {
+std::vector<StorageStatistics> KVCacheManager::storage_statistics() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   require_live();
   return storage_.statistics();
 }
 
-void Manager::require_no_open_caches(const char* api) const {
+void KVCacheManager::require_no_open_caches(const char* api) const {
   if (!caches_.empty()) {
     throw Error(ErrorKind::kLogic,
                 std::string(api) + "() with " + std::to_string(caches_.size()) + " KV cache(s) still open");
   }
 }
 
-void Manager::clear_reusable_blocks() {
+void KVCacheManager::clear_reusable_blocks() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   require_live();
   require_no_open_caches("clear_reusable_blocks");
   storage_.clear();
 }
 
-void Manager::shutdown() {
+void KVCacheManager::shutdown() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (shut_down_) return;
   require_no_open_caches("shutdown");
@@ -175,19 +175,19 @@ void Manager::shutdown() {
   shut_down_ = true;
 }
 
-void Manager::stats_add(const CacheStats& delta) {
+void KVCacheManager::stats_add(const CacheStats& delta) {
   add(committed_, delta);
   add(iteration_, delta);
 }
 
-CacheStats Manager::committed_stats() {
+CacheStats KVCacheManager::committed_stats() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   CacheStats s = committed_;
   s.evicted_pages = storage_.num_evicted;
   return s;
 }
 
-CacheStats Manager::take_iteration_stats() {
+CacheStats KVCacheManager::take_iteration_stats() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   CacheStats s = iteration_;
   s.evicted_pages = storage_.num_evicted - evicted_mark_;
@@ -196,7 +196,7 @@ CacheStats Manager::take_iteration_stats() {
   return s;
 }
 
-void Manager::unregister(KVCache* cache) {
+void KVCacheManager::unregister(KVCache* cache) {
   caches_.erase(std::remove(caches_.begin(), caches_.end(), cache), caches_.end());
 }
 

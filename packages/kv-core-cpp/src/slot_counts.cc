@@ -29,7 +29,7 @@ int bit_length(std::uint64_t v) {
 // Python's round(): to nearest, ties to even (the default rounding mode of nearbyint).
 double round_half_even(double v) { return std::nearbyint(v); }
 
-std::vector<std::uint64_t> compute_min_slots(const ManagerConfig& config, const LifeCycleRegistry& registry,
+std::vector<std::uint64_t> compute_min_slots(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry,
                                              const StorageConfig& storage) {
   std::vector<std::uint64_t> per_lc;
   for (int lc = 0; lc < static_cast<int>(registry.size()); ++lc) {
@@ -49,7 +49,7 @@ std::vector<std::uint64_t> compute_min_slots(const ManagerConfig& config, const 
   return out;
 }
 
-std::vector<double> initial_ratio(const ManagerConfig& config, const LifeCycleRegistry& registry,
+std::vector<double> initial_ratio(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry,
                                   const StorageConfig& storage, const std::vector<std::uint64_t>& minimum) {
   const auto& groups = storage.pool_groups();
   if (config.initial_pool_ratio) {
@@ -182,7 +182,8 @@ std::int64_t slots_for_batch(const LifeCycleRegistry& registry, int life_cycle, 
   return total + static_cast<std::int64_t>(shared.size());
 }
 
-SlotCounts::SlotCounts(const ManagerConfig& config, const LifeCycleRegistry& registry, const StorageConfig& storage) {
+SlotCounts::SlotCounts(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry,
+                       const StorageConfig& storage) {
   const std::uint64_t requested = config.tier_quotas.at(0);
   granularity = gpu_granularity(requested);
   const std::uint64_t g = granularity;

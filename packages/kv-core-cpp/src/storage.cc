@@ -18,7 +18,7 @@ double PoolGroup::utilization() const {
 }
 
 Storage::Storage(const StorageConfig& config, const SlotCounts& counts, const LifeCycleRegistry& registry,
-                 RadixTree& tree, EventManager* events)
+                 RadixTree& tree, KVCacheEventManager* events)
     : config_(config), registry_(registry), tree_(tree), events_(events) {
   for (const PoolGroupConfig& pg : config.pool_groups())
     pool_groups_.emplace_back(pg.index, pg.slot_sizes, counts.slots[pg.index]);

@@ -27,7 +27,7 @@ struct SizeGroup {
 
 }  // namespace
 
-StorageConfig::StorageConfig(const ManagerConfig& config, const LifeCycleRegistry& registry) {
+StorageConfig::StorageConfig(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry) {
   const std::int64_t tpb = config.tokens_per_block;
   std::vector<std::vector<SizeGroup>> per_lc(registry.size());
   for (const LayerConfig& layer : config.layers) {

@@ -34,7 +34,7 @@ struct BatchDesc {
   std::int64_t system_prompt_length = 0;
 };
 
-struct ManagerConfig {
+struct KVCacheManagerConfig {
   std::int64_t tokens_per_block = 32;
   std::vector<std::uint64_t> tier_quotas;  // device tier first
   std::vector<LayerConfig> layers;

@@ -42,9 +42,9 @@ struct Event {
   std::optional<int> layer_group_id;
 };
 
-class EventManager {
+class KVCacheEventManager {
  public:
-  EventManager(std::int64_t max_kv_event_entries, HashAlgo algo);
+  KVCacheEventManager(std::int64_t max_kv_event_entries, HashAlgo algo);
 
   HashAlgo hash_algo() const { return algo_; }
   std::int64_t max_kv_event_entries() const { return max_entries_; }

@@ -15,7 +15,7 @@
 
 namespace kvcore {
 
-class Manager;
+class KVCacheManager;
 
 enum class CacheStatus { kActive = 0, kSuspended = 1, kClosed = 2 };
 enum class CommitState { kAllowed = 0, kUserStop = 1, kVirtualStop = 2 };
@@ -39,7 +39,7 @@ struct IndexBuffer {
 
 class KVCache {
  public:
-  KVCache(Manager& manager, std::int64_t id, const ReuseScope& scope, const Digest& root_key, TokenList tokens,
+  KVCache(KVCacheManager& manager, std::int64_t id, const ReuseScope& scope, const Digest& root_key, TokenList tokens,
           const MatchPath& path, PriorityCallback priority);
   ~KVCache();
   KVCache(const KVCache&) = delete;
@@ -54,7 +54,7 @@ class KVCache {
   std::int64_t capacity() const { return capacity_; }
   std::int64_t num_blocks() const { return static_cast<std::int64_t>(blocks_.size()); }
   std::int64_t num_reused_tokens() const { return num_reused_; }
-  Manager& manager() { return manager_; }
+  KVCacheManager& manager() { return manager_; }
 
   // Error(kInvalidState) unless the cache is in `status`; bindings check it before converting
   // arguments, as the Python backend does.
@@ -98,7 +98,7 @@ class KVCache {
   void sync_user_buffers();
   void close_locked();
 
-  Manager& manager_;
+  KVCacheManager& manager_;
   std::int64_t id_;
   ReuseScope scope_;
   Digest root_key_;

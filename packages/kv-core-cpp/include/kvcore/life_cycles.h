@@ -23,7 +23,7 @@ inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1
 // one. The id doubles as the layer-group id.
 class LifeCycleRegistry {
  public:
-  explicit LifeCycleRegistry(const ManagerConfig& config);
+  explicit LifeCycleRegistry(const KVCacheManagerConfig& config);
 
   const std::vector<LifeCycle>& life_cycles() const { return life_cycles_; }
   std::size_t size() const { return life_cycles_.size(); }

@@ -27,22 +27,22 @@ struct CacheStats {
   std::uint64_t committed_blocks = 0;
 };
 
-class Manager {
+class KVCacheManager {
  public:
-  Manager(const ManagerConfig& config, EventManager* events);
-  Manager(const Manager&) = delete;
-  Manager& operator=(const Manager&) = delete;
+  KVCacheManager(const KVCacheManagerConfig& config, KVCacheEventManager* events);
+  KVCacheManager(const KVCacheManager&) = delete;
+  KVCacheManager& operator=(const KVCacheManager&) = delete;
 
   // Every public entry point of the manager and its caches takes this lock.
   std::recursive_mutex& mutex() { return mutex_; }
-  const ManagerConfig& config() const { return config_; }
+  const KVCacheManagerConfig& config() const { return config_; }
   std::int64_t tokens_per_block() const { return config_.tokens_per_block; }
   const LifeCycleRegistry& registry() const { return registry_; }
   const StorageConfig& storage_config() const { return storage_config_; }
   const SlotCounts& counts() const { return counts_; }
   Storage& storage() { return storage_; }
   RadixTree& tree() { return tree_; }
-  EventManager* events() { return events_; }
+  KVCacheEventManager* events() { return events_; }
   bool is_shut_down() const { return shut_down_; }
   void require_live() const;  // Error(kInvalidState) after shutdown
 
@@ -64,12 +64,12 @@ class Manager {
   MatchPath match(const Digest& root_key, const Tokens& tokens);
   void require_no_open_caches(const char* api) const;
 
-  ManagerConfig config_;
+  KVCacheManagerConfig config_;
   LifeCycleRegistry registry_;
   StorageConfig storage_config_;
   SlotCounts counts_;
   RadixTree tree_;
-  EventManager* events_;
+  KVCacheEventManager* events_;
   Storage storage_;
   std::recursive_mutex mutex_;
   std::vector<KVCache*> caches_;  // open, in creation order

@@ -18,7 +18,7 @@ std::int64_t slots_for_batch(const LifeCycleRegistry& registry, int life_cycle, 
 
 class SlotCounts {
  public:
-  SlotCounts(const ManagerConfig& config, const LifeCycleRegistry& registry, const StorageConfig& storage);
+  SlotCounts(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry, const StorageConfig& storage);
 
   std::uint64_t granularity = 0;
   std::uint64_t quota = 0;  // effective

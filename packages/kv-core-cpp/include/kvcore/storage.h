@@ -42,7 +42,7 @@ class PoolGroup {
 class Storage {
  public:
   Storage(const StorageConfig& config, const SlotCounts& counts, const LifeCycleRegistry& registry, RadixTree& tree,
-          EventManager* events);
+          KVCacheEventManager* events);
 
   std::deque<PoolGroup>& pool_groups() { return pool_groups_; }
   const StorageConfig& config() const { return config_; }
@@ -63,7 +63,7 @@ class Storage {
   const StorageConfig& config_;
   const LifeCycleRegistry& registry_;
   RadixTree& tree_;
-  EventManager* events_;
+  KVCacheEventManager* events_;
   std::deque<PoolGroup> pool_groups_;  // a deque: pages point into each group, which never moves
 };
 

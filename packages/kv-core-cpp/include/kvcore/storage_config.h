@@ -33,7 +33,7 @@ struct PoolGroupConfig {
 
 class StorageConfig {
  public:
-  StorageConfig(const ManagerConfig& config, const LifeCycleRegistry& registry);
+  StorageConfig(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry);
 
   const std::vector<PoolGroupConfig>& pool_groups() const { return pool_groups_; }
   int pool_group_of(int life_cycle) const { return life_cycle_pool_group_[life_cycle]; }
