@@ -120,3 +120,12 @@ class TokenBlocks:
             tokens = list(memoryview(self._packed).cast(code).tolist())
         tpb = self._tpb
         return (tokens[o : o + tpb] for o in range(0, len(tokens), tpb))
+
+
+def tokens_of(tokens: Any, key_format: str) -> list[Token]:
+    """``kv_api.keys.token_list`` with the fast path: int-only inputs unpacked in C."""
+    packed = pack_tokens(tokens, key_format)
+    if packed is None:
+        return token_list(tokens, key_format)
+    code: Literal["I", "Q"] = "I" if TOKEN_ENCODING[key_format][0] == 4 else "Q"
+    return list(memoryview(packed).cast(code).tolist())

@@ -13,8 +13,9 @@ from kv_api._check import int_in_range
 from kv_api.constants import BAD_PAGE_INDEX, DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, KVCacheStatus
 from kv_api.descriptors import LifeCycle
 from kv_api.errors import InvalidStateError, LogicError, OutOfPagesError
-from kv_api.keys import Token, token_list
+from kv_api.keys import Token
 from kv_api.scope import ReuseScope
+from kv_core_py.hasher import tokens_of
 from kv_core_py.page import Page
 from kv_core_py.radix_tree import Block, Node, chunk_key
 
@@ -360,7 +361,7 @@ class KVCache(kv_api.KVCache):
             self._require(KVCacheStatus.ACTIVE, "commit")
             if self._commit_state == CommitState.USER_STOP:
                 raise LogicError("Cannot commit tokens after stop_committing()")
-            new = token_list(tokens, self._manager.init_config.key_format)
+            new = tokens_of(tokens, self._manager.init_config.key_format)
             if len(self._tokens) + len(new) > self._capacity:
                 raise ValueError(
                     f"commit: {len(self._tokens)} committed + {len(new)} new tokens exceed capacity {self._capacity}"

@@ -15,10 +15,11 @@ from kv_api.config import KVCacheManagerConfig
 from kv_api.constants import GPU_LEVEL, PageIndexMode
 from kv_api.descriptors import LifeCycle, PageIndexConverter, PoolDesc, PoolGroupDesc
 from kv_api.errors import InvalidStateError, LogicError
-from kv_api.keys import Token, check_reuse_scope, reuse_scope_to_bytes, token_list
+from kv_api.keys import Token, check_reuse_scope, reuse_scope_to_bytes
 from kv_api.scope import ReuseScope
 from kv_api.stats import CacheStats, StorageStatistics
 from kv_core_py.event_manager import KVCacheEventManager
+from kv_core_py.hasher import tokens_of
 from kv_core_py.kv_cache import KVCache, PriorityCallback
 from kv_core_py.life_cycles import LifeCycleRegistry
 from kv_core_py.radix_tree import Block, RadixTree, chunk_key
@@ -211,7 +212,7 @@ class KVCacheManager(kv_api.KVCacheManager):
     def _scope_and_tokens(self, reuse_scope: Any, tokens: Any) -> tuple[ReuseScope, bytes, list[Token]]:
         scope = check_reuse_scope(reuse_scope)
         root_key = sha256(reuse_scope_to_bytes(scope)).digest()
-        return scope, root_key, [] if tokens is None else token_list(tokens, self._config.key_format)
+        return scope, root_key, [] if tokens is None else tokens_of(tokens, self._config.key_format)
 
     def _match(self, root_key: bytes, tokens: list[Token]) -> list[tuple[Block, int]]:
         """The reusable prefix: walk, back off, then cut until every life cycle has, for each

@@ -74,11 +74,12 @@ class Storage:
                 self.drop(pg.evictable.pop())
                 self.num_evicted += 1
             slots.append(pg.allocator.allocate(n))
-        pages = []
-        for lc, priority in requests:
-            p = self.config.life_cycle_pool_group[lc]
-            pages.append(Page(slots[p].pop(0), lc, p, priority))
-        return pages
+        handed = [iter(s) for s in slots]  # each group's slots, in allocation order
+        return [
+            Page(next(handed[p]), lc, p, priority)
+            for lc, priority in requests
+            for p in (self.config.life_cycle_pool_group[lc],)
+        ]
 
     def copy(self, src: Page, dst: Page) -> None:
         """Copy a page's data (every pool of its group) into another page's slot."""
