@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import numpy as np
+import pytest
 
 from kv_api import KVCacheStatus
 
@@ -15,6 +19,7 @@ from ._manager import (
     check_indices,
     check_lengths,
     hybrid_config,
+    make_config,
     make_manager,
     toks,
 )
@@ -84,3 +89,32 @@ def test_concurrent_requests(backend: Any) -> None:
     manager.clear_reusable_blocks()
     stats = manager.get_storage_statistics()
     assert [(s.free, s.evictable) for s in stats] == [(s.total, 0) for s in stats]
+
+
+@pytest.mark.requires("native_buffers")
+def test_matching_releases_the_gil(backend: Any) -> None:
+    """A long probe (hashing and matching 2M cached tokens) leaves other Python threads running."""
+    tokens = np.arange(1 << 21, dtype=np.int32)
+    manager = backend.KVCacheManager(make_config(tokens_per_block=32, slots=(1 << 21) // 32 + 64))
+    cache = manager.create_kv_cache(None, [])
+    assert cache.resume() and cache.resize(len(tokens))
+    cache.commit(tokens)
+    cache.close()
+    start = time.perf_counter()
+    manager.probe_reuse(None, tokens)
+    alone = time.perf_counter() - start
+
+    done = threading.Event()
+
+    def work() -> None:
+        manager.probe_reuse(None, tokens)
+        done.set()
+
+    worker = threading.Thread(target=work)
+    last, longest = time.perf_counter(), 0.0
+    worker.start()
+    while not done.is_set():
+        now = time.perf_counter()
+        longest, last = max(longest, now - last), now
+    worker.join()
+    assert longest < alone / 2, f"main thread stalled {longest:.4f}s of a {alone:.4f}s probe"
