@@ -6,6 +6,20 @@
 
 namespace kvcore {
 
+Node::~Node() {
+  // Take the descendants apart one by one: destroying a chain of blocks recursively would use a
+  // stack frame per block, and a long prompt is a chain of thousands.
+  std::vector<std::unique_ptr<Block>> pending;
+  for (auto& entry : children_) pending.push_back(std::move(entry.second));
+  children_.clear();
+  while (!pending.empty()) {
+    std::unique_ptr<Block> block = std::move(pending.back());
+    pending.pop_back();
+    for (auto& entry : block->children_) pending.push_back(std::move(entry.second));
+    block->children_.clear();
+  }  // each block is destroyed childless
+}
+
 Block* Node::child(const Digest& key) const {
   const auto it = children_.find(key);
   return it == children_.end() ? nullptr : it->second.get();

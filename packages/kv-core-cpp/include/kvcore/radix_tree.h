@@ -33,7 +33,9 @@ class Block;
 class Node {
  public:
   Node(const Digest& key, Node* parent) : key(key), parent(parent) {}
-  virtual ~Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+  virtual ~Node();
   virtual bool is_root() const = 0;
 
   Block* child(const Digest& key) const;
