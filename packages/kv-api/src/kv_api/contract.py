@@ -107,7 +107,9 @@ class KVCacheManager(metaclass=_DefaultBackendFactory):
 
     @abc.abstractmethod
     def shutdown(self) -> None:
-        """Clear and release memory. ``LogicError`` (changing nothing) while caches are open."""
+        """Empty the tree and retire the manager: every later call but ``shutdown()`` raises
+        ``InvalidStateError``. Pool memory lives as long as the manager object (and any
+        ``pool_memory`` view of it). ``LogicError`` (changing nothing) while caches are open."""
 
 
 class KVCache(abc.ABC):

@@ -308,8 +308,8 @@ class KVCacheManager(kv_api.KVCacheManager):
             self._storage.clear()
 
     def shutdown(self) -> None:
-        """Clear and release all memory; the manager is unusable afterwards. LogicError while
-        caches are open. Idempotent."""
+        """Empty the tree; the manager is unusable afterwards (its memory goes with the object).
+        LogicError while caches are open. Idempotent."""
         with self._lock:
             if self._is_shut_down:
                 return
