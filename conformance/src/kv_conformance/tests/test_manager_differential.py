@@ -75,13 +75,23 @@ def make_machine(backends: list[Any]) -> type[RuleBasedStateMachine]:
             full=st.booleans(),
             backoff=st.sampled_from([0, 0, 1]),
             partial=st.booleans(),
+            hash_algo=st.sampled_from(["v1_block_key", "v2_sha256", "v2_sha256_64"]),
+            ring=st.sampled_from([100_000, 8]),
         )
         def build(
-            self, tpb: int, window: int | None, sinks: int | None, full: bool, backoff: int, partial: bool
+            self,
+            tpb: int,
+            window: int | None,
+            sinks: int | None,
+            full: bool,
+            backoff: int,
+            partial: bool,
+            hash_algo: str,
+            ring: int,
         ) -> None:
             config = config_for(tpb, window, sinks if window else None, full, backoff, partial)
             self.tpb = tpb
-            self.events = [b.KVCacheEventManager(100_000, "v1_block_key") for b in backends]
+            self.events = [b.KVCacheEventManager(ring, hash_algo) for b in backends]
             self.managers = [b.KVCacheManager(config, em) for b, em in zip(backends, self.events, strict=True)]
             self.groups = len(self.managers[0].life_cycles)
 
