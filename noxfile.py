@@ -139,7 +139,17 @@ def sanitize(session: nox.Session) -> None:
         "ASAN_OPTIONS": "detect_leaks=0",  # CPython's own allocations are not leaks
         "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
     }
-    session.run("pytest", "--pyargs", "kv_conformance.tests", "-p", "no:cacheprovider", *session.posargs, env=env)
+    # --capture=sys: a sanitizer report goes to the real stderr, not into a lost capture.
+    session.run(
+        "pytest",
+        "--pyargs",
+        "kv_conformance.tests",
+        "-p",
+        "no:cacheprovider",
+        "--capture=sys",
+        *session.posargs,
+        env=env,
+    )
 
 
 @nox.session

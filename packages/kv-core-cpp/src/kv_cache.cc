@@ -400,7 +400,10 @@ void KVCache::commit_block(std::int64_t ordinal) {
       if (events) events->stored(block, lc, ours->priority);
     }
   }
-  if (cb.tree_block == nullptr) {
+  if (cb.tree_block == nullptr && full) {
+    // Later blocks hang under a full block, so it stays in the tree while we are open (we hold
+    // all its pages). A partial tail is the last block: nothing hangs under it, and when it
+    // already existed we keep our private page and hold none of its pages.
     cb.tree_block = block;
     ++block->pins;
   }

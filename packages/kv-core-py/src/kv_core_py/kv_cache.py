@@ -416,7 +416,10 @@ class KVCache(kv_api.KVCache):
                 block.pages[lc] = ours
                 if events is not None:
                     events.stored(block, lc, ours.priority)
-        if cb.tree_block is None:
+        if cb.tree_block is None and len(tokens) == self._tpb:
+            # Later blocks hang under a full block, so it stays in the tree while we are open (we
+            # hold all its pages). A partial tail is the last block: nothing hangs under it, and
+            # when it already existed we keep our private page and hold none of its pages.
             cb.tree_block = block
             block.pins += 1
 
