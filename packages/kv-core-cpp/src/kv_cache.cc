@@ -406,6 +406,8 @@ void KVCache::commit_block(std::int64_t ordinal) {
     // already existed we keep our private page and hold none of its pages.
     cb.tree_block = block;
     ++block->pins;
+  } else {
+    manager_.tree().prune(block);  // a new partial block none of our pages went into
   }
 }
 

@@ -422,6 +422,8 @@ class KVCache(kv_api.KVCache):
             # when it already existed we keep our private page and hold none of its pages.
             cb.tree_block = block
             block.pins += 1
+        else:
+            self._manager._tree.prune(block)  # a new partial block none of our pages went into
 
     def stop_committing(self) -> None:
         """Commit the partial tail block, then accept no more commits. Idempotent."""
