@@ -245,6 +245,16 @@ nb::object stats_object(const CacheStats& s) {
                                  s.committed_blocks);
 }
 
+// One of the manager's statistics snapshots, taken without the GIL.
+nb::object stats(PyManager& self, CacheStats (KVCacheManager::*take)()) {
+  CacheStats s;
+  {
+    nb::gil_scoped_release release;
+    s = (self.manager.get()->*take)();
+  }
+  return stats_object(s);
+}
+
 nb::list storage_statistics(PyManager& self, nb::handle level) {
   level_arg(level);
   std::vector<StorageStatistics> stats;
@@ -347,24 +357,9 @@ void bind_manager(nb::module_& m) {
           },
           nb::arg("level") = 0)
       .def("get_storage_statistics", &storage_statistics, nb::arg("level") = 0)
-      .def("get_committed_stats",
-           [](PyManager& self) {
-             CacheStats s;
-             {
-               nb::gil_scoped_release release;
-               s = self.manager->committed_stats();
-             }
-             return stats_object(s);
-           })
+      .def("get_committed_stats", [](PyManager& self) { return stats(self, &KVCacheManager::committed_stats); })
       .def("get_and_reset_iteration_stats",
-           [](PyManager& self) {
-             CacheStats s;
-             {
-               nb::gil_scoped_release release;
-               s = self.manager->take_iteration_stats();
-             }
-             return stats_object(s);
-           })
+           [](PyManager& self) { return stats(self, &KVCacheManager::take_iteration_stats); })
       .def("probe_reuse", &probe_reuse, nb::arg("reuse_scope").none() = nb::none(),
            nb::arg("tokens").none() = nb::none())
       .def("probe_first_new_block_key", &probe_first_new_block_key, nb::arg("reuse_scope").none(),

@@ -116,8 +116,7 @@ class TokenBlocks:
             tokens = self._tokens
         else:
             assert self._packed is not None
-            code: Literal["I", "Q"] = "I" if TOKEN_ENCODING[self._format][0] == 4 else "Q"
-            tokens = list(memoryview(self._packed).cast(code).tolist())
+            tokens = _unpack(self._packed, self._format)
         tpb = self._tpb
         return (tokens[o : o + tpb] for o in range(0, len(tokens), tpb))
 
@@ -127,5 +126,10 @@ def tokens_of(tokens: Any, key_format: str) -> list[Token]:
     packed = pack_tokens(tokens, key_format)
     if packed is None:
         return token_list(tokens, key_format)
+    return _unpack(packed, key_format)
+
+
+def _unpack(packed: bytes, key_format: str) -> list[Token]:
+    """Packed little-endian ids back to a list of ints, in C."""
     code: Literal["I", "Q"] = "I" if TOKEN_ENCODING[key_format][0] == 4 else "Q"
     return list(memoryview(packed).cast(code).tolist())
