@@ -1,14 +1,19 @@
 """The replay loop: requests flow through a manager the way an inference engine drives it.
 
-Every step: suspended requests are resumed (oldest first) when the manager lets them; new
-requests are admitted while fewer than ``max_in_flight`` are in flight (``create_kv_cache`` with
-reuse, ``resume``, ``resize`` to the prompt, then the prefill ``commit``); every running request
-decodes one token (``resize`` by one, ``commit`` of one). A request the manager cannot resume or
-size waits suspended; when a decode step runs out of pages the newest running request is
-preempted (closed, its committed blocks left reusable) and re-queued first, to be re-admitted
-with its prompt and the tokens generated so far. A request that cannot fit even alone is
-rejected. Every decision depends only on what the manager returns, so two backends that
-behave identically replay identically.
+Every step: the waiting request (admitted, but refused pages so far) is resumed if the manager
+lets it; new requests are admitted first come, first served while fewer than ``max_in_flight``
+run and none waits (``create_kv_cache`` with reuse, ``resume``, ``resize`` to the prompt, then the
+prefill ``commit``); every running request decodes one token (``resize`` by one, ``commit`` of
+one). When a decode step runs out of pages, the newest other open request is preempted (closed,
+its committed blocks left reusable) and re-queued first, to be re-admitted with its prompt and
+the tokens generated so far. A request that cannot start or decode while it is the only open
+cache never will, and is rejected. Every decision depends only on what the manager returns, so
+two backends that behave identically replay identically.
+
+Termination: every step decodes a token, completes a request or rejects one (the oldest open
+request either makes progress or is left alone with the whole pool and then rejected), so a
+replay ends within ``len(requests) + total output tokens`` steps; ``run`` raises rather than
+loop if a step ever makes no progress.
 """
 
 from __future__ import annotations
@@ -28,10 +33,10 @@ from kv_replay.trace import Request
 class RequestRecord:
     prompt_tokens: int
     output_tokens: int
-    reused_tokens: int = 0  # at the first admission
+    reused_tokens: int = 0  # when it first started
     preemptions: int = 0
     rejected: bool = False
-    admission_seconds: float | None = None  # create + resume + resize of the first admission
+    admission_seconds: float | None = None  # from create_kv_cache until it first started
 
 
 @dataclass
@@ -59,6 +64,9 @@ class ReplayResult:
     wall_seconds: float = 0.0
 
 
+_Queued = tuple[int, "np.ndarray[Any, np.dtype[np.int32]]", int, bool]  # index, tokens, generated, first
+
+
 @dataclass
 class _Live:
     index: int
@@ -66,7 +74,7 @@ class _Live:
     cache: Any
     tokens: np.ndarray[Any, np.dtype[np.int32]]  # prompt + tokens generated before a preemption
     generated: int
-    first: bool  # the first admission (its reuse and latency are recorded)
+    first: bool  # not started yet: its reuse and latency are recorded when it starts
     started: float = 0.0  # when create_kv_cache was called
 
 
@@ -95,16 +103,12 @@ class Replayer:
 
     # -- request life -------------------------------------------------------------------------------
 
-    def _admit(self, index: int, tokens: np.ndarray[Any, np.dtype[np.int32]], generated: int, first: bool) -> _Live:
+    def _admit(self, entry: _Queued) -> _Live:
+        index, tokens, generated, first = entry
         request = self.requests[index]
         start = time.perf_counter()
         cache = self._timed(lambda: self.manager.create_kv_cache(request.scope, tokens), hashed=len(tokens))
-        live = _Live(index, request, cache, tokens, generated, first, start)
-        if first:
-            self.result.records[index].reused_tokens = cache.num_committed_tokens
-            self.admitted_prompt += len(request.prompt)
-            self.reused += cache.num_committed_tokens
-        return live
+        return _Live(index, request, cache, tokens, generated, first, start)
 
     def _start(self, live: _Live) -> bool:
         """Resume and size a suspended request, then prefill; False leaves it suspended."""
@@ -114,8 +118,13 @@ class Replayer:
         if not self._timed(lambda: cache.resize(len(live.tokens))):
             self._timed(cache.suspend)
             return False
-        if live.first and self.result.records[live.index].admission_seconds is None:
-            self.result.records[live.index].admission_seconds = time.perf_counter() - live.started
+        if live.first:  # the admission that runs: its reuse and latency are the request's
+            live.first = False
+            record = self.result.records[live.index]
+            record.reused_tokens = cache.num_committed_tokens
+            record.admission_seconds = time.perf_counter() - live.started
+            self.admitted_prompt += len(live.request.prompt)
+            self.reused += cache.num_committed_tokens
         rest = live.tokens[cache.num_committed_tokens :]
         if len(rest):
             self._timed(lambda: cache.commit(rest), hashed=len(rest))
@@ -131,8 +140,18 @@ class Replayer:
         live.generated += 1
         return True
 
-    def _close(self, live: _Live) -> None:
+    def _requeue(self, live: _Live) -> None:
+        """Close an open request and queue it first, to be re-admitted with what it generated."""
         self._timed(live.cache.close)
+        tokens = live.tokens
+        if len(tokens) < len(live.request.prompt) + live.generated:
+            tokens = np.concatenate([live.request.prompt, live.request.output[: live.generated]]).astype(np.int32)
+        self.pending.appendleft((live.index, tokens, live.generated, live.first))
+
+    def _finish(self, live: _Live, rejected: bool = False) -> None:
+        self._timed(live.cache.close)
+        self.result.records[live.index].rejected = rejected
+        self.done += 1
 
     # -- the loop ---------------------------------------------------------------------------------------
 
@@ -141,69 +160,70 @@ class Replayer:
         self.result = ReplayResult(self.backend.name, [RequestRecord(len(r.prompt), len(r.output)) for r in requests])
         self.admitted_prompt = 0
         self.reused = 0
-        pending: deque[tuple[int, np.ndarray[Any, np.dtype[np.int32]], int, bool]] = deque(
-            (i, r.prompt, 0, True) for i, r in enumerate(requests)
-        )
-        waiting: list[_Live] = []
-        running: list[_Live] = []
-        done = 0
+        self.done = 0
+        self.pending: deque[_Queued] = deque((i, r.prompt, 0, True) for i, r in enumerate(requests))
+        waiting: _Live | None = None  # admitted, suspended until the manager lets it start
+        running: list[_Live] = []  # oldest first
         step = 0
         wall = time.perf_counter()
-        while pending or waiting or running:
-            moved = False
-            while waiting and self._start(waiting[0]):  # oldest first: no overtaking
-                running.append(waiting.pop(0))
-                moved = True
-            while pending and len(waiting) + len(running) < self.max_in_flight:
-                live = self._admit(*pending.popleft())
-                (running if not waiting and self._start(live) else waiting).append(live)
-                moved = True
+        while self.pending or waiting or running:
+            done_before = self.done
+            if waiting is not None:
+                if self._start(waiting):
+                    running.append(waiting)
+                    waiting = None
+                elif not running:  # alone with the whole pool and still cannot start: never will
+                    self._finish(waiting, rejected=True)
+                    waiting = None
+            # First come, first served: nothing is admitted past a waiting request.
+            while waiting is None and self.pending and len(running) < self.max_in_flight:
+                live = self._admit(self.pending.popleft())
+                if self._start(live):
+                    running.append(live)
+                elif running:
+                    waiting = live
+                else:
+                    self._finish(live, rejected=True)
+            decoded = 0
             for live in list(running):
                 if live not in running:
                     continue  # preempted by an older request this step
                 if live.generated == len(live.request.output):
-                    self._close(live)
                     running.remove(live)
-                    done += 1
-                    moved = True
+                    self._finish(live)
                     continue
                 while not self._decode(live):
-                    victim = running.pop()  # the newest request makes room
-                    self._close(victim)
+                    if waiting is not None:  # the newest open request holds pages too
+                        self._requeue(waiting)
+                        waiting = None
+                        continue
+                    victim = running.pop()  # the newest running request makes room
+                    if victim is live and not running:  # alone with the whole pool: never fits
+                        self._finish(live, rejected=True)
+                        break
                     self.result.records[victim.index].preemptions += 1
-                    resumed = np.concatenate([victim.request.prompt, victim.request.output[: victim.generated]])
-                    pending.appendleft((victim.index, resumed.astype(np.int32), victim.generated, False))
-                    moved = True
+                    self._requeue(victim)
                     if victim is live:
                         break
                 else:
-                    moved = True
-            if not moved and waiting and not running:
-                if len(waiting) > 1:  # the suspended ones behind it hold pages it needs
-                    for live in reversed(waiting[1:]):
-                        self._close(live)
-                        pending.appendleft((live.index, live.tokens, live.generated, live.first))
-                    del waiting[1:]
-                else:
-                    live = waiting.pop(0)  # it cannot fit even alone
-                    self._close(live)
-                    self.result.records[live.index].rejected = True
-                    done += 1
-            self._sample(step, done)
+                    decoded += 1
+            if self.done == done_before and not decoded:
+                raise RuntimeError(f"replay made no progress at step {step} (a bug in the replayer)")
+            self._sample(step)
             step += 1
             if self.progress is not None:
-                self.progress(done, len(requests))
+                self.progress(self.done, len(requests))
         self.result.steps = step
         self.result.wall_seconds = time.perf_counter() - wall
         self.result.evicted_pages = self.manager.get_committed_stats().evicted_pages
         return self.result
 
-    def _sample(self, step: int, done: int) -> None:
+    def _sample(self, step: int) -> None:
         stats = self.manager.get_storage_statistics()
         self.result.samples.append(
             Sample(
                 step,
-                done,
+                self.done,
                 self.admitted_prompt,
                 self.reused,
                 max(s.unavailable / s.total for s in stats),
