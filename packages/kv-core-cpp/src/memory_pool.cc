@@ -11,7 +11,9 @@ namespace kvcore {
 
 MemoryPool::MemoryPool(std::uint64_t num_slots, std::uint64_t slot_size)
     : size_(num_slots * slot_size), mapped_(size_ ? size_ : 1), slot_size_(slot_size) {
-  void* p = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  // Reserve, don't commit: MAP_NORESERVE takes no commit charge for the whole quota, so a quota
+  // beyond RAM maps; a page costs memory once written (untouched pages read as zeros).
+  void* p = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) throw Error(ErrorKind::kHostOOM, "cannot map " + std::to_string(mapped_) + " bytes for a pool");
   data_ = static_cast<std::uint8_t*>(p);
 }

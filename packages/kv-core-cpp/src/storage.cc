@@ -7,7 +7,7 @@
 namespace kvcore {
 
 PoolGroup::PoolGroup(int index, const std::vector<std::uint64_t>& slot_sizes, std::uint64_t num_slots)
-    : index(index), allocator(num_slots), pages(num_slots) {
+    : index(index), allocator(num_slots) {
   pools.reserve(slot_sizes.size());
   for (std::uint64_t size : slot_sizes) pools.emplace_back(num_slots, size);
 }
@@ -55,7 +55,9 @@ std::vector<Page*> Storage::new_pages(const std::vector<std::pair<int, int>>& re
   for (const auto& [lc, priority] : requests) {
     const int p = config_.pool_group_of(lc);
     const std::uint64_t slot = slots[p][next[p]++];
-    Page& page = pool_groups_[p].pages[slot];
+    std::deque<Page>& by_slot = pool_groups_[p].pages;
+    while (by_slot.size() <= slot) by_slot.emplace_back();  // fresh slots come in order: one at a time
+    Page& page = by_slot[slot];
     page = Page{};
     page.slot = slot;
     page.life_cycle = lc;

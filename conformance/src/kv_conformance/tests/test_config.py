@@ -36,6 +36,9 @@ BAD: list[tuple[str, Any, type[Exception], str]] = [
     ("gpu quota str", lambda: GpuCacheTierConfig("1"), TypeError, "GpuCacheTierConfig.quota"),  # type: ignore[arg-type]
     ("gpu quota bool", lambda: GpuCacheTierConfig(True), TypeError, "GpuCacheTierConfig.quota"),
     ("host quota -1", lambda: HostCacheTierConfig(-1), ValueError, "HostCacheTierConfig.quota"),
+    ("gpu quota 2**63", lambda: GpuCacheTierConfig(2**63), ValueError, "GpuCacheTierConfig.quota"),
+    ("host quota 2**64", lambda: HostCacheTierConfig(2**64), ValueError, "HostCacheTierConfig.quota"),
+    ("disk quota 2**63", lambda: DiskCacheTierConfig(2**63, "/"), ValueError, "DiskCacheTierConfig.quota"),
     ("disk path missing", lambda: DiskCacheTierConfig(1, "/no/such/dir"), ValueError, "DiskCacheTierConfig.path"),
     ("buffer size 0", lambda: BufferConfig("key", 0), ValueError, "BufferConfig.size"),
     ("buffer role int", lambda: BufferConfig(1, 8), TypeError, "BufferConfig.role"),  # type: ignore[arg-type]

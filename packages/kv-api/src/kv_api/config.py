@@ -45,33 +45,38 @@ def _set(obj: object, name: str, value: Any) -> None:
     object.__setattr__(obj, name, value)
 
 
+#: Quotas are byte counts below 2**63: sizes and file offsets are signed 64-bit (ssize_t, off_t),
+#: and every backend then computes slot counts without overflow.
+QUOTA_LIMIT = 1 << 63
+
+
 @dataclass(frozen=True)
 class GpuCacheTierConfig:
-    """The device tier (host memory on a CPU-only machine). ``quota`` in bytes, > 0."""
+    """The device tier (host memory on a CPU-only machine). ``quota`` in bytes, in [1, 2**63)."""
 
     quota: int
 
     tier = CacheTier.GPU_MEM
 
     def __post_init__(self) -> None:
-        _set(self, "quota", int_in_range("GpuCacheTierConfig.quota", self.quota, 1))
+        _set(self, "quota", int_in_range("GpuCacheTierConfig.quota", self.quota, 1, QUOTA_LIMIT))
 
 
 @dataclass(frozen=True)
 class HostCacheTierConfig:
-    """The host-memory tier. ``quota`` in bytes, > 0."""
+    """The host-memory tier. ``quota`` in bytes, in [1, 2**63)."""
 
     quota: int
 
     tier = CacheTier.HOST_MEM
 
     def __post_init__(self) -> None:
-        _set(self, "quota", int_in_range("HostCacheTierConfig.quota", self.quota, 1))
+        _set(self, "quota", int_in_range("HostCacheTierConfig.quota", self.quota, 1, QUOTA_LIMIT))
 
 
 @dataclass(frozen=True)
 class DiskCacheTierConfig:
-    """The disk tier: files under ``path``, an existing directory. ``quota`` in bytes, > 0."""
+    """The disk tier: files under ``path``, an existing directory. ``quota`` in bytes, in [1, 2**63)."""
 
     quota: int
     path: str
@@ -79,7 +84,7 @@ class DiskCacheTierConfig:
     tier = CacheTier.DISK
 
     def __post_init__(self) -> None:
-        _set(self, "quota", int_in_range("DiskCacheTierConfig.quota", self.quota, 1))
+        _set(self, "quota", int_in_range("DiskCacheTierConfig.quota", self.quota, 1, QUOTA_LIMIT))
         if not isinstance(self.path, (str, os.PathLike)):
             raise TypeError(f"DiskCacheTierConfig.path: expected a path, got {type(self.path).__name__}")
         path = os.fspath(self.path)

@@ -1,4 +1,4 @@
-// Real memory behind a pool: an anonymous mapping, so untouched slots cost no RAM.
+// Real memory behind a pool: reserved address space, committed page by page as it is written.
 #pragma once
 
 #include <cstddef>

@@ -33,7 +33,9 @@ class PoolGroup {
   SlotAllocator allocator;
   std::vector<MemoryPool> pools;
   EvictionQueue evictable;
-  std::vector<Page> pages;  // by slot
+  // By slot, grown as fresh slots are issued (0, 1, 2, ...) so the quota costs nothing up front;
+  // a deque grown at the back never moves the pages pointed to.
+  std::deque<Page> pages;
 
   StorageStatistics statistics() const { return {allocator.num_slots(), allocator.num_free(), evictable.size()}; }
   double utilization() const;

@@ -1,0 +1,102 @@
+"""Pool memory is reserved address space, committed only where it is written (docs/manager.md,
+"Pools"): a quota several times the machine's memory builds and stays small, and a quota beyond
+the address space raises ``HostOOMError`` with the same message on every backend, leaving
+nothing mapped."""
+
+from __future__ import annotations
+
+import gc
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kv_api import AttentionLayerConfig, BufferConfig, GpuCacheTierConfig, KVCacheManagerConfig
+from kv_api.errors import HostOOMError
+
+from ._manager import (
+    GRAIN,
+    MIB,
+    active,
+    fill_slot,
+    make_config,
+    make_manager,
+    pool_group_of,
+    raises_exactly,
+    slot_bytes,
+)
+
+GIB = 1 << 30
+TPB = 32
+SLOT = 16 * 1024  # key + value of one layer: one pool whose slot divides every granularity
+
+
+def config(quota: int, **kwargs: Any) -> KVCacheManagerConfig:
+    layers = [AttentionLayerConfig(0, [BufferConfig("key", SLOT // 2), BufferConfig("value", SLOT // 2)])]
+    return KVCacheManagerConfig(TPB, [GpuCacheTierConfig(quota)], layers, **kwargs)
+
+
+def proc_kib(path: str, key: str) -> int:
+    """A ``key: N kB`` line of a /proc file."""
+    for line in Path(path).read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"{key} not in {path}")
+
+
+def rss() -> int:
+    return proc_kib("/proc/self/status", "VmRSS") * 1024
+
+
+def address_space() -> int:
+    return proc_kib("/proc/self/status", "VmSize") * 1024
+
+
+def test_a_quota_beyond_physical_memory_builds_and_stays_small(backend: Any) -> None:
+    if Path("/proc/sys/vm/overcommit_memory").read_text().strip() == "2":
+        pytest.skip("strict overcommit: the kernel charges even a no-reserve mapping up front")
+    quota = -(-4 * proc_kib("/proc/meminfo", "MemTotal") * 1024 // GIB) * GIB
+    make_manager(backend, config(GRAIN))  # first-use costs (imports, caches) before measuring
+    before = rss()
+    manager = make_manager(backend, config(quota))
+    assert manager.get_quota() == quota
+    assert manager.pool_group_descs[0].num_slots == quota // SLOT
+    assert rss() - before < 16 * MIB, "the pools or their bookkeeping cost memory up front"
+
+    cache = active(manager, TPB)
+    (slot,) = cache.get_base_page_indices(0)
+    written = fill_slot(manager, 0, slot, 7)
+    assert slot_bytes(manager, 0, slot) == written
+    last = pool_group_of(manager, 0).num_slots - 1
+    assert slot_bytes(manager, 0, last) == bytes(SLOT)  # never written: reads as zeros
+    assert rss() - before < 16 * MIB
+    cache.close()
+
+
+@pytest.mark.parametrize("quota", [1 << 60, (1 << 63) - 1], ids=["2**60", "2**63-1"])
+def test_a_quota_beyond_the_address_space_raises_host_oom(backend: Any, quota: int) -> None:
+    """One pool of the whole (rounded-up) quota: 2**60 bytes, or 2**63, which no mmap takes."""
+    mapped = -(-quota // (32 * MIB)) * (32 * MIB)
+    error = raises_exactly(HostOOMError, lambda: make_manager(backend, config(quota)))
+    assert str(error) == f"cannot map {mapped} bytes for a pool"
+    del error
+    manager = make_manager(backend, make_config())
+    assert active(manager, 8).get_base_page_indices(0)
+
+
+def test_a_failed_build_unmaps_the_pools_it_mapped(backend: Any) -> None:
+    """Two pool groups: the first (a sliver of the quota, yet far beyond RAM) maps, the second
+    cannot; the first is unmapped again."""
+    layers = [
+        AttentionLayerConfig(0, [BufferConfig("key", SLOT // 2), BufferConfig("value", SLOT // 2)]),
+        AttentionLayerConfig(1, [BufferConfig("key", SLOT // 4), BufferConfig("value", SLOT // 4)], 64),
+    ]
+    cfg = KVCacheManagerConfig(TPB, [GpuCacheTierConfig(1 << 60)], layers, initial_pool_ratio=(1e-7, 1 - 1e-7))
+    gc.collect()
+    before = address_space()
+    message = str(raises_exactly(HostOOMError, lambda: make_manager(backend, cfg)))
+    match = re.fullmatch(r"cannot map (\d+) bytes for a pool", message)
+    assert match and int(match[1]) > 1 << 59, message
+    gc.collect()
+    assert address_space() - before < GIB, "the first pool group's mapping (~100 GiB) was left behind"
