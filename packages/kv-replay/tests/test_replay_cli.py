@@ -84,22 +84,40 @@ def test_kvcore_trace_with_explicit_tokens(tmp_path: Path, capsys: pytest.Captur
     [
         ("{not json", "not valid JSON"),
         ("[1, 2]", "expected a JSON object"),
-        ('{"input_length": 10, "output_length": 1}', "expected 'hash_ids' (Mooncake) or 'tokens' (kvcore)"),
-        ('{"input_length": 600, "output_length": 1, "hash_ids": [1]}', "exceeds 1 blocks of 512 tokens"),
-        ('{"input_length": 0, "output_length": 1, "hash_ids": [1]}', "'input_length' must be an integer >= 1"),
-        ('{"input_length": 10, "output_length": -1, "hash_ids": [1]}', "'output_length' must be an integer >= 0"),
-        ('{"input_length": 10, "output_length": 1, "hash_ids": [1, "x"]}', "'hash_ids' must be a list"),
-        ('{"tokens": [1, -2], "output_length": 1}', "'tokens' must be a list of token ids"),
-        ('{"tokens": [], "output_length": 1}', "'tokens' must not be empty"),
-        ('{"tokens": [1], "output_length": 1, "cache_salt": 3}', "'cache_salt' must be a string"),
-        ('{"tokens": [1], "output_length": 1, "timestamp": "x"}', "'timestamp' must be a number"),
+        ('{"input_length": 10, "output_length": 1}', "expected a field 'hash_ids' (Mooncake) or 'tokens' (kvcore)"),
+        (
+            '{"input_length": 600, "output_length": 1, "hash_ids": [1]}',
+            "field 'input_length': 600 tokens exceed its 1 block ('hash_ids') of 512 tokens",
+        ),
+        (
+            '{"input_length": 0, "output_length": 1, "hash_ids": [1]}',
+            "field 'input_length': must be an integer in [1, ",
+        ),
+        (
+            '{"input_length": 10, "output_length": -1, "hash_ids": [1]}',
+            "field 'output_length': must be an integer in [0, ",
+        ),
+        (
+            '{"input_length": 10, "output_length": 99999999999999999999, "hash_ids": [1]}',
+            "field 'output_length': must be an integer in [0, 16,777,216] (got 99999999999999999999)",
+        ),
+        ('{"input_length": 10, "output_length": 1, "hash_ids": [1, "x"]}', "field 'hash_ids': must be a list"),
+        ('{"tokens": [1, -2], "output_length": 1}', "field 'tokens': must be a list of token ids"),
+        ('{"tokens": [], "output_length": 1}', "field 'tokens': must not be empty"),
+        ('{"tokens": [1], "output_length": 1, "cache_salt": 3}', "field 'cache_salt': must be a string (got 3)"),
+        ('{"tokens": [1], "output_length": 1, "timestamp": "x"}', "field 'timestamp': must be a finite number"),
+        ('{"tokens": [1], "output_length": 1, "timestamp": NaN}', "not valid JSON (NaN is not a JSON number)"),
+        ('{"tokens": [1], "output_length": 1, "timestamp": 1e999}', "field 'timestamp': must be a finite number"),
+        ('{"tokens": [1], "output_length": 1e3}', "field 'output_length': must be an integer"),
+        ('{"tokens": [1], "output_length": 1, "name": "\udcff"}', "not UTF-8 text"),
     ],
 )
 def test_malformed_line_is_named_and_nothing_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str, message: str
 ) -> None:
     good = json.dumps({"tokens": [1, 2, 3], "output_length": 1})
-    trace = write(tmp_path, [good, "", line, good])
+    trace = tmp_path / "trace.jsonl"
+    trace.write_bytes(b"\n".join([good.encode(), b"", line.encode("utf-8", "surrogateescape"), good.encode()]) + b"\n")
     code, out, err = run(capsys, "replay", str(trace), *SMALL)
     assert code == 2
     assert out == ""  # no summary: the replay never started
@@ -118,8 +136,8 @@ def test_bad_options_fail_cleanly(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 2 and "--layers" in err and out == ""
     code, out, err = run(capsys, "replay", "--backend", "nope", "--quiet")
     assert code == 2 and "unknown backend 'nope'" in err and out == ""
-    with pytest.raises(SystemExit):
-        main(["replay", "--quota", "lots"])
+    code, out, err = run(capsys, "replay", "--quota", "lots")
+    assert (code, out, err) == (2, "", "kvcore: error: --quota: not a size: 'lots' (e.g. 268435456, 256M, 1G, 1.5T)\n")
 
 
 def test_compare_agrees_and_reports_ratios(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

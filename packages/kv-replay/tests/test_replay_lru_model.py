@@ -8,13 +8,19 @@ first when it ends (evicting a block also drops its cached descendants).
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any
 
+import jsonschema
 import numpy as np
+import pytest
 
+from kv_replay.cli import main
 from kv_replay.model import model_config
 from kv_replay.replayer import Replayer
+from kv_replay.report import SWEEP_SCHEMA
 from kv_replay.trace import Request, synthetic_tokens
 
 TPB = 4
@@ -93,3 +99,29 @@ def test_hit_rate_matches_lru_model(backend: Any) -> None:
     assert [r.reused_tokens for r in result.records] == [
         r.reused_tokens for r in Replayer(backend, config, 1).run(requests).records
     ]
+
+
+def test_sweep_rows_match_lru_model(backend: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--quota A,B,C``: each row is the LRU model at that many slots, and the unbounded row
+    is the model with room for everything."""
+    requests = small_trace()
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(
+        "".join(json.dumps({"tokens": r.prompt.tolist(), "output": r.output.tolist()}) + "\n" for r in requests)
+    )
+    bytes_per_token = (2 << 20) // (2 * TPB * 32)  # 32 slots per 2 MiB granule
+    argv = ["replay", str(trace), "--backend", backend.name, "--json", "--quiet", "--layers", "1"]
+    argv += ["--tokens-per-block", str(TPB), "--bytes-per-token", str(bytes_per_token), "--max-in-flight", "1"]
+    code = main([*argv, "--no-partial-reuse", "--quota", "8M,2M,4M,16M"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    report = json.loads(out)
+    jsonschema.validate(report, SWEEP_SCHEMA)
+    assert [row["quota"] for row in report["rows"]] == [2 << 20, 4 << 20, 8 << 20, 16 << 20]  # sorted
+    for row in report["rows"]:
+        reused, evicted = lru_model(requests, 32 * row["quota"] // (2 << 20))
+        assert (row["reused_tokens"], row["evictions"]) == (reused, evicted), row["quota"]
+    assert report["rows"][0]["evictions"] > report["rows"][-1]["evictions"]  # the sweep spans the curve
+    (unbounded,) = report["unbounded"]
+    assert (unbounded["reused_tokens"], unbounded["evictions"]) == (lru_model(requests, 1 << 30)[0], 0)
+    assert unbounded["reused_tokens"] >= report["rows"][-1]["reused_tokens"]

@@ -30,6 +30,10 @@ def check_terminated(result: ReplayResult, requests: list[Request]) -> None:
     rejected = sum(r.rejected for r in result.records)
     assert completed + rejected == len(requests)
     assert result.steps <= len(requests) + sum(len(r.output) for r in requests)
+    # The per-step samples end where the summary does: every prompt counted, rejected ones missed.
+    last = result.samples[-1]
+    assert (last.completed, last.prompt_tokens) == (len(requests), sum(len(r.prompt) for r in requests))
+    assert last.reused_tokens == sum(r.reused_tokens for r in result.records)
 
 
 def test_a_request_larger_than_the_pool_is_rejected_and_the_rest_complete(backend: Any) -> None:

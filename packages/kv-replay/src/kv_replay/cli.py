@@ -1,83 +1,194 @@
-"""The ``kvcore`` command: ``kvcore replay`` (the main job) and ``kvcore backends``."""
+"""The ``kvcore`` command: ``kvcore replay`` (the main job) and ``kvcore backends``.
+
+Every error is one line on stderr, ``kvcore: error: WHAT: why``, where WHAT is what the user
+typed (a flag, ``FILE:LINE``, an environment variable), and exits with status 2; nothing is
+replayed after a bad flag or line. A closed stdout (``| head``) ends the command quietly.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
-import re
+import os
 import sys
+from collections.abc import Callable
 from dataclasses import fields
-from typing import Any
+from typing import Any, NoReturn
 
 import kv_api
 from kv_api.errors import BackendError
-from kv_replay.model import model_config
-from kv_replay.plot import PlotUnavailable, plot
-from kv_replay.progress import ProgressBar
-from kv_replay.replayer import Replayer
-from kv_replay.report import comparison, summary, table
-from kv_replay.trace import Request, TraceError, load_trace
-from kv_replay.workload import default_workload
+from kv_replay.model import MAX_LAYERS, ModelError, parse_layers
+from kv_replay.plot import PlotError
+from kv_replay.replay_command import replay
+from kv_replay.sizes import parse_size
+from kv_replay.trace import BUILTIN_TRACES, MAX_TOKENS, TraceError
 
-_SIZE = re.compile(r"^(\d+)([KMG]i?B?|B)?$", re.IGNORECASE)
+QUOTA_LIMIT = kv_api.config.QUOTA_LIMIT
 
 
-def byte_size(text: str) -> int:
-    """``"268435456"``, ``"256M"``, ``"1G"`` or ``"512MiB"`` as bytes."""
-    m = _SIZE.match(text.strip())
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 268435456, 256M, 1G)")
-    unit = (m.group(2) or "B")[0].upper()
-    return int(m.group(1)) << {"B": 0, "K": 10, "M": 20, "G": 30}[unit]
+class UsageError(Exception):
+    """A bad flag or argument: the message names it."""
 
 
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1 (got {value})")
-    return value
+class _Parser(argparse.ArgumentParser):
+    """argparse, but its errors are one line, naming the flag (no usage dump)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message.removeprefix("argument "))
+
+
+def error(message: str) -> None:
+    """One line on stderr, whatever the message."""
+    print(f"kvcore: error: {'; '.join(message.splitlines())}", file=sys.stderr)
+
+
+def integer(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer in ``[low, high]``."""
+
+    def convert(text: str) -> int:
+        try:
+            value = int(text.strip()) if len(text) <= 40 else None
+        except ValueError:
+            value = None
+        if value is None:
+            raise argparse.ArgumentTypeError(f"expected an integer (got {text[:40]!r})")
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be in [{low:,}, {high:,}] (got {value:,})")
+        return value
+
+    return convert
+
+
+def quotas(text: str) -> list[int]:
+    """``--quota``: one size, or a comma-separated list of them for a capacity sweep."""
+    sizes = []
+    for part in text.split(","):
+        try:
+            size = parse_size(part)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if not 0 < size < QUOTA_LIMIT:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r} must be at least 1 byte and below 2**63 bytes")
+        sizes.append(size)
+    return sorted(set(sizes))
+
+
+def layers(text: str) -> str:
+    try:
+        parse_layers(text)
+    except ModelError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--layers: ")) from None
+    return text
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvcore", description="kvcore: a KV-cache manager for LLM inference")
-    sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("replay", help="replay a workload through the manager and report reuse, memory and latency")
-    r.add_argument("trace", nargs="?", help="Mooncake or kvcore JSONL trace (default: the embedded workload)")
-    r.add_argument("--backend", help="backend to use (default: $KV_BACKEND, else cpp, else py)")
-    r.add_argument("--tokens-per-block", type=positive, default=32, metavar="N")
-    r.add_argument(
-        "--quota", type=byte_size, default=byte_size("128M"), metavar="BYTES", help="device quota (default 128M)"
+    p = _Parser(prog="kvcore", description="kvcore: a KV-cache manager for LLM inference")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    r = sub.add_parser(
+        "replay",
+        help="replay a workload through the manager and report reuse, memory and latency",
+        description="Replay a workload through the KV-cache manager as an inference engine drives it, and report "
+        "hit rate, evictions, pool utilisation, memory and latency (docs/replay.md).",
     )
     r.add_argument(
-        "--layers", default="4", metavar="SPEC", help="COUNT[xWINDOW][+SINKS],... (default: 4 full-attention layers)"
+        "trace",
+        nargs="?",
+        metavar="TRACE",
+        help="a Mooncake or kvcore JSONL trace (.gz too), or a built-in one: "
+        f"{', '.join(BUILTIN_TRACES)} (default: the embedded workload of chats and documents)",
     )
     r.add_argument(
-        "--bytes-per-token", type=positive, default=256, metavar="N", help="bytes of K (and of V) per token and layer"
+        "--backend", help="the backend to replay on (default: $KV_BACKEND, else the preferred installed one)"
     )
-    r.add_argument("--max-in-flight", type=positive, default=16, metavar="N")
-    r.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the embedded workload")
-    r.add_argument("--limit", type=positive, metavar="N", help="replay only the first N requests")
-    r.add_argument("--no-partial-reuse", action="store_true", help="reuse whole blocks only")
+    r.add_argument(
+        "--tokens-per-block", type=integer(1, 4096), default=32, metavar="N", help="block size (default: 32)"
+    )
+    r.add_argument(
+        "--quota",
+        type=quotas,
+        default=[parse_size("128M")],
+        metavar="SIZE[,SIZE...]",
+        help="device quota, e.g. 128M, 1G, 512MiB; a comma-separated list replays once per quota and prints "
+        "the capacity curve (default: 128M)",
+    )
+    r.add_argument(
+        "--layers",
+        type=layers,
+        default="4",
+        metavar="SPEC",
+        help="COUNT[xWINDOW][+SINKS],...: e.g. 24,8x4096+4 is 24 full-attention and 8 sliding-window layers "
+        f"(window 4096, 4 sink tokens); at most {MAX_LAYERS} layers (default: 4)",
+    )
+    r.add_argument(
+        "--bytes-per-token",
+        type=integer(1, 1 << 20),
+        default=256,
+        metavar="N",
+        help="bytes of K, and of V, per token and layer (default: 256)",
+    )
+    r.add_argument(
+        "--max-in-flight", type=integer(1, 1 << 16), default=16, metavar="N", help="requests run at once (default: 16)"
+    )
+    r.add_argument(
+        "--seed", type=integer(0, 2**64 - 1), default=0, metavar="N", help="seed of the embedded workload (default: 0)"
+    )
+    r.add_argument(
+        "--limit",
+        type=integer(1, MAX_TOKENS),
+        metavar="N",
+        help="replay only the first N requests of the trace; the rest is not read (default: all)",
+    )
+    r.add_argument("--no-partial-reuse", action="store_true", help="reuse whole blocks only (default: partial too)")
     r.add_argument("--json", action="store_true", help="print the summary as JSON (schema: docs/replay.md)")
-    r.add_argument("--plot", metavar="FILE.png", help="draw hit rate and pool utilisation over the replay")
-    r.add_argument("--compare", action="store_true", help="replay on every installed backend; fail if reuse differs")
-    r.add_argument("--quiet", action="store_true", help="no progress bar")
-    sub.add_parser("backends", help="list installed backends and their build info")
+    r.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="draw hit rate and pool utilisation per engine step, or with a --quota list the capacity curve "
+        "(needs matplotlib; checked before the replay starts) (default: none)",
+    )
+    r.add_argument("--compare", action="store_true", help="replay on every installed backend; exit 1 if reuse differs")
+    r.add_argument("--quiet", action="store_true", help="no progress bar (there is none when stderr is not a terminal)")
+    sub.add_parser(
+        "backends", help="list installed backends and their build info", description="List installed backends."
+    )
     return p
 
 
+def chosen_backends(args: argparse.Namespace) -> list[Any]:
+    """The backends to replay on, loaded before anything runs; errors name ``--backend`` or
+    ``KV_BACKEND``, whichever chose."""
+    if args.compare:
+        names = list(kv_api.available_backends())
+        where = "--compare"
+    elif args.backend is not None:
+        names, where = [args.backend], "--backend"
+    else:
+        names = [kv_api.default_backend_name()]
+        where = "KV_BACKEND" if os.environ.get("KV_BACKEND", "").strip() else "default backend"
+    try:
+        return [kv_api.load_backend(n) for n in names]
+    except BackendError as exc:
+        raise UsageError(f"{where}: {exc}") from None
+
+
 def backends() -> int:
-    """Print every installed backend, its version, build info and capabilities."""
-    loadable = kv_api.available_backends()
-    print(f"default backend: {kv_api.default_backend_name()}")
+    """Print every installed backend, its version, build info and capabilities; status 2 if
+    ``KV_BACKEND`` names a backend that does not load, 1 if an installed one fails to load."""
     status = 0
+    default = kv_api.default_backend_name()
+    try:
+        kv_api.load_backend(default)
+        print(f"default backend: {default}")
+    except BackendError as exc:
+        error(f"KV_BACKEND: {exc}")
+        status = 2
+    loadable = kv_api.available_backends()
     for name in kv_api.installed_backends():
         if name not in loadable:
             try:
                 kv_api.load_backend(name)
             except BackendError as exc:
                 print(f"{name}: failed to load\n  {exc}")
-                status = 1
+                status = status or 1
             continue
         b = kv_api.load_backend(name)
         print(f"{name} {b.version}")
@@ -88,46 +199,35 @@ def backends() -> int:
     return status
 
 
-def replay(args: argparse.Namespace) -> int:
-    requests: list[Request] = load_trace(args.trace) if args.trace else default_workload(args.seed)
-    if args.limit:
-        requests = requests[: args.limit]
-    config = model_config(
-        args.layers, args.tokens_per_block, args.quota, args.bytes_per_token, not args.no_partial_reuse
-    )
-    names = list(kv_api.available_backends()) if args.compare else [args.backend or kv_api.default_backend_name()]
-    chosen = [kv_api.load_backend(n) for n in names]  # fails before anything runs
-    results = []
-    for backend in chosen:
-        progress = None if args.quiet else ProgressBar(f"replay ({backend.name})")
-        results.append(Replayer(backend, config, args.max_in_flight, progress).run(requests))
-    if args.plot:
-        plot(results, args.plot)
-    if args.compare:
-        report: Any = comparison(results)
-        if args.json:
-            print(json.dumps(report, indent=2))
-        else:
-            print(table(report["backends"]))
-            ratios = ", ".join(f"{name} {ratio:.1f}x" for name, ratio in report["speed_ratio"].items())
-            print(f"\ntime in the manager relative to the fastest: {ratios}")
-            print("reuse identical on every backend" if report["reuse_identical"] else "REUSE DIFFERS between backends")
-        return 0 if report["reuse_identical"] else 1
-    s = summary(results[0])
-    print(json.dumps(s, indent=2) if args.json else table([s]))
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
     try:
+        args = parser().parse_args(argv)
         if args.command == "backends":
             return backends()
-        return replay(args)
-    except (TraceError, BackendError, PlotUnavailable, ValueError, OSError) as exc:
-        print(f"kvcore: error: {exc}", file=sys.stderr)
-        return 2
+        return replay(args, chosen_backends(args))
+    except (UsageError, TraceError, PlotError, ModelError) as exc:
+        message = str(exc)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:  # the trace cannot be opened or read
+        message = f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc)
+    except KeyboardInterrupt:
+        print("kvcore: interrupted", file=sys.stderr)
+        return 130
+    error(message)
+    return 2
+
+
+def entry() -> None:
+    """The console script: a closed stdout ends the command quietly, like other Unix tools."""
+    try:
+        status = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        status = 141  # 128 + SIGPIPE, as a tool killed by the signal
+    sys.exit(status)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

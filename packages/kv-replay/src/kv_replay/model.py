@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from kv_api import AttentionLayerConfig, BufferConfig, GpuCacheTierConfig, KVCacheManagerConfig
 
-_GROUP = re.compile(r"^(\d+)(?:x(\d+))?(?:\+(\d+))?$")
+_GROUP = re.compile(r"^(\d{1,9})(?:x(\d{1,12}))?(?:\+(\d{1,12}))?$")
+MAX_LAYERS = 1024
+#: The config's fields that each flag sets, to name the flag if the library rejects a value.
+_FLAGS = {
+    "GpuCacheTierConfig.quota": "--quota",
+    "KVCacheManagerConfig.tokens_per_block": "--tokens-per-block",
+    "BufferConfig.size": "--bytes-per-token",
+    "AttentionLayerConfig.": "--layers",
+    "KVCacheManagerConfig.layers": "--layers",
+}
+
+
+class ModelError(ValueError):
+    """A model flag the manager cannot take; the message names the flag."""
 
 
 def parse_layers(spec: str) -> list[tuple[int, int | None, int | None]]:
@@ -15,27 +29,54 @@ def parse_layers(spec: str) -> list[tuple[int, int | None, int | None]]:
     groups = []
     for part in spec.split(","):
         m = _GROUP.match(part.strip())
-        if not m or int(m.group(1)) == 0 or (m.group(3) and not m.group(2)):
-            raise ValueError(f"--layers: bad group {part!r} (expected COUNT[xWINDOW][+SINKS], e.g. 4 or 2x1024+4)")
-        groups.append(
-            (int(m.group(1)), int(m.group(2)) if m.group(2) else None, int(m.group(3)) if m.group(3) else None)
-        )
+        if not m or (m.group(3) and not m.group(2)):
+            raise ModelError(f"--layers: bad group {part!r} (expected COUNT[xWINDOW][+SINKS], e.g. 4 or 2x1024+4)")
+        count, window, sinks = (int(g) if g else None for g in m.groups())
+        assert count is not None
+        if count == 0 or window == 0:
+            raise ModelError(f"--layers: {part.strip()!r}: the layer count and the window must be at least 1")
+        groups.append((count, window, sinks))
+    if sum(count for count, _, _ in groups) > MAX_LAYERS:
+        raise ModelError(f"--layers: at most {MAX_LAYERS} layers (got {sum(c for c, _, _ in groups)})")
     return groups
 
 
 def model_config(
-    layers: str, tokens_per_block: int, quota: int, bytes_per_token: int, partial_reuse: bool = True
+    layers: str,
+    tokens_per_block: int,
+    quota: int,
+    bytes_per_token: int,
+    partial_reuse: bool = True,
+    pool_ratio: list[float] | None = None,
 ) -> KVCacheManagerConfig:
-    """Key and value buffers of ``bytes_per_token * tokens_per_block`` bytes per layer."""
+    """Key and value buffers of ``bytes_per_token * tokens_per_block`` bytes per layer;
+    ``pool_ratio`` splits the quota between pool groups (default: the manager's split)."""
     size = bytes_per_token * tokens_per_block
-    kv = [BufferConfig("key", size), BufferConfig("value", size)]
-    configs: list[AttentionLayerConfig] = []
-    for count, window, sinks in parse_layers(layers):
-        for _ in range(count):
-            configs.append(AttentionLayerConfig(len(configs), kv, window, sinks))
-    return KVCacheManagerConfig(
-        tokens_per_block=tokens_per_block,
-        cache_tiers=[GpuCacheTierConfig(quota)],
-        layers=configs,
-        enable_partial_reuse=partial_reuse,
-    )
+    try:
+        kv = [BufferConfig("key", size), BufferConfig("value", size)]
+        configs: list[AttentionLayerConfig] = []
+        for count, window, sinks in parse_layers(layers):
+            for _ in range(count):
+                configs.append(AttentionLayerConfig(len(configs), kv, window, sinks))
+        return KVCacheManagerConfig(
+            tokens_per_block=tokens_per_block,
+            cache_tiers=[GpuCacheTierConfig(quota)],
+            layers=configs,
+            enable_partial_reuse=partial_reuse,
+            initial_pool_ratio=pool_ratio,
+        )
+    except (ValueError, TypeError, OverflowError) as exc:
+        if isinstance(exc, ModelError):
+            raise
+        message = str(exc)
+        field, _, why = message.partition(": ")
+        flag = next((f for prefix, f in _FLAGS.items() if field.startswith(prefix)), None)
+        raise ModelError(f"{flag}: {why}" if flag else message) from None
+
+
+def unbounded_quota(tokens: int, requests: int, config: KVCacheManagerConfig) -> int:
+    """A device quota that holds every block of ``requests`` requests totalling ``tokens``
+    tokens, for each pool group given an equal share of it times the number of groups. Pools
+    commit only the memory they touch, so this costs address space, not RAM."""
+    blocks = math.ceil(tokens / config.tokens_per_block) + requests  # a partial tail each
+    return blocks * sum(b.size for layer in config.layers for b in layer.buffers)

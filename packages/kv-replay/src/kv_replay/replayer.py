@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from kv_api import KVCacheManagerConfig
+from kv_replay import resident
 from kv_replay.trace import Request
 
 
@@ -45,7 +47,7 @@ class Sample:
 
     step: int
     completed: int
-    prompt_tokens: int  # of the requests admitted so far
+    prompt_tokens: int  # of the requests started or rejected so far
     reused_tokens: int
     utilization: float  # the fullest pool group's share of slots in use by open caches
     occupancy: float  # the same, counting cached (evictable) pages too
@@ -54,6 +56,8 @@ class Sample:
 @dataclass
 class ReplayResult:
     backend: str
+    quota: int  # the device quota asked for
+    tokens_per_block: int
     records: list[RequestRecord]
     samples: list[Sample] = field(default_factory=list)
     evicted_pages: int = 0
@@ -62,6 +66,7 @@ class ReplayResult:
     hashed_tokens: int = 0  # given to create_kv_cache and commit
     hashing_seconds: float = 0.0  # inside those calls
     wall_seconds: float = 0.0
+    peak_resident_bytes: int = 0  # the process's, from building the manager to the end of the replay
 
 
 _Queued = tuple[int, "np.ndarray[Any, np.dtype[np.int32]]", int, bool]  # index, tokens, generated, first
@@ -80,12 +85,18 @@ class _Live:
 
 class Replayer:
     def __init__(
-        self, backend: Any, config: Any, max_in_flight: int, progress: Callable[[int, int], None] | None = None
+        self,
+        backend: Any,
+        config: KVCacheManagerConfig,
+        max_in_flight: int,
+        progress: Callable[[int, int], None] | None = None,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
         self.backend = backend
+        resident.reset_peak()  # this replay's peak, not an earlier one's
         self.manager = backend.KVCacheManager(config)
+        self.config = config
         self.max_in_flight = max_in_flight
         self.progress = progress
 
@@ -151,13 +162,20 @@ class Replayer:
     def _finish(self, live: _Live, rejected: bool = False) -> None:
         self._timed(live.cache.close)
         self.result.records[live.index].rejected = rejected
+        if live.first:  # rejected before it started: its prompt counts, all of it missed
+            self.admitted_prompt += len(live.request.prompt)
         self.done += 1
 
     # -- the loop ---------------------------------------------------------------------------------------
 
     def run(self, requests: list[Request]) -> ReplayResult:
         self.requests = requests
-        self.result = ReplayResult(self.backend.name, [RequestRecord(len(r.prompt), len(r.output)) for r in requests])
+        self.result = ReplayResult(
+            self.backend.name,
+            self.config.cache_tiers[0].quota,
+            self.config.tokens_per_block,
+            [RequestRecord(len(r.prompt), len(r.output)) for r in requests],
+        )
         self.admitted_prompt = 0
         self.reused = 0
         self.done = 0
@@ -216,6 +234,7 @@ class Replayer:
         self.result.steps = step
         self.result.wall_seconds = time.perf_counter() - wall
         self.result.evicted_pages = self.manager.get_committed_stats().evicted_pages
+        self.result.peak_resident_bytes = resident.peak_bytes()
         return self.result
 
     def _sample(self, step: int) -> None:

@@ -6,12 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 from kv_replay.replayer import ReplayResult
+from kv_replay.sizes import format_size
 
 #: JSON Schema of ``kvcore replay --json`` (one summary) and ``--json --compare`` (several).
 SUMMARY_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": [
         "backend",
+        "quota",
+        "tokens_per_block",
         "requests",
         "completed",
         "rejected",
@@ -26,9 +29,12 @@ SUMMARY_SCHEMA: dict[str, Any] = {
         "steps",
         "manager_seconds",
         "wall_seconds",
+        "peak_resident_bytes",
     ],
     "properties": {
         "backend": {"type": "string"},
+        "quota": {"type": "integer", "minimum": 1},
+        "tokens_per_block": {"type": "integer", "minimum": 1},
         "requests": {"type": "integer", "minimum": 0},
         "completed": {"type": "integer", "minimum": 0},
         "rejected": {"type": "integer", "minimum": 0},
@@ -47,6 +53,7 @@ SUMMARY_SCHEMA: dict[str, Any] = {
         "steps": {"type": "integer", "minimum": 0},
         "manager_seconds": {"type": "number", "minimum": 0},
         "wall_seconds": {"type": "number", "minimum": 0},
+        "peak_resident_bytes": {"type": "integer", "minimum": 0},
     },
     "additionalProperties": False,
 }
@@ -57,6 +64,16 @@ COMPARE_SCHEMA: dict[str, Any] = {
         "backends": {"type": "array", "items": SUMMARY_SCHEMA, "minItems": 1},
         "reuse_identical": {"type": "boolean"},
         "speed_ratio": {"type": "object", "additionalProperties": {"type": "number", "minimum": 0}},
+    },
+    "additionalProperties": False,
+}
+SWEEP_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["rows", "unbounded", "reuse_identical"],
+    "properties": {
+        "rows": {"type": "array", "items": SUMMARY_SCHEMA, "minItems": 1},
+        "unbounded": {"type": "array", "items": SUMMARY_SCHEMA, "minItems": 1},
+        "reuse_identical": {"type": "boolean"},
     },
     "additionalProperties": False,
 }
@@ -78,6 +95,8 @@ def summary(result: ReplayResult) -> dict[str, Any]:
     latencies = [r.admission_seconds * 1e6 for r in records if r.admission_seconds is not None]
     return {
         "backend": result.backend,
+        "quota": result.quota,
+        "tokens_per_block": result.tokens_per_block,
         "requests": len(records),
         "completed": sum(not r.rejected for r in records),
         "rejected": sum(r.rejected for r in records),
@@ -92,10 +111,12 @@ def summary(result: ReplayResult) -> dict[str, Any]:
         "steps": result.steps,
         "manager_seconds": result.manager_seconds,
         "wall_seconds": result.wall_seconds,
+        "peak_resident_bytes": result.peak_resident_bytes,
     }
 
 
 ROWS = [
+    ("quota", "device quota", "{}"),
     ("requests", "requests", "{:,}"),
     ("completed", "completed", "{:,}"),
     ("rejected", "rejected (too large)", "{:,}"),
@@ -111,6 +132,7 @@ ROWS = [
     ("steps", "engine steps", "{:,}"),
     ("manager_seconds", "time in the manager", "{:.3f} s"),
     ("wall_seconds", "wall time", "{:.3f} s"),
+    ("peak_resident_mib", "peak resident memory", "{:,.0f} MiB"),
 ]
 
 
@@ -118,6 +140,8 @@ def _cells(s: dict[str, Any]) -> dict[str, Any]:
     flat = dict(s)
     flat["admission_p50"] = s["admission_latency_us"]["p50"]
     flat["admission_p99"] = s["admission_latency_us"]["p99"]
+    flat["quota"] = format_size(s["quota"])
+    flat["peak_resident_mib"] = s["peak_resident_bytes"] / (1 << 20)
     return flat
 
 
@@ -136,14 +160,65 @@ def table(summaries: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def comparison(results: list[ReplayResult]) -> dict[str, Any]:
-    """Summaries side by side; reuse must agree to the token, request by request."""
-    summaries = [summary(r) for r in results]
+def identical(results: list[ReplayResult]) -> bool:
+    """Reuse agrees to the token, request by request, and so do evictions."""
     reuse = [[rec.reused_tokens for rec in r.records] for r in results]
+    return all(x == reuse[0] for x in reuse[1:]) and len({r.evicted_pages for r in results}) == 1
+
+
+def comparison(results: list[ReplayResult]) -> dict[str, Any]:
+    """Summaries side by side, whether reuse is identical, and the time ratios."""
+    summaries = [summary(r) for r in results]
     base = min(s["manager_seconds"] for s in summaries)
     return {
         "backends": summaries,
-        "reuse_identical": all(x == reuse[0] for x in reuse[1:]) and len({s["evictions"] for s in summaries}) == 1,
+        "reuse_identical": identical(results),
         # Time in the manager relative to the fastest backend (1.0 for the fastest).
         "speed_ratio": {s["backend"]: (s["manager_seconds"] / base if base else 0.0) for s in summaries},
     }
+
+
+def sweep(rows: list[ReplayResult], unbounded: list[ReplayResult]) -> dict[str, Any]:
+    """A capacity sweep: one summary per (quota, backend), the unbounded reference per backend,
+    and whether every backend replayed every quota identically."""
+    by_quota: dict[int, list[ReplayResult]] = {}
+    for r in rows:
+        by_quota.setdefault(r.quota, []).append(r)
+    return {
+        "rows": [summary(r) for r in rows],
+        "unbounded": [summary(r) for r in unbounded],
+        "reuse_identical": all(identical(group) for group in [*by_quota.values(), unbounded]),
+    }
+
+
+SWEEP_COLUMNS = [
+    ("quota", "quota", "{}"),
+    ("backend", "backend", "{}"),
+    ("hit_rate", "hit rate", "{:.2%}"),
+    ("evictions", "evictions", "{:,}"),
+    ("preemptions", "preemptions", "{:,}"),
+    ("rejected", "rejected", "{:,}"),
+    ("peak_pool_utilization", "peak utilisation", "{:.1%}"),
+    ("manager_seconds", "time in manager", "{:.3f} s"),
+]
+
+
+def sweep_table(report: dict[str, Any]) -> str:
+    """One row per (quota, backend), the unbounded reference last."""
+    cells = [_cells(s) for s in report["rows"]]
+    for s in report["unbounded"]:
+        cells.append({**_cells(s), "quota": "unbounded"})
+    lines = [[label for _, label, _ in SWEEP_COLUMNS]]
+    lines += [[fmt.format(c[key]) for key, _, fmt in SWEEP_COLUMNS] for c in cells]
+    widths = [max(len(row[i]) for row in lines) for i in range(len(SWEEP_COLUMNS))]
+    out = [
+        "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+        for row in lines
+    ]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    if len({s["backend"] for s in report["unbounded"]}) > 1:
+        out.append("")
+        out.append(
+            "reuse identical on every backend" if report["reuse_identical"] else "REUSE DIFFERS between backends"
+        )
+    return "\n".join(out)

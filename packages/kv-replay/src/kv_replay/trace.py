@@ -1,10 +1,18 @@
 """Request traces: Mooncake JSONL (hash ids of 512-token blocks) and kvcore JSONL (explicit
-token ids). See docs/replay.md for both formats."""
+token ids), plain or gzip-compressed, and the traces that ship inside this package. See
+docs/replay.md for both formats."""
 
 from __future__ import annotations
 
+import gzip
+import io
+import itertools
 import json
+import math
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +23,10 @@ from kv_api.keys import cache_salt_to_id
 
 MOONCAKE_BLOCK = 512
 VOCAB = 1 << 17
+#: The longest prompt or output a trace may ask for, in tokens (2**24).
+MAX_TOKENS = 1 << 24
+#: Traces shipped inside the package, by name (see traces/README.md there).
+BUILTIN_TRACES = {"mooncake-synthetic": "mooncake-synthetic.jsonl.gz"}
 
 
 class TraceError(ValueError):
@@ -54,11 +66,17 @@ def mooncake_prompt(hash_ids: list[int], input_length: int) -> np.ndarray[Any, n
     return np.concatenate(blocks)[:input_length] if blocks else np.zeros(0, dtype=np.int32)
 
 
-def _int(where: str, record: dict[str, Any], key: str, low: int = 0) -> int:
+def _int(where: str, record: dict[str, Any], key: str, low: int = 0, high: int = MAX_TOKENS) -> int:
     value = record.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise TraceError(f"{where}: {key!r} must be an integer >= {low} (got {value!r})")
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise TraceError(f"{where}: field {key!r}: must be an integer in [{low}, {high:,}] (got {_show(value)})")
     return value
+
+
+def _show(value: Any) -> str:
+    """A value as the user wrote it, cut short."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _tokens(where: str, record: dict[str, Any], key: str) -> np.ndarray[Any, np.dtype[np.int32]]:
@@ -66,7 +84,9 @@ def _tokens(where: str, record: dict[str, Any], key: str) -> np.ndarray[Any, np.
     if not isinstance(value, list) or not all(
         isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in value
     ):
-        raise TraceError(f"{where}: {key!r} must be a list of token ids in [0, 2**31)")
+        raise TraceError(f"{where}: field {key!r}: must be a list of token ids in [0, 2**31)")
+    if len(value) > MAX_TOKENS:
+        raise TraceError(f"{where}: field {key!r}: at most {MAX_TOKENS:,} tokens (got {len(value):,})")
     return np.asarray(value, dtype=np.int32)
 
 
@@ -76,9 +96,9 @@ def _scope(where: str, record: dict[str, Any]) -> ReuseScope | None:
     if salt is None and lora is None:
         return None
     if salt is not None and not isinstance(salt, str):
-        raise TraceError(f"{where}: 'cache_salt' must be a string")
+        raise TraceError(f"{where}: field 'cache_salt': must be a string (got {_show(salt)})")
     if lora is not None and (isinstance(lora, bool) or not isinstance(lora, int) or not 0 <= lora < 2**64):
-        raise TraceError(f"{where}: 'lora_id' must be an unsigned 64-bit integer")
+        raise TraceError(f"{where}: field 'lora_id': must be an unsigned 64-bit integer (got {_show(lora)})")
     return ReuseScope(lora, cache_salt_to_id(salt) if salt is not None else None)
 
 
@@ -87,27 +107,29 @@ def parse_record(where: str, record: Any, index: int) -> Request:
     if not isinstance(record, dict):
         raise TraceError(f"{where}: expected a JSON object")
     arrival = record.get("timestamp", index)
-    if isinstance(arrival, bool) or not isinstance(arrival, (int, float)):
-        raise TraceError(f"{where}: 'timestamp' must be a number")
+    if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or not math.isfinite(arrival):
+        raise TraceError(f"{where}: field 'timestamp': must be a finite number (got {_show(arrival)})")
     scope = _scope(where, record)
     if "hash_ids" in record:
         hash_ids = record["hash_ids"]
         if not isinstance(hash_ids, list) or not all(
-            isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hash_ids
+            isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 2**64 for h in hash_ids
         ):
-            raise TraceError(f"{where}: 'hash_ids' must be a list of non-negative integers")
+            raise TraceError(f"{where}: field 'hash_ids': must be a list of integers in [0, 2**64)")
         length = _int(where, record, "input_length", 1)
         if length > MOONCAKE_BLOCK * len(hash_ids):
+            blocks = f"{len(hash_ids)} block{'s' if len(hash_ids) != 1 else ''}"
             raise TraceError(
-                f"{where}: 'input_length' {length} exceeds {len(hash_ids)} blocks of {MOONCAKE_BLOCK} tokens"
+                f"{where}: field 'input_length': {length} tokens exceed its {blocks} "
+                f"('hash_ids') of {MOONCAKE_BLOCK} tokens"
             )
         output = synthetic_tokens(index, _int(where, record, "output_length"), stream=2)
         return Request(mooncake_prompt(hash_ids, length), output, scope, float(arrival), f"request {index}")
     if "tokens" not in record:
-        raise TraceError(f"{where}: expected 'hash_ids' (Mooncake) or 'tokens' (kvcore)")
+        raise TraceError(f"{where}: expected a field 'hash_ids' (Mooncake) or 'tokens' (kvcore)")
     prompt = _tokens(where, record, "tokens")
     if len(prompt) == 0:
-        raise TraceError(f"{where}: 'tokens' must not be empty")
+        raise TraceError(f"{where}: field 'tokens': must not be empty")
     if "output" in record:
         output = _tokens(where, record, "output")
     else:
@@ -115,21 +137,49 @@ def parse_record(where: str, record: Any, index: int) -> Request:
     return Request(prompt, output, scope, float(arrival), str(record.get("name", f"request {index}")))
 
 
-def load_trace(path: str | Path) -> list[Request]:
-    """Every request of a JSONL trace, in arrival order (stable); ``TraceError`` names the
-    file and line of the first malformed one, before anything runs."""
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON number")
+
+
+def _lines(f: Iterable[bytes], name: str, limit: int | None) -> Iterator[tuple[str, str]]:
+    """``(FILE:LINE, text)`` of the first ``limit`` non-blank lines (all without a limit)."""
+    numbered = ((f"{name}:{number}", raw) for number, raw in enumerate(f, 1) if raw.strip())
+    for where, raw in itertools.islice(numbered, limit):
+        try:
+            yield where, raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise TraceError(f"{where}: not UTF-8 text (expected one JSON object per line)") from None
+
+
+@contextmanager
+def _open(path: str | Path) -> Iterator[tuple[Iterable[bytes], str]]:
+    """A trace file (gzip-compressed if its name ends in .gz), or a built-in trace by name."""
+    name = str(path)
+    if name in BUILTIN_TRACES and not Path(name).exists():
+        packed = (resources.files("kv_replay") / "traces" / BUILTIN_TRACES[name]).read_bytes()
+        yield gzip.GzipFile(fileobj=io.BytesIO(packed)), name
+        return
+    with open(path, "rb") as f:
+        yield (gzip.GzipFile(fileobj=f) if name.endswith(".gz") else f), name
+
+
+def load_trace(path: str | Path, limit: int | None = None) -> list[Request]:
+    """The requests of a JSONL trace (the first ``limit`` lines' only, read no further), in
+    arrival order (stable); ``TraceError`` names the file and line of the first malformed one,
+    before anything runs."""
     requests: list[Request] = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TraceError(f"{where}: not valid JSON ({exc.msg})") from None
-            requests.append(parse_record(where, record, len(requests)))
+    with _open(path) as (f, name):
+        try:
+            for where, line in _lines(f, name, limit):
+                try:
+                    record = json.loads(line, parse_constant=_not_json)
+                except ValueError as exc:  # JSONDecodeError, NaN, or an integer too long to parse
+                    message = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+                    raise TraceError(f"{where}: not valid JSON ({message})") from None
+                requests.append(parse_record(where, record, len(requests)))
+        except (OSError, EOFError) as exc:  # gzip: a corrupt or truncated file
+            raise TraceError(f"{name}: cannot read: {exc}") from None
     if not requests:
-        raise TraceError(f"{path}: no requests")
+        raise TraceError(f"{name}: no requests")
     requests.sort(key=lambda r: r.arrival)
     return requests
