@@ -17,7 +17,7 @@ from kv_replay.model import ModelError, model_config, unbounded_quota
 from kv_replay.plot import check_output, plot_capacity, plot_replay
 from kv_replay.progress import ProgressBar
 from kv_replay.replayer import Replayer, ReplayResult
-from kv_replay.report import comparison, summary, sweep, sweep_table, table
+from kv_replay.report import comparison, summary, sweep, sweep_table, table, verdict
 from kv_replay.sizes import format_size
 from kv_replay.trace import Request, load_trace
 from kv_replay.workload import default_workload
@@ -67,7 +67,7 @@ def replay(args: argparse.Namespace, backends: list[Any]) -> int:
             print(table(report["backends"]))
             ratios = ", ".join(f"{name} {ratio:.1f}x" for name, ratio in report["speed_ratio"].items())
             print(f"\ntime in the manager relative to the fastest: {ratios}")
-            print("reuse identical on every backend" if report["reuse_identical"] else "REUSE DIFFERS between backends")
+            print(verdict(report["reuse_identical"]))
         status = 0 if report["reuse_identical"] else 1
     else:
         s = summary(results[0])

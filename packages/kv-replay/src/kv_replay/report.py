@@ -145,19 +145,27 @@ def _cells(s: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
+def _grid(rows: list[list[str]], left: int) -> list[str]:
+    """Aligned text rows, a rule under the header: the first ``left`` columns flush left."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    out = [
+        "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+        for row in rows
+    ]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return out
+
+
+def verdict(identical: bool) -> str:
+    return "reuse identical on every backend" if identical else "REUSE DIFFERS between backends"
+
+
 def table(summaries: list[dict[str, Any]]) -> str:
     """A text table, one column per backend."""
     cells = [_cells(s) for s in summaries]
     header = ["", *(s["backend"] for s in summaries)]
     lines = [[label, *(fmt.format(c[key]) for c in cells)] for key, label, fmt in ROWS]
-    widths = [max(len(row[i]) for row in [header, *lines]) for i in range(len(header))]
-    out = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths, strict=True)))]
-    out.append("  ".join("-" * w for w in widths))
-    for row in lines:
-        out.append(
-            "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
-        )
-    return "\n".join(out)
+    return "\n".join(_grid([header, *lines], left=1))
 
 
 def identical(results: list[ReplayResult]) -> bool:
@@ -210,15 +218,7 @@ def sweep_table(report: dict[str, Any]) -> str:
         cells.append({**_cells(s), "quota": "unbounded"})
     lines = [[label for _, label, _ in SWEEP_COLUMNS]]
     lines += [[fmt.format(c[key]) for key, _, fmt in SWEEP_COLUMNS] for c in cells]
-    widths = [max(len(row[i]) for row in lines) for i in range(len(SWEEP_COLUMNS))]
-    out = [
-        "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
-        for row in lines
-    ]
-    out.insert(1, "  ".join("-" * w for w in widths))
-    if len({s["backend"] for s in report["unbounded"]}) > 1:
-        out.append("")
-        out.append(
-            "reuse identical on every backend" if report["reuse_identical"] else "REUSE DIFFERS between backends"
-        )
+    out = _grid(lines, left=2)
+    if len(report["unbounded"]) > 1:
+        out += ["", verdict(report["reuse_identical"])]
     return "\n".join(out)
