@@ -30,16 +30,13 @@ TokenInput::TokenInput(nb::handle tokens, KeyFormat format) {
   } else {
     pack_iterable(tokens, format);
   }
-  tokens_.data = has_view_ ? tokens_.data : tokens_.owned.data();
-}
-
-TokenInput::~TokenInput() {
-  if (has_view_) PyBuffer_Release(&view_);
+  tokens_.data = export_.held ? tokens_.data : tokens_.owned.data();
 }
 
 void TokenInput::view_buffer(nb::handle obj, KeyFormat format) {
+  Py_buffer& view_ = export_.view;
   if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_FULL_RO) != 0) throw nb::python_error();
-  has_view_ = true;
+  export_.held = true;
   // As kv_api.keys.buffer_int_code: decide from the kind and the item size together.
   const char* fmt = view_.format ? view_.format : "B";
   const char order = std::strchr("@=<>!", fmt[0]) && fmt[0] ? fmt[0] : '@';
@@ -94,19 +91,23 @@ void TokenInput::pack_sequence(nb::handle seq, KeyFormat format) {
   PyObject* obj = seq.ptr();
   tokens_.width = static_cast<std::uint8_t>(token_width(format));
   tokens_.stride = tokens_.width;
-  tokens_.owned.resize(static_cast<std::size_t>(PySequence_Fast_GET_SIZE(obj)) * tokens_.width);
+  tokens_.owned.reserve(static_cast<std::size_t>(PySequence_Fast_GET_SIZE(obj)) * tokens_.width);
   const std::uint64_t limit = format == KeyFormat::kU32 ? (1ull << 31) : ~0ull;
-  // Re-read the size each step: the general path may run Python code that changes a list.
-  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(obj); ++i) {
-    PyObject* item = PySequence_Fast_GET_ITEM(obj, i);
+  // As a Python loop over the list: the general path may run Python code (__index__) that
+  // grows, shrinks or rewrites the list, so its size is re-read each step and the item is held
+  // while that code runs.
+  Py_ssize_t i = 0;
+  for (; i < PySequence_Fast_GET_SIZE(obj); ++i) {
+    nb::object item = nb::borrow(PySequence_Fast_GET_ITEM(obj, i));
     std::uint64_t id;
-    if (PyLong_CheckExact(item) && small_id(item, id) && id < limit) {
-      std::memcpy(tokens_.owned.data() + static_cast<std::size_t>(i) * tokens_.width, &id, tokens_.width);
+    if (PyLong_CheckExact(item.ptr()) && small_id(item.ptr(), id) && id < limit) {
+      store_id(static_cast<std::size_t>(i), id, format);
     } else {
       push(static_cast<std::size_t>(i), item, format);  // the general rules decide
     }
   }
-  tokens_.count = tokens_.owned.size() / tokens_.width;
+  tokens_.owned.resize(static_cast<std::size_t>(i) * tokens_.width);  // a list that shrank
+  tokens_.count = static_cast<std::size_t>(i);
 }
 
 void TokenInput::pack_iterable(nb::handle obj, KeyFormat format) {

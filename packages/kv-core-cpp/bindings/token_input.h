@@ -10,11 +10,24 @@ namespace kvcore::py {
 
 namespace nb = nanobind;
 
+// A buffer export, released on every path (a member, so a throwing constructor releases it too).
+class BufferExport {
+ public:
+  BufferExport() = default;
+  ~BufferExport() {
+    if (held) PyBuffer_Release(&view);
+  }
+  BufferExport(const BufferExport&) = delete;
+  BufferExport& operator=(const BufferExport&) = delete;
+
+  Py_buffer view{};
+  bool held = false;
+};
+
 // Owns the buffer export behind a view; destroy it with the GIL held.
 class TokenInput {
  public:
   TokenInput(nb::handle tokens, KeyFormat format);
-  ~TokenInput();
   TokenInput(const TokenInput&) = delete;
   TokenInput& operator=(const TokenInput&) = delete;
 
@@ -27,9 +40,8 @@ class TokenInput {
   void push(std::size_t position, nb::handle item, KeyFormat format);
   void store_id(std::size_t position, std::uint64_t id, KeyFormat format);
 
+  BufferExport export_;  // declared first: released after tokens_, which may point into it
   Tokens tokens_;
-  Py_buffer view_{};
-  bool has_view_ = false;
 };
 
 }  // namespace kvcore::py
