@@ -24,7 +24,9 @@ BUILD_DEPS = ["scikit-build-core>=0.10", "nanobind>=2.4", "cmake>=3.18", "ninja"
 TEST_DEPS = ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "numpy>=1.26", "jsonschema>=4.17"]
 PY_SOURCES = [
     "packages/kv-api/src",
+    "packages/kv-api/tests",
     "packages/kv-core-py/src",
+    "packages/kv-core-py/tests",
     "packages/kv-core-cpp/src",
     "packages/kv-replay/src",
     "packages/kv-replay/tests",
@@ -47,6 +49,12 @@ def install(session: nox.Session, *extra: str) -> None:
     session.install("--no-build-isolation", f"--config-settings=build-dir={build_dir}", "./packages/kv-core-cpp")
 
 
+def run_unit_tests(session: nox.Session) -> None:
+    """Each package's own tests, one pytest run per package (test module names are per package)."""
+    for package in ("kv-api", "kv-core-py"):
+        session.run("pytest", f"packages/{package}/tests", *session.posargs)
+
+
 def run_conformance(session: nox.Session, backends: str) -> None:
     """The conformance suite and the replayer's tests, on ``backends`` (KV_BACKEND)."""
     workers = os.environ.get("KV_TEST_WORKERS", "auto")
@@ -57,8 +65,10 @@ def run_conformance(session: nox.Session, backends: str) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Everything CI runs: conformance on every backend, lint, types, stubs, the arm64 SHA-256 check."""
+    """Everything CI runs: each package's tests, conformance on every backend, lint, types, stubs,
+    the arm64 SHA-256 check."""
     install(session, "ruff>=0.6", "mypy>=1.10", "clang-format>=17", "nox>=2024.4", "types-jsonschema")
+    run_unit_tests(session)
     run_conformance(session, "all")
     lint(session)
     typecheck(session)

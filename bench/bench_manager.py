@@ -40,7 +40,9 @@ def admit(manager: Any, tokens: Any) -> tuple[float, Any]:
     return time.perf_counter() - start, cache
 
 
-def measure(backend: Any, tokens: np.ndarray[Any, Any], tpb: int, repeat: int, steps: int) -> dict[str, float]:
+def measure(
+    backend: kv_api.Backend, tokens: np.ndarray[Any, Any], tpb: int, repeat: int, steps: int
+) -> dict[str, float]:
     out: dict[str, float] = {}
     out["hash"] = best_of(lambda: timed(lambda: backend.block_keys(tpb, None, tokens)), repeat)
 

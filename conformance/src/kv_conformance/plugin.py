@@ -22,7 +22,6 @@ import warnings
 from dataclasses import fields
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -123,7 +122,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 @pytest.fixture
-def backend(request: pytest.FixtureRequest) -> Any:
+def backend(request: pytest.FixtureRequest) -> kv_api.Backend:
     """The backend under test (one per parametrization)."""
     b = kv_api.load_backend(request.param)
     for marker in request.node.iter_markers("requires"):
@@ -134,7 +133,7 @@ def backend(request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.fixture
-def backends(request: pytest.FixtureRequest) -> list[Any]:
+def backends(request: pytest.FixtureRequest) -> list[kv_api.Backend]:
     """Every backend under test, for differential tests."""
     return [kv_api.load_backend(n) for n in request.config.stash[_NAMES]]
 

@@ -71,8 +71,9 @@ void init(PyEventManager* self, nb::handle max_entries, nb::handle hash_algo) {
   }
   const std::string name = nb::cast<std::string>(hash_algo);
   if (name != "auto" && name != "v2_sha256" && name != "v2_sha256_64" && name != "v1_block_key") {
-    raise(PyExc_ValueError, "hash_algo: unknown " + nb::cast<std::string>(nb::repr(hash_algo)) +
-                                " (expected auto, v2_sha256, v2_sha256_64, v1_block_key)");
+    raise(PyExc_ValueError,
+          "hash_algo: Unsupported V2 KV cache event hash algorithm: " + nb::cast<std::string>(nb::repr(hash_algo)) +
+              " (expected auto, v2_sha256, v2_sha256_64, v1_block_key)");
   }
   int overflow = 0;
   long long n = PyLong_AsLongLongAndOverflow(max_entries.ptr(), &overflow);

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "bind.h"
+#include "kvcore/constants.h"
 #include "py_objects.h"
 #include "python_api.h"
 
@@ -25,8 +26,6 @@ PyKVCache::~PyKVCache() {
 }
 
 namespace {
-
-constexpr std::int32_t kBad = -1;
 
 nb::object status_object(CacheStatus s) { return api("KVCacheStatus")(static_cast<int>(s)); }
 
@@ -173,7 +172,8 @@ void bind_kv_cache(nb::module_& m) {
           [](PyKVCache& self, nb::handle layer_group, nb::handle beam, nb::handle valid_only) {
             const int lg = group_arg(self, layer_group, beam);
             std::vector<std::int32_t> idx = unlocked([&] { return self.cache->base_page_indices(lg); });
-            if (PyObject_IsTrue(valid_only.ptr()) == 1) idx.erase(std::remove(idx.begin(), idx.end(), kBad), idx.end());
+            if (PyObject_IsTrue(valid_only.ptr()) == 1)
+              idx.erase(std::remove(idx.begin(), idx.end(), kBadPageIndex), idx.end());
             return int_array(idx);
           },
           nb::arg("layer_group"), nb::arg("beam") = 0, nb::arg("valid_only") = false)

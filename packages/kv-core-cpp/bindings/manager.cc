@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "bind.h"
+#include "kvcore/constants.h"
 #include "py_objects.h"
 #include "python_api.h"
 #include "token_input.h"
@@ -71,7 +72,8 @@ KVCacheManagerConfig manager_config(nb::handle c) {
 nb::tuple life_cycle_objects(const KVCacheManager& manager) {
   nb::list out;
   for (const LifeCycle& lc : manager.registry().life_cycles()) {
-    out.append(api("LifeCycle")(lc.id, optional_int(lc.window), lc.num_sink_blocks));
+    out.append(
+        api("LifeCycle")(lc.id, optional_int(lc.window), lc.num_sink_blocks, manager.registry().tokens_per_block()));
   }
   return nb::tuple(out);
 }
@@ -124,9 +126,9 @@ const BufferPlacement& placement(PyManager& self, nb::handle layer_id, nb::handl
 
 int level_arg(nb::handle level) {
   const std::uint64_t v = int_at_least("level", level, 0);
-  if (v != 0)
+  if (v != kGpuLevel)
     raise(PyExc_IndexError, "level " + str(nb::steal(PyNumber_Index(level.ptr()))) + " out of range (one cache level)");
-  return 0;
+  return kGpuLevel;
 }
 
 std::uint64_t index_arg(const char* where, nb::handle value, std::size_t size) {
@@ -188,7 +190,7 @@ PriorityCallback priority_callback(nb::handle callback, PyManager& self) {
     }
     int overflow = 0;
     const long long v = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
-    if (overflow || v < 0 || v > 100) {
+    if (overflow || v < kMinPriority || v > kMaxPriority) {
       raise(PyExc_ValueError, "custom_priority_callback: " + str(value) + " is outside [0, 100]");
     }
     return static_cast<int>(v);

@@ -5,6 +5,7 @@
 
 #include "bind.h"
 #include "kvcore/build_info.h"
+#include "kvcore/constants.h"
 #include "kvcore/sha256.h"
 #include "python_api.h"
 
@@ -22,6 +23,13 @@ NB_MODULE(_core, m) {
   kvcore::py::bind_event_manager(m);
   kvcore::py::bind_manager(m);
   kvcore::py::bind_kv_cache(m);
+
+  // kv_api.constants as the core uses them, for the conformance suite to compare.
+  m.attr("BAD_PAGE_INDEX") = kvcore::kBadPageIndex;
+  m.attr("GPU_LEVEL") = kvcore::kGpuLevel;
+  m.attr("MIN_PRIORITY") = kvcore::kMinPriority;
+  m.attr("DEFAULT_PRIORITY") = kvcore::kDefaultPriority;
+  m.attr("MAX_PRIORITY") = kvcore::kMaxPriority;
 
   m.def("build_info", &kvcore::build_info, "Compiler, flags, build type and the SHA-256 transform in use.");
   m.def("sha256_transforms", &kvcore::sha256::available, "SHA-256 transforms this build and CPU can run.");

@@ -22,7 +22,7 @@ struct PyManager {
   nb::object config;         // the kv_api config, as given (frozen)
   nb::object event_manager;  // keeps the events alive as long as the manager
   std::unique_ptr<KVCacheManager> manager;
-  nb::tuple life_cycles;  // kv_api.LifeCycle objects, handed to priority callbacks
+  nb::tuple life_cycles;  // kv_api.LifeCycle objects (with get_stale_range), handed to priority callbacks
 };
 
 struct PyKVCache {

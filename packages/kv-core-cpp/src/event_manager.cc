@@ -12,8 +12,8 @@ HashAlgo parse_hash_algo(const std::string& name) {
   if (name == "v2_sha256") return HashAlgo::kV2Sha256;
   if (name == "v2_sha256_64") return HashAlgo::kV2Sha256_64;
   if (name == "v1_block_key" || name == "auto") return HashAlgo::kV1BlockKey;
-  throw Error(ErrorKind::kValue,
-              "hash_algo: unknown '" + name + "' (expected auto, v2_sha256, v2_sha256_64, v1_block_key)");
+  throw Error(ErrorKind::kValue, "hash_algo: Unsupported V2 KV cache event hash algorithm: '" + name +
+                                     "' (expected auto, v2_sha256, v2_sha256_64, v1_block_key)");
 }
 
 const char* hash_algo_name(HashAlgo algo) {

@@ -3,17 +3,13 @@
 #include <algorithm>
 #include <string>
 
+#include "kvcore/constants.h"
 #include "kvcore/error.h"
 #include "kvcore/manager.h"
 
 namespace kvcore {
 
 namespace {
-
-constexpr std::int32_t kBadPageIndex = -1;
-constexpr int kMinPriority = 0;
-constexpr int kMaxPriority = 100;
-constexpr int kDefaultPriority = 35;
 
 const char* status_name(CacheStatus s) {
   switch (s) {
@@ -356,8 +352,10 @@ Node* KVCache::parent_node(std::int64_t ordinal) {
 
 void KVCache::commit_block(std::int64_t ordinal) {
   // Put block `ordinal` (full, or the partial tail on stop) into the tree. A block already
-  // there keeps its pages and ours are given up for them (rebase); ours fill the life cycles
-  // it lacks. Without a parent in the tree the cache stops committing.
+  // there keeps the pages covering it and ours are given up for them (rebase); ours fill the
+  // life cycles it lacks or covers only in part. A partial block a sibling extends is not added
+  // (ours stay private); a new block replaces the partial sibling it extends and adopts its
+  // pages. Without a parent in the tree the cache stops committing.
   if (commit_state_ == CommitState::kVirtualStop) return;
   Node* parent = parent_node(ordinal);
   if (parent == nullptr) {
@@ -368,20 +366,26 @@ void KVCache::commit_block(std::int64_t ordinal) {
   const std::size_t begin = static_cast<std::size_t>(ordinal * tpb_);
   const std::size_t end = std::min(begin + static_cast<std::size_t>(tpb_), tokens_.size());
   const Digest key = chunk_key(parent->key, tokens_, begin, end, manager_.config().key_format);
+  const auto num_tokens = static_cast<std::int64_t>(end - begin);
+  const bool full = num_tokens == tpb_;
+  Storage& storage = manager_.storage();
   Block* block = parent->child(key);
   if (block == nullptr) {
-    block = manager_.tree().add(parent, key, tokens_.slice(begin, end), ordinal);
+    RadixTree& tree = manager_.tree();
+    TokenList tokens = tokens_.slice(begin, end);
+    if (!full && RadixTree::covering_sibling(parent, tokens) != nullptr) return;
+    Block* shorter = RadixTree::covered_sibling(parent, tokens);
+    block = tree.add(parent, key, std::move(tokens), ordinal);
     CacheStats delta;
     delta.committed_blocks = 1;
     manager_.stats_add(delta);
+    if (shorter != nullptr) storage.adopt(block, shorter);
   }
-  Storage& storage = manager_.storage();
   KVCacheEventManager* events = manager_.events();
-  const bool full = static_cast<std::int64_t>(end - begin) == tpb_;
   for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
     Page* ours = cb.pages[lc];
     Page* theirs = block->pages[lc];
-    if (theirs != nullptr) {
+    if (theirs != nullptr && theirs->num_tokens >= num_tokens) {
       if (ours != nullptr && ours != theirs && full) {
         storage.hold(theirs);
         if (cb.locked[lc]) {
@@ -394,8 +398,9 @@ void KVCache::commit_block(std::int64_t ordinal) {
         storage.unhold(ours);
       }
     } else if (ours != nullptr && !ours->committed()) {
+      if (theirs != nullptr) storage.orphan(theirs);  // an adopted page covering only a prefix
       ours->block = block;
-      ours->num_tokens = static_cast<std::int64_t>(end - begin);
+      ours->num_tokens = num_tokens;
       block->pages[lc] = ours;
       if (events) events->stored(block, lc, ours->priority);
     }

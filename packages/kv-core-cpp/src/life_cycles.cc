@@ -14,6 +14,7 @@ LifeCycleRegistry::LifeCycleRegistry(const KVCacheManagerConfig& config) : token
                   "config.layers[" + std::to_string(i) + "]: SSM layers are not supported by this backend");
     }
     const auto window = layer.sliding_window_size;
+    // No window means no sinks (a count of 0 is allowed there): a plain full-attention layer.
     const std::int64_t sinks = window ? ceil_div(layer.num_sink_tokens.value_or(0), tokens_per_block_) : 0;
     auto it = std::find_if(life_cycles_.begin(), life_cycles_.end(),
                            [&](const LifeCycle& lc) { return lc.window == window && lc.num_sink_blocks == sinks; });

@@ -72,6 +72,14 @@ std::int64_t common_prefix(const TokenList& a, const Tokens& b, std::size_t b_be
   return static_cast<std::int64_t>(n);
 }
 
+bool is_proper_prefix(const TokenList& a, const TokenList& b) {
+  if (a.size() >= b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!a.same(i, b, i)) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 MatchPath RadixTree::walk(const Digest& root_key, const Tokens& tokens, std::int64_t tokens_per_block, KeyFormat format,
@@ -135,6 +143,20 @@ Root* RadixTree::root(const Digest& root_key, const ReuseScope& scope) {
 
 Block* RadixTree::add(Node* parent, const Digest& key, TokenList tokens, std::int64_t ordinal) {
   return parent->add_child(std::make_unique<Block>(key, parent, std::move(tokens), ordinal, num_life_cycles_));
+}
+
+Block* RadixTree::covering_sibling(const Node* parent, const TokenList& tokens) {
+  for (Block* child : parent->children()) {
+    if (is_proper_prefix(tokens, child->tokens)) return child;
+  }
+  return nullptr;
+}
+
+Block* RadixTree::covered_sibling(const Node* parent, const TokenList& tokens) {
+  for (Block* child : parent->children()) {
+    if (is_proper_prefix(child->tokens, tokens)) return child;
+  }
+  return nullptr;
 }
 
 std::vector<Block*> RadixTree::subtree(Block* block) {

@@ -49,17 +49,29 @@ std::vector<std::uint64_t> compute_min_slots(const KVCacheManagerConfig& config,
   return out;
 }
 
+// Per pool group, the sum of its layer groups' entries (one per layer group), added in
+// life-cycle order as slot_counts.py does.
+std::vector<double> pool_group_ratio(const std::vector<double>& ratio, const std::vector<PoolGroupConfig>& groups) {
+  std::size_t layer_groups = 0;
+  for (const PoolGroupConfig& pg : groups) layer_groups += pg.life_cycles.size();
+  if (ratio.size() != layer_groups) {
+    const std::string rule = "initial_pool_ratio length must match number of layer groups";
+    throw Error(ErrorKind::kValue, "KVCacheManagerConfig.initial_pool_ratio: " + rule + " (expected " +
+                                       std::to_string(layer_groups) + ", got " + std::to_string(ratio.size()) + ")");
+  }
+  std::vector<double> out;
+  for (const PoolGroupConfig& pg : groups) {
+    double share = 0.0;
+    for (int lc : pg.life_cycles) share += ratio[lc];
+    out.push_back(share);
+  }
+  return out;
+}
+
 std::vector<double> initial_ratio(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry,
                                   const StorageConfig& storage, const std::vector<std::uint64_t>& minimum) {
   const auto& groups = storage.pool_groups();
-  if (config.initial_pool_ratio) {
-    if (config.initial_pool_ratio->size() != groups.size()) {
-      throw Error(ErrorKind::kValue, "initial_pool_ratio: expected " + std::to_string(groups.size()) +
-                                         " entries (one per pool group), got " +
-                                         std::to_string(config.initial_pool_ratio->size()));
-    }
-    return *config.initial_pool_ratio;
-  }
+  if (config.initial_pool_ratio) return pool_group_ratio(*config.initial_pool_ratio, groups);
   std::vector<std::uint64_t> weights;
   if (!config.typical_step && !config.constraints.empty()) {
     for (const PoolGroupConfig& pg : groups) weights.push_back(minimum[pg.index] * pg.slot_bytes());

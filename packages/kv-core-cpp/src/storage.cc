@@ -88,6 +88,34 @@ void Storage::unhold(Page* page) {
   }
 }
 
+void Storage::adopt(Block* block, Block* sibling) {
+  // The block takes the sibling's pages with their coverage, so the shorter endpoint stays
+  // reusable; the sibling leaves the tree (Removed). A page a cache holds leaves with it: that
+  // cache (the sibling's writer, or a reader yet to copy it) holds none of the block's other
+  // pages, so evicting those would take the block from under it.
+  for (int lc = 0; lc < static_cast<int>(sibling->pages.size()); ++lc) {
+    Page* page = sibling->pages[lc];
+    if (page == nullptr) continue;
+    sibling->pages[lc] = nullptr;
+    if (events_) events_->removed(sibling, lc);
+    if (page->holders) {
+      orphan(page);
+    } else {
+      page->block = block;
+      block->pages[lc] = page;
+    }
+  }
+  tree_.detach(sibling);  // destroys it
+}
+
+void Storage::orphan(Page* page) {
+  page->block = nullptr;
+  if (!page->holders) {
+    pool_groups_[page->pool_group].evictable.remove(page);
+    free(page);
+  }
+}
+
 void Storage::drop(Page* page) {
   // Losing a full-attention or sink page makes every later block unusable, so the block's
   // whole subtree goes; a window page goes alone. Then empty, page-less ancestors are pruned.

@@ -8,7 +8,8 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+
+import kv_api
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -17,7 +18,7 @@ def blocks(text: str, language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", text, flags=re.DOTALL)
 
 
-def test_the_readme_example_runs_and_prints_what_it_says(backend: Any) -> None:
+def test_the_readme_example_runs_and_prints_what_it_says(backend: kv_api.Backend) -> None:
     readme = (ROOT / "README.md").read_text()
     (example,) = blocks(readme, "python")
     (expected,) = blocks(readme, "text")

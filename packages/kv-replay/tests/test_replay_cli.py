@@ -50,7 +50,9 @@ def test_mooncake_blocks_are_shared_by_hash_id(tmp_path: Path) -> None:
     assert len(a.output) == 4
 
 
-def test_replay_json_follows_the_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str], backend: Any) -> None:
+def test_replay_json_follows_the_schema(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], backend: kv_api.Backend
+) -> None:
     code, out, err = run(capsys, "replay", str(mooncake(tmp_path)), "--backend", backend.name, "--json", *SMALL)
     assert code == 0, err
     summary = json.loads(out)
@@ -61,7 +63,9 @@ def test_replay_json_follows_the_schema(tmp_path: Path, capsys: pytest.CaptureFi
     assert summary["prompt_tokens"] == 2800
 
 
-def test_kvcore_trace_with_explicit_tokens(tmp_path: Path, capsys: pytest.CaptureFixture[str], backend: Any) -> None:
+def test_kvcore_trace_with_explicit_tokens(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], backend: kv_api.Backend
+) -> None:
     shared = list(range(100, 164))
     trace = write(
         tmp_path,

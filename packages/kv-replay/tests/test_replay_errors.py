@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import kv_api
 from kv_replay import replay_command
 from kv_replay.cli import main, parser
 from kv_replay.plot import PlotError
@@ -164,7 +165,7 @@ def test_a_bad_backend_names_where_it_came_from(
 
 
 def test_a_quota_beyond_the_address_space_names_the_quota(
-    capsys: pytest.CaptureFixture[str], trace: Path, backend: Any
+    capsys: pytest.CaptureFixture[str], trace: Path, backend: kv_api.Backend
 ) -> None:
     code, out, err = run(capsys, "replay", str(trace), *FAST, "--backend", backend.name, "--quota", "1P")
     assert_one_line_error(code, out, err, "--quota 1P: cannot map ")

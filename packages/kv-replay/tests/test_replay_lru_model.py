@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
 
 import jsonschema
 import numpy as np
 import pytest
 
+import kv_api
 from kv_replay.cli import main
 from kv_replay.model import model_config
 from kv_replay.replayer import Replayer
@@ -86,7 +86,7 @@ def lru_model(requests: list[Request], slots: int) -> tuple[int, int]:
     return reused, evicted
 
 
-def test_hit_rate_matches_lru_model(backend: Any) -> None:
+def test_hit_rate_matches_lru_model(backend: kv_api.Backend) -> None:
     requests = small_trace()
     config = model_config("1", TPB, 2 << 20, (2 << 20) // (2 * TPB * SLOTS), partial_reuse=False)
     replayer = Replayer(backend, config, max_in_flight=1)
@@ -101,7 +101,9 @@ def test_hit_rate_matches_lru_model(backend: Any) -> None:
     ]
 
 
-def test_sweep_rows_match_lru_model(backend: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_sweep_rows_match_lru_model(
+    backend: kv_api.Backend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``--quota A,B,C``: each row is the LRU model at that many slots, and the unbounded row
     is the model with room for everything."""
     requests = small_trace()
@@ -125,3 +127,20 @@ def test_sweep_rows_match_lru_model(backend: Any, tmp_path: Path, capsys: pytest
     (unbounded,) = report["unbounded"]
     assert (unbounded["reused_tokens"], unbounded["evictions"]) == (lru_model(requests, 1 << 30)[0], 0)
     assert unbounded["reused_tokens"] >= report["rows"][-1]["reused_tokens"]
+
+
+def test_sweep_with_layer_groups_sharing_a_pool_group(
+    backend: kv_api.Backend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The unbounded row's ``initial_pool_ratio`` has one entry per layer group: a full and a
+    windowed layer group of the same slot size share one pool group and its share."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(
+        "".join(json.dumps({"tokens": r.prompt.tolist(), "output": r.output.tolist()}) + "\n" for r in small_trace())
+    )
+    argv = ["replay", str(trace), "--backend", backend.name, "--json", "--quiet", "--layers", "1,1x64"]
+    code = main([*argv, "--tokens-per-block", str(TPB), "--quota", "2M,4M"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    (unbounded,) = json.loads(out)["unbounded"]
+    assert unbounded["evictions"] == 0

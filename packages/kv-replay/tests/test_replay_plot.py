@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import kv_api
 from kv_replay.model import model_config
 from kv_replay.plot import (
     MAX_POINTS,
@@ -36,7 +37,7 @@ needs_matplotlib = pytest.mark.skipif(importlib.util.find_spec("matplotlib") is 
 
 
 @pytest.fixture
-def blank(backends: list[Any]) -> ReplayResult:
+def blank(backends: list[kv_api.Backend]) -> ReplayResult:
     """A real (empty) replay's result, for ``dataclasses.replace`` to fill in."""
     return Replayer(backends[0], model_config("1", 16, 2 << 20, 256), 4).run([])
 
@@ -59,7 +60,7 @@ def synthetic(blank: ReplayResult, name: str, rates: list[float], *, util: float
     return dataclasses.replace(blank, backend=name, records=records, samples=samples)
 
 
-def replay_on(backend: Any) -> ReplayResult:
+def replay_on(backend: kv_api.Backend) -> ReplayResult:
     """A tiny real replay with reuse: three requests sharing a 64-token prefix."""
     shared = synthetic_tokens(0, 64)
     requests = [
@@ -211,7 +212,7 @@ def test_legends_lie_outside_the_data(blank: ReplayResult) -> None:
 
 
 @needs_matplotlib
-def test_identical_backends_are_drawn_once_and_named_together(backends: list[Any]) -> None:
+def test_identical_backends_are_drawn_once_and_named_together(backends: list[kv_api.Backend]) -> None:
     results = [replay_on(b) for b in backends]
     assert results[0].records[1].reused_tokens > 0  # the figure has reuse to show
     fig = replay_figure(results, trace="t", quota=2 << 20, tokens_per_block=16)
@@ -248,7 +249,7 @@ def test_a_long_replay_is_thinned_for_drawing(blank: ReplayResult) -> None:
 
 
 @needs_matplotlib
-def test_plot_replay_writes_a_png(tmp_path: Path, backends: list[Any]) -> None:
+def test_plot_replay_writes_a_png(tmp_path: Path, backends: list[kv_api.Backend]) -> None:
     path = tmp_path / "replay.png"
     plot_replay([replay_on(b) for b in backends], path, trace="t", quota=2 << 20, tokens_per_block=16)
     assert path.read_bytes()[:8] == PNG

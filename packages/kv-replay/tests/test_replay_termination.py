@@ -9,6 +9,7 @@ import numpy as np
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+import kv_api
 from kv_replay.model import model_config
 from kv_replay.replayer import Replayer, ReplayResult
 from kv_replay.trace import Request, synthetic_tokens
@@ -17,7 +18,7 @@ GRANULE = 2 << 20  # the device granularity: quotas below it round up to it
 
 
 def replay(
-    backend: Any, requests: list[Request], tpb: int, slots: int, in_flight: int, layers: str = "1"
+    backend: kv_api.Backend, requests: list[Request], tpb: int, slots: int, in_flight: int, layers: str = "1"
 ) -> ReplayResult:
     """``slots`` blocks of device memory per layer (one 2 MiB granule split into that many)."""
     per_layer = len(layers.split(","))
@@ -36,7 +37,7 @@ def check_terminated(result: ReplayResult, requests: list[Request]) -> None:
     assert last.reused_tokens == sum(r.reused_tokens for r in result.records)
 
 
-def test_a_request_larger_than_the_pool_is_rejected_and_the_rest_complete(backend: Any) -> None:
+def test_a_request_larger_than_the_pool_is_rejected_and_the_rest_complete(backend: kv_api.Backend) -> None:
     # The regression: one request far larger than the pool, then small ones behind it. The replay
     # used to re-queue the small ones behind the large one forever.
     big = Request(synthetic_tokens(0, 20_000), synthetic_tokens(1, 4))
@@ -47,7 +48,7 @@ def test_a_request_larger_than_the_pool_is_rejected_and_the_rest_complete(backen
     check_terminated(result, [big, *small])
 
 
-def test_a_request_whose_output_outgrows_the_pool_is_rejected(backend: Any) -> None:
+def test_a_request_whose_output_outgrows_the_pool_is_rejected(backend: kv_api.Backend) -> None:
     # It starts (its prompt fits) but decoding alone runs out of pages: preempting itself would
     # restart it forever.
     requests = [
@@ -80,7 +81,7 @@ def workloads(draw: st.DrawFn) -> tuple[list[Request], int, int, int, str]:
 
 @settings(max_examples=150)  # cheap: small pools, short requests
 @given(workloads())
-def test_every_replay_terminates_alike_on_every_backend(backends: list[Any], workload: Any) -> None:
+def test_every_replay_terminates_alike_on_every_backend(backends: list[kv_api.Backend], workload: Any) -> None:
     requests, tpb, slots, in_flight, layers = workload
     results = [replay(b, requests, tpb, slots, in_flight, layers) for b in backends]
     for result in results:

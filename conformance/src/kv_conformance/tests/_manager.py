@@ -1,8 +1,8 @@
 """Shared helpers for the manager tests: small configs, caches in a known state, invariant checks
 and ``snapshot`` (everything a failing call must leave unchanged).
 
-Managers are typed ``Any``: the tests speak the documented API (``kv_api.KVCacheManager`` plus
-the layout accessors of docs/manager.md), whichever backend provides it.
+Managers and caches are typed by the contract (``kv_api.KVCacheManager``, ``kv_api.KVCache``):
+the tests speak the documented API, whichever backend provides it.
 """
 
 from __future__ import annotations
@@ -16,14 +16,19 @@ import pytest
 from kv_api import (
     BAD_PAGE_INDEX,
     AttentionLayerConfig,
+    Backend,
     BufferConfig,
     GpuCacheTierConfig,
+    KVCache,
+    KVCacheEventManager,
+    KVCacheManager,
     KVCacheManagerConfig,
     KVCacheStatus,
+    PriorityCallback,
     ReuseScope,
     StorageStatistics,
 )
-from kv_api.descriptors import LifeCycle
+from kv_api.descriptors import LifeCycle, PoolGroupDesc
 
 MIB = 1 << 20
 #: The smallest device granularity: quotas below 1 GiB are counted in 2 MiB grains.
@@ -72,28 +77,30 @@ def hybrid_config(
     return make_config(tokens_per_block, layers=layers, **kwargs)
 
 
-def make_manager(backend: Any, config: KVCacheManagerConfig | None = None, **kwargs: Any) -> Any:
-    return backend.KVCacheManager(config if config is not None else make_config(), **kwargs)
+def make_manager(
+    backend: Backend, config: KVCacheManagerConfig | None = None, event_manager: KVCacheEventManager | None = None
+) -> KVCacheManager:
+    return backend.KVCacheManager(config if config is not None else make_config(), event_manager)
 
 
 def toks(n: int, start: int = 0) -> list[int]:
     return list(range(start, start + n))
 
 
-def priority(value: int) -> Callable[[int, LifeCycle], int]:
+def priority(value: int) -> PriorityCallback:
     """A priority callback giving every page ``value``."""
     return lambda ordinal, life_cycle: value
 
 
 def active(
-    manager: Any,
+    manager: KVCacheManager,
     capacity: int | None = None,
     tokens: Sequence[int] = (),
     *,
     scope: ReuseScope | None = None,
     reuse: Sequence[int] | None = None,
-    callback: Callable[[int, LifeCycle], int] | None = None,
-) -> Any:
+    callback: PriorityCallback | None = None,
+) -> KVCache:
     """A resumed cache (reusing ``reuse`` if given) grown to ``capacity`` (default: what
     ``tokens`` need) with ``tokens`` committed after what it reused."""
     cache = manager.create_kv_cache(scope, reuse, None, callback)
@@ -107,11 +114,11 @@ def active(
 
 
 def committed(
-    manager: Any,
+    manager: KVCacheManager,
     tokens: Sequence[int],
     *,
     scope: ReuseScope | None = None,
-    callback: Callable[[int, LifeCycle], int] | None = None,
+    callback: PriorityCallback | None = None,
 ) -> None:
     """Commit ``tokens`` in a fresh cache (no reuse) and close it: they become reusable."""
     active(manager, None, tokens, scope=scope, callback=callback).close()
@@ -126,11 +133,11 @@ def expected_life_cycles(config: KVCacheManagerConfig) -> list[LifeCycle]:
         window = layer.sliding_window_size
         sinks = ceil_div(layer.num_sink_tokens or 0, config.tokens_per_block) if window is not None else 0
         if not any(lc.window == window and lc.num_sink_blocks == sinks for lc in out):
-            out.append(LifeCycle(len(out), window, sinks))
+            out.append(LifeCycle(len(out), window, sinks, config.tokens_per_block))
     return out
 
 
-def life_cycles(manager: Any) -> list[LifeCycle]:
+def life_cycles(manager: KVCacheManager) -> list[LifeCycle]:
     """The manager's life cycles as the spec derives them from its config."""
     return expected_life_cycles(manager.init_config)
 
@@ -143,21 +150,21 @@ def stale_range(life_cycle: LifeCycle, history: int, tokens_per_block: int) -> r
     return range(s, max(s, (history + 1 - life_cycle.window) // tokens_per_block))
 
 
-def pool_group_of(manager: Any, layer_group: int) -> Any:
+def pool_group_of(manager: KVCacheManager, layer_group: int) -> PoolGroupDesc:
     """The ``PoolGroupDesc`` holding a layer group's pages."""
     groups = [pg for pg in manager.pool_group_descs if layer_group in pg.life_cycles]
     assert len(groups) == 1, f"layer group {layer_group} is in {len(groups)} pool groups"
     return groups[0]
 
 
-def check_lengths(cache: Any) -> None:
+def check_lengths(cache: KVCache) -> None:
     """Invariant 1."""
     tpb = cache.tokens_per_block
     assert cache.num_committed_tokens <= cache.history_length <= cache.capacity
     assert cache.num_blocks == ceil_div(cache.capacity, tpb)
 
 
-def check_indices(manager: Any, cache: Any) -> None:
+def check_indices(manager: KVCacheManager, cache: KVCache) -> None:
     """Invariant 6: an ACTIVE cache has a valid slot for every non-stale block and -1 for stale
     ones; any other cache reports -1 everywhere. Slots of one layer group are distinct."""
     tpb = manager.tokens_per_block
@@ -178,7 +185,7 @@ def check_indices(manager: Any, cache: Any) -> None:
         assert len(set(valid)) == len(valid), f"layer group {lc.id} repeats a slot: {indices}"
 
 
-def check_accounting(manager: Any, open_caches: bool = True) -> None:
+def check_accounting(manager: KVCacheManager, open_caches: bool = True) -> None:
     """Invariant 12: per pool group, ``0 <= free``, ``0 <= evictable`` and
     ``free + evictable <= total == num_slots``; with no open cache nothing is in use."""
     stats = manager.get_storage_statistics()
@@ -209,7 +216,7 @@ class Snapshot:
     probes: tuple[int, ...]
 
 
-def cache_state(manager: Any, cache: Any) -> CacheState:
+def cache_state(manager: KVCacheManager, cache: KVCache) -> CacheState:
     return CacheState(
         cache.status,
         cache.num_committed_tokens,
@@ -221,7 +228,9 @@ def cache_state(manager: Any, cache: Any) -> CacheState:
 
 
 def snapshot(
-    manager: Any, caches: Iterable[Any] = (), probes: Iterable[tuple[ReuseScope | None, Sequence[int]]] = ()
+    manager: KVCacheManager,
+    caches: Iterable[KVCache] = (),
+    probes: Iterable[tuple[ReuseScope | None, Sequence[int]]] = (),
 ) -> Snapshot:
     """What a failing call must leave unchanged: storage statistics, each cache's lengths,
     status and page indices, and what ``probes`` (scope, tokens) would reuse."""
@@ -241,8 +250,8 @@ def raises_exactly(error: type[BaseException], call: Callable[[], object]) -> Ba
 
 
 def fails_atomically(
-    manager: Any,
-    caches: Sequence[Any],
+    manager: KVCacheManager,
+    caches: Sequence[KVCache],
     call: Callable[[], object],
     error: type[BaseException] | None = None,
     probes: Iterable[tuple[ReuseScope | None, Sequence[int]]] = (),
@@ -260,7 +269,7 @@ def fails_atomically(
 # -- page data --------------------------------------------------------------------------------
 
 
-def slot_bytes(manager: Any, layer_group: int, slot: int) -> bytes:
+def slot_bytes(manager: KVCacheManager, layer_group: int, slot: int) -> bytes:
     """The bytes of ``slot`` in every pool of the layer group's pool group, concatenated."""
     pg = pool_group_of(manager, layer_group)
     out = b""
@@ -270,7 +279,7 @@ def slot_bytes(manager: Any, layer_group: int, slot: int) -> bytes:
     return out
 
 
-def fill_slot(manager: Any, layer_group: int, slot: int, seed: int) -> bytes:
+def fill_slot(manager: KVCacheManager, layer_group: int, slot: int, seed: int) -> bytes:
     """Write a pattern derived from ``seed`` over ``slot`` in every pool; return what was written."""
     pg = pool_group_of(manager, layer_group)
     out = b""

@@ -28,9 +28,3 @@ def test_native_transforms_reported(backend: kv_api.Backend) -> None:
     assert info["sha256"] in transforms
     assert info["sha256_available"].split(",") == list(transforms)
     assert {"compiler", "build_type", "cxx_flags"} <= info.keys()
-
-
-def test_default_capabilities_are_the_contract_minimum() -> None:
-    caps = kv_api.Capabilities()
-    assert not (caps.host_tier or caps.disk_tier or caps.ssm_layers or caps.native_buffers)
-    assert caps.sha256_transforms == ()

@@ -119,10 +119,3 @@ def test_bad_input_to_helpers(backend: kv_api.Backend, call: Any) -> None:
     expected = outcome(lambda: call(ref))
     assert expected is not None
     assert outcome(lambda: call(backend)) == expected
-
-
-@pytest.mark.parametrize(("lora", "salt"), [(-1, None), (None, 2**64), (True, None), (None, 1.0)])
-def test_reuse_scope_fields_are_u64(lora: Any, salt: Any) -> None:
-    with pytest.raises((ValueError, TypeError)) as info:
-        kv_api.ReuseScope(lora, salt)
-    assert str(info.value).startswith("ReuseScope.")

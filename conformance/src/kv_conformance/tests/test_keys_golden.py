@@ -108,7 +108,9 @@ def test_multimodal_tokens(backend: kv_api.Backend) -> None:
     assert backend.gen_multimodal_cache_key_tokens(1000, digest, 3) == [digest, 1001, 1002]
     assert backend.gen_multimodal_cache_key_tokens(1000, digest, 2, 5) == [1005, 1006]
     with_uuid = backend.gen_multimodal_cache_key_tokens(1000, digest, 2, 0, "img-1")
-    assert with_uuid[0] == kv_api.MmItemContext(digest, "img-1") and with_uuid[0].uuid == "img-1"
+    item = with_uuid[0]
+    assert isinstance(item, kv_api.MmItemContext) and item == kv_api.MmItemContext(digest, "img-1")
+    assert item.uuid == "img-1"
     # The uuid never enters the key.
     assert backend.block_keys(2, None, with_uuid) == backend.block_keys(2, None, [digest, 1001])
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import kv_api
 from kv_api import StorageStatistics
 
 from ._manager import active, check_accounting, make_config, make_manager, toks
@@ -16,7 +17,7 @@ def indices(cache: Any) -> list[int]:
     return list(cache.get_base_page_indices(0))
 
 
-def test_fresh_ids_in_order(backend: Any) -> None:
+def test_fresh_ids_in_order(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, make_config(TPB, slots=8))
     a = active(manager, 3 * TPB)
     assert indices(a) == [0, 1, 2]
@@ -28,7 +29,7 @@ def test_fresh_ids_in_order(backend: Any) -> None:
     check_accounting(manager)
 
 
-def test_freed_slots_are_reused_first_in_fifo_order(backend: Any) -> None:
+def test_freed_slots_are_reused_first_in_fifo_order(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, make_config(TPB, slots=8))
     a0, a1, a2 = (active(manager, TPB) for _ in range(3))
     assert [indices(c) for c in (a0, a1, a2)] == [[0], [1], [2]]
@@ -42,7 +43,7 @@ def test_freed_slots_are_reused_first_in_fifo_order(backend: Any) -> None:
     check_accounting(manager, open_caches=False)
 
 
-def test_shrink_frees_slots(backend: Any) -> None:
+def test_shrink_frees_slots(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, make_config(TPB, slots=8))
     a = active(manager, 4 * TPB)
     assert indices(a) == [0, 1, 2, 3]
@@ -55,7 +56,7 @@ def test_shrink_frees_slots(backend: Any) -> None:
     check_accounting(manager)
 
 
-def test_close_releases_the_last_block_first(backend: Any) -> None:
+def test_close_releases_the_last_block_first(backend: kv_api.Backend) -> None:
     """behaviour-spec §1 step 6: close drops pages last block first, so they recycle in that order."""
     manager = make_manager(backend, make_config(TPB, slots=8))
     a = active(manager, 3 * TPB)
@@ -64,7 +65,7 @@ def test_close_releases_the_last_block_first(backend: Any) -> None:
     assert indices(b) == [2, 1, 0, 3]
 
 
-def test_committed_pages_are_evictable_not_free(backend: Any) -> None:
+def test_committed_pages_are_evictable_not_free(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, make_config(TPB, slots=8))
     a = active(manager, 3 * TPB, toks(2 * TPB))  # two committed blocks, one uncommitted
     assert manager.get_storage_statistics() == [StorageStatistics(8, 5, 0)]

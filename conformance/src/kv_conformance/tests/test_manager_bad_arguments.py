@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+import kv_api
 from kv_api import ReuseScope
 
 from ._manager import make_config, snapshot
@@ -58,7 +59,7 @@ def outcome(call: Callable[..., object]) -> tuple[type[BaseException], str] | No
     return None
 
 
-def setup(backend: Any) -> tuple[Any, Any]:
+def setup(backend: kv_api.Backend) -> tuple[Any, Any]:
     manager = backend.KVCacheManager(make_config(slots=16))
     cache = manager.create_kv_cache(None, list(range(6)))
     assert cache.resume() and cache.resize(12, 4)
@@ -67,7 +68,9 @@ def setup(backend: Any) -> tuple[Any, Any]:
 
 
 @pytest.mark.parametrize("call", [c[1] for c in CALLS], ids=[c[0] for c in CALLS])
-def test_same_error_everywhere_and_nothing_changes(backends: list[Any], call: Callable[[Any, Any], object]) -> None:
+def test_same_error_everywhere_and_nothing_changes(
+    backends: list[kv_api.Backend], call: Callable[[Any, Any], object]
+) -> None:
     seen = []
     for backend in backends:
         manager, cache = setup(backend)

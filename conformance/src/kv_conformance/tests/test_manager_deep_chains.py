@@ -3,16 +3,16 @@ not recurse once per block (the native backend would overflow its stack)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
+
+import kv_api
 
 from ._manager import make_config
 
 DEPTH = 100_000  # blocks in one chain (tokens_per_block 1)
 
 
-def test_deep_chain_lives_and_dies(backend: Any) -> None:
+def test_deep_chain_lives_and_dies(backend: kv_api.Backend) -> None:
     tokens = np.arange(DEPTH, dtype=np.int32)
     manager = backend.KVCacheManager(make_config(tokens_per_block=1, slots=DEPTH + 64))
     # The first block gets the lowest priority, so it is evicted first.

@@ -20,6 +20,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+import kv_api
 from kv_api import (
     AttentionLayerConfig,
     BufferConfig,
@@ -39,6 +40,8 @@ PRIORITIES: dict[str, Callable[[int, Any], int] | None] = {
     "default": None,
     "by_ordinal": lambda ordinal, lc: min(100, 10 + 7 * ordinal),
     "by_life_cycle": lambda ordinal, lc: 20 if lc.window else 60,
+    # The life cycle's own stale-range rule, at a history that grows with the ordinal.
+    "by_stale_range": lambda ordinal, lc: 20 + 10 * min(6, lc.get_stale_range(2 * ordinal * lc.tokens_per_block)[1]),
 }
 
 
@@ -46,7 +49,8 @@ def config_for(
     tpb: int, window: int | None, sinks: int | None, full: bool, backoff: int, partial: bool
 ) -> KVCacheManagerConfig:
     kv = [BufferConfig("key", 64 << 10), BufferConfig("value", 64 << 10)]
-    layers = [AttentionLayerConfig(0, kv)] if full or window is None else []
+    # A zero sink count is valid without a window too (no sinks); a positive one goes to the window only.
+    layers = [AttentionLayerConfig(0, kv, None, 0 if sinks == 0 else None)] if full or window is None else []
     if window is not None:
         layers.append(AttentionLayerConfig(1, kv, window, sinks))
     # 2 MiB of 128 KiB slots: 16 slots the life cycles share (more if the floors need them), so
@@ -60,7 +64,7 @@ def config_for(
     )
 
 
-def make_machine(backends: list[Any]) -> type[RuleBasedStateMachine]:
+def make_machine(backends: list[kv_api.Backend]) -> type[RuleBasedStateMachine]:
     n = len(backends)
 
     class Differential(RuleBasedStateMachine):
@@ -71,7 +75,7 @@ def make_machine(backends: list[Any]) -> type[RuleBasedStateMachine]:
         @initialize(
             tpb=st.sampled_from([2, 4]),
             window=st.sampled_from([None, 4, 8]),
-            sinks=st.sampled_from([None, 2]),
+            sinks=st.sampled_from([None, 0, 2]),
             full=st.booleans(),
             backoff=st.sampled_from([0, 0, 1]),
             partial=st.booleans(),
@@ -89,7 +93,7 @@ def make_machine(backends: list[Any]) -> type[RuleBasedStateMachine]:
             hash_algo: str,
             ring: int,
         ) -> None:
-            config = config_for(tpb, window, sinks if window else None, full, backoff, partial)
+            config = config_for(tpb, window, sinks, full, backoff, partial)
             self.tpb = tpb
             self.events = [b.KVCacheEventManager(ring, hash_algo) for b in backends]
             self.managers = [b.KVCacheManager(config, em) for b, em in zip(backends, self.events, strict=True)]
@@ -157,13 +161,14 @@ def make_machine(backends: list[Any]) -> type[RuleBasedStateMachine]:
             self.on_cache(index, lambda c: c.commit(tokens, is_end))
 
         @precondition(lambda self: self.caches)
-        @rule(index=st.integers(0, 99), prefix=st.sampled_from(range(len(PREFIXES))))
-        def prefill(self, index: int, prefix: int) -> None:
-            """Grow to hold the next prefix tokens and commit them, as an engine's prefill does."""
+        @rule(index=st.integers(0, 99), prefix=st.sampled_from(range(len(PREFIXES))), size=st.integers(1, 8))
+        def prefill(self, index: int, prefix: int, size: int) -> None:
+            """Grow to hold the next ``size`` prefix tokens and commit them, as an engine's chunked
+            prefill does; caches stopping mid-block leave partial blocks that others extend."""
 
             def step(c: Any) -> Any:
                 start = c.num_committed_tokens
-                chunk = PREFIXES[prefix][start : start + 8] or [1, 2, 3]
+                chunk = PREFIXES[prefix][start : start + size] or [1, 2, 3]
                 if not c.resize(max(c.capacity, start + len(chunk))):
                     return False
                 c.commit(chunk)
@@ -176,17 +181,24 @@ def make_machine(backends: list[Any]) -> type[RuleBasedStateMachine]:
             prefix=st.sampled_from(range(len(PREFIXES))),
             length=st.integers(1, 48),
             priority=st.sampled_from(sorted(PRIORITIES)),
+            echo=st.booleans(),
+            ahead=st.booleans(),
         )
-        def request(self, scope: int, prefix: int, length: int, priority: str) -> None:
-            """A whole request, as an engine runs it: admit, prefill, decode a few tokens, close."""
+        def request(self, scope: int, prefix: int, length: int, priority: str, echo: bool, ahead: bool) -> None:
+            """A whole request, as an engine runs it: admit, prefill, decode a few tokens, close.
+            With ``echo`` it decodes the prefix's next tokens, so its partial tail is a prefix of
+            the block a longer request commits (and the other way round). With ``ahead`` the
+            admission raises history to the prompt's end before the commit, so window blocks
+            already stale get no pages and are committed without them."""
             tokens = PREFIXES[prefix][:length]
+            decoded = PREFIXES[prefix][length : length + 2] if echo else [61, 62]
 
             def run(m: Any) -> Any:
                 c = m.create_kv_cache(SCOPES[scope], tokens, None, PRIORITIES[priority])
                 steps = [c.num_committed_tokens, c.resume()]
-                if steps[-1] and c.resize(len(tokens) + 2):
+                if steps[-1] and c.resize(len(tokens) + 2, len(tokens) if ahead else None):
                     c.commit(tokens[c.num_committed_tokens :])
-                    for t in (61, 62):
+                    for t in decoded:
                         steps.append(c.resize(c.capacity + 1) and (c.commit([t]) is None))
                     steps.append(tuple(c.get_base_page_indices(0)))
                 c.close()
@@ -283,7 +295,7 @@ def make_machine(backends: list[Any]) -> type[RuleBasedStateMachine]:
     return Differential
 
 
-def test_backends_agree(backends: list[Any]) -> None:
+def test_backends_agree(backends: list[kv_api.Backend]) -> None:
     if len(backends) < 2:
         pytest.skip("needs two backends (KV_BACKEND=all or a comma list)")
     # More examples than the profile's default: each is cheap, and divergences hide in rare paths.

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+import kv_api
 from kv_api import StorageStatistics
 from kv_api.descriptors import LifeCycle
 
@@ -39,7 +40,7 @@ def reusable(manager: Any, n: int) -> list[bool]:
     return [manager.probe_reuse(None, prefix(i)) == TPB for i in range(n)]
 
 
-def test_lowest_priority_first(backend: Any) -> None:
+def test_lowest_priority_first(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, make_config(TPB, slots=8))
     for i, value in enumerate([50, 10, 35, 0, 100]):
         committed(manager, prefix(i), callback=priority(value))
@@ -61,7 +62,7 @@ def test_lowest_priority_first(backend: Any) -> None:
     check_accounting(manager)
 
 
-def test_least_recently_released_first_within_a_priority(backend: Any) -> None:
+def test_least_recently_released_first_within_a_priority(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, make_config(TPB, slots=8))
     caches = [active(manager, None, prefix(i)) for i in range(4)]
     for i in (2, 0, 3, 1):
@@ -77,7 +78,7 @@ def test_least_recently_released_first_within_a_priority(backend: Any) -> None:
         assert reusable(manager, 4) == [i not in gone for i in range(4)], blocks
 
 
-def test_reuse_can_raise_priority(backend: Any) -> None:
+def test_reuse_can_raise_priority(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, make_config(TPB, slots=8))
     committed(manager, prefix(0), callback=priority(10))
     committed(manager, prefix(1))  # default 35
@@ -94,7 +95,7 @@ def test_reuse_can_raise_priority(backend: Any) -> None:
     cache.close()
 
 
-def test_bad_priorities_are_refused(backend: Any) -> None:
+def test_bad_priorities_are_refused(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, make_config(TPB, slots=8))
     for value, error in ((101, ValueError), (-1, ValueError), ("35", TypeError), (True, TypeError)):
 
@@ -105,12 +106,13 @@ def test_bad_priorities_are_refused(backend: Any) -> None:
         assert cache.resume()
         fails_atomically(manager, [cache], partial(cache.resize, TPB), error)
         cache.close()
+    not_callable: Any = 35
     with pytest.raises(TypeError):
-        manager.create_kv_cache(None, None, None, 35)
+        manager.create_kv_cache(None, None, None, not_callable)
     check_accounting(manager, open_caches=False)
 
 
-def test_held_pages_are_never_evicted(backend: Any) -> None:
+def test_held_pages_are_never_evicted(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, make_config(TPB, slots=8, max_util_for_resume=1.0))
     committed(manager, prefix(0), callback=priority(0))
     holder = manager.create_kv_cache(None, prefix(0))  # suspended, holding block 0's page
@@ -128,7 +130,7 @@ def test_held_pages_are_never_evicted(backend: Any) -> None:
     assert manager.get_storage_statistics() == [StorageStatistics(8, 7, 1)]
 
 
-def test_evicting_a_full_attention_block_removes_its_subtree(backend: Any) -> None:
+def test_evicting_a_full_attention_block_removes_its_subtree(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, make_config(TPB, slots=8))
     # A chain of three blocks whose root block has the lowest priority, plus a sibling chain.
     committed(manager, toks(3 * TPB), callback=lambda o, lc: 10 if o == 0 else 90)
@@ -142,7 +144,7 @@ def test_evicting_a_full_attention_block_removes_its_subtree(backend: Any) -> No
     cache.close()
 
 
-def test_evicting_a_leaf_keeps_its_ancestors(backend: Any) -> None:
+def test_evicting_a_leaf_keeps_its_ancestors(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, make_config(TPB, slots=8))
     committed(manager, toks(3 * TPB), callback=lambda o, lc: 10 if o == 2 else 90)
     cache = active(manager, 6 * TPB)
@@ -156,7 +158,7 @@ def window_first(ordinal: int, life_cycle: LifeCycle) -> int:
     return 0 if life_cycle.window is not None and ordinal == 0 else 50
 
 
-def test_window_page_eviction_keeps_longer_prefixes(backend: Any) -> None:
+def test_window_page_eviction_keeps_longer_prefixes(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, hybrid_config(TPB, slots=16, window=8))
     committed(manager, toks(4 * TPB), callback=window_first)
     stats = manager.get_storage_statistics()
@@ -179,7 +181,7 @@ def test_window_page_eviction_keeps_longer_prefixes(backend: Any) -> None:
     check_accounting(manager, open_caches=False)
 
 
-def test_evicting_a_sink_page_removes_the_subtree(backend: Any) -> None:
+def test_evicting_a_sink_page_removes_the_subtree(backend: kv_api.Backend) -> None:
     """A sink block's window page is needed by every later endpoint: losing it takes the whole
     subtree, like full attention."""
     manager = make_manager(backend, hybrid_config(TPB, slots=16, window=8, sinks=4))
@@ -194,7 +196,7 @@ def test_evicting_a_sink_page_removes_the_subtree(backend: Any) -> None:
     cache.close()
 
 
-def test_failing_priority_callback_on_reuse_changes_nothing(backend: Any) -> None:
+def test_failing_priority_callback_on_reuse_changes_nothing(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, make_config(TPB, slots=8))
     committed(manager, toks(8))
     probes = [(None, toks(8))]
@@ -205,7 +207,7 @@ def test_failing_priority_callback_on_reuse_changes_nothing(backend: Any) -> Non
     assert manager.probe_reuse(None, toks(8)) == 0
 
 
-def test_window_page_evicted_under_a_writing_cache(backend: Any) -> None:
+def test_window_page_evicted_under_a_writing_cache(backend: kv_api.Backend) -> None:
     """Window-only model: block 0's window page goes stale and is committed, so it becomes
     evictable while its cache is still writing block 1; evicting it leaves block 0 with no page
     in any life cycle. Committing block 1 afterwards, and evicting everything later, must work

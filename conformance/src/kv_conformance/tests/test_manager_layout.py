@@ -7,8 +7,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+import kv_api
 from kv_api import (
+    BAD_PAGE_INDEX,
     AttentionLayerConfig,
     BatchDesc,
     BufferConfig,
@@ -32,6 +36,7 @@ from ._manager import (
     make_manager,
     pool_group_of,
     raises_exactly,
+    stale_range,
 )
 
 TPB = 4
@@ -49,7 +54,7 @@ LAYOUT = KVCacheManagerConfig(TPB, [GpuCacheTierConfig(GRAIN)], LAYOUT_LAYERS)
 ALL_BUFFERS = [(layer.layer_id, b.role) for layer in LAYOUT_LAYERS for b in layer.buffers]
 
 
-def test_life_cycles_by_first_appearance(backend: Any) -> None:
+def test_life_cycles_by_first_appearance(backend: kv_api.Backend) -> None:
     size = 64 * 1024
     layers = [
         attention(7, size, window=8, sinks=4),  # 1 sink block
@@ -61,7 +66,7 @@ def test_life_cycles_by_first_appearance(backend: Any) -> None:
         attention(4, size, window=8),
     ]
     manager = make_manager(backend, make_config(TPB, layers=layers))
-    expected = [LifeCycle(0, 8, 1), LifeCycle(1, None, 0), LifeCycle(2, 8, 0), LifeCycle(3, 16, 0)]
+    expected = [LifeCycle(0, 8, 1, TPB), LifeCycle(1, None, 0, TPB), LifeCycle(2, 8, 0, TPB), LifeCycle(3, 16, 0, TPB)]
     assert expected_life_cycles(manager.init_config) == expected
     assert list(manager.life_cycles) == expected
     groups = {7: 0, 5: 0, 3: 1, 0: 1, 1: 2, 4: 2, 2: 3}
@@ -75,7 +80,7 @@ def test_life_cycles_by_first_appearance(backend: Any) -> None:
     assert manager.num_layers == 7
 
 
-def test_priority_callback_receives_life_cycles(backend: Any) -> None:
+def test_priority_callback_receives_life_cycles(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, make_config(TPB, layers=[attention(0, 2048, 8, 1), attention(1, 2048)]))
     seen: list[tuple[int, LifeCycle]] = []
 
@@ -87,8 +92,52 @@ def test_priority_callback_receives_life_cycles(backend: Any) -> None:
     assert {(o, lc) for o, lc in seen} == {(o, lc) for o in (0, 1) for lc in expected_life_cycles(manager.init_config)}
 
 
+def test_priority_callback_life_cycle_has_the_managers_stale_range(backend: kv_api.Backend) -> None:
+    """The life cycle a priority callback gets has ``get_stale_range(history_length)``, the
+    manager's own rule: the blocks it names are exactly those whose index reads BAD_PAGE_INDEX,
+    for full attention, a window, and a window with 2 sink blocks, as history grows."""
+    layers = [attention(0, GRAIN // 64), attention(1, GRAIN // 64, 8), attention(2, GRAIN // 64, 8, 5)]
+    manager = make_manager(backend, make_config(TPB, layers=layers))
+    seen: dict[int, LifeCycle] = {}
+
+    def callback(ordinal: int, life_cycle: LifeCycle) -> int:
+        seen[life_cycle.id] = life_cycle
+        return 35
+
+    cache = manager.create_kv_cache(None, None, None, callback)
+    assert cache.resume()
+    for history in range(41):
+        assert cache.resize(history + 1, history)
+        assert sorted(seen) == [0, 1, 2]
+        for life_cycle in seen.values():
+            begin, end = life_cycle.get_stale_range(history)
+            assert range(begin, end) == stale_range(life_cycle, history, TPB)
+            assert life_cycle.get_stale_range(history, TPB) == (begin, end)  # the reference's form
+            indices = list(cache.get_base_page_indices(life_cycle.id))
+            assert [o for o, index in enumerate(indices) if index == BAD_PAGE_INDEX] == list(range(begin, end))
+    assert [seen[i] for i in range(3)] == list(manager.life_cycles)
+    # At history 40: nothing stale, blocks 0-7 stale, sinks 0-1 kept and 2-7 stale.
+    assert [seen[i].get_stale_range(40) for i in range(3)] == [(0, 0), (0, 8), (2, 8)]
+    cache.close()
+
+
+def test_zero_sinks_are_no_sinks(backend: kv_api.Backend) -> None:
+    """``num_sink_tokens=0`` needs no window and changes nothing: with or without a window the
+    layer shares the life cycle (layer group) of the same layer without the count."""
+    size = 64 * 1024
+    layers = [attention(0, size), attention(1, size, None, 0), attention(2, size, 8), attention(3, size, 8, 0)]
+    manager = make_manager(backend, make_config(TPB, layers=layers))
+    assert list(manager.life_cycles) == [LifeCycle(0, None, 0, TPB), LifeCycle(1, 8, 0, TPB)]
+    assert [manager.get_layer_group_id(layer) for layer in range(4)] == [0, 0, 1, 1]
+    plain = [attention(0, size), attention(1, size), attention(2, size, 8), attention(3, size, 8)]
+    same = make_manager(backend, make_config(TPB, layers=plain))
+    assert list(same.life_cycles) == list(manager.life_cycles)
+    shape = [(pg.life_cycles, pg.num_slots, [p.slot_size for p in pg.pools]) for pg in manager.pool_group_descs]
+    assert shape == [(pg.life_cycles, pg.num_slots, [p.slot_size for p in pg.pools]) for pg in same.pool_group_descs]
+
+
 @pytest.mark.parametrize("layer_id", [-1, 2, 99])
-def test_unknown_layer_is_a_key_error(backend: Any, layer_id: int) -> None:
+def test_unknown_layer_is_a_key_error(backend: kv_api.Backend, layer_id: int) -> None:
     manager = make_manager(backend, make_config(TPB, layers=[attention(0, 2048), attention(1, 2048, 8)]))
     with pytest.raises(KeyError):
         manager.get_layer_group_id(layer_id)
@@ -98,7 +147,7 @@ def test_unknown_layer_is_a_key_error(backend: Any, layer_id: int) -> None:
         manager.get_page_stride(0, "no-such-role")
 
 
-def test_pool_groups(backend: Any) -> None:
+def test_pool_groups(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, LAYOUT)
     descs = manager.pool_group_descs
     # Per life cycle: pools by expanded size, descending; equal slot-size lists share a group.
@@ -115,7 +164,7 @@ def test_pool_groups(backend: Any) -> None:
     assert manager.get_quota() == 6 * GRAIN
 
 
-def test_spec_slot_count_vector(backend: Any) -> None:
+def test_spec_slot_count_vector(backend: kv_api.Backend) -> None:
     """behaviour-spec §3: tpb = W = 32, quota 5 x 2 MiB, an SWA slot of 2 MiB - 1 bytes and a
     full-attention slot of 2 MiB give two pool groups of 2 and 3 slots."""
     layers = [
@@ -148,7 +197,7 @@ MIN_SLOT_CASES: dict[str, tuple[KVCacheManagerConfig, int]] = {
 
 
 @pytest.mark.parametrize(("config", "slots"), MIN_SLOT_CASES.values(), ids=MIN_SLOT_CASES.keys())
-def test_min_slots_raise_the_quota(backend: Any, config: KVCacheManagerConfig, slots: int) -> None:
+def test_min_slots_raise_the_quota(backend: kv_api.Backend, config: KVCacheManagerConfig, slots: int) -> None:
     """A one-grain quota too small for the min slots grows to fit them (1 MiB slots)."""
     manager = make_manager(backend, config)
     assert [pg.num_slots for pg in manager.pool_group_descs] == [slots]
@@ -159,22 +208,83 @@ def test_min_slots_raise_the_quota(backend: Any, config: KVCacheManagerConfig, s
     ("ratio", "expected"),
     [((0.25, 0.75), [16, 24]), ((0.5, 0.5), [32, 16])],
 )
-def test_initial_pool_ratio_splits_the_quota(backend: Any, ratio: tuple[float, float], expected: list[int]) -> None:
+def test_initial_pool_ratio_splits_the_quota(
+    backend: kv_api.Backend, ratio: tuple[float, float], expected: list[int]
+) -> None:
     layers = [attention(0, 256 * 1024), attention(1, 512 * 1024, window=4)]
     manager = make_manager(backend, make_config(TPB, layers=layers, quota=8 * GRAIN, initial_pool_ratio=ratio))
     assert [pg.num_slots for pg in manager.pool_group_descs] == expected
     assert manager.get_quota() == 8 * GRAIN
 
 
-@pytest.mark.parametrize("ratio", [(1.0,), (0.5, 0.25, 0.25)])
-def test_initial_pool_ratio_length_must_match(backend: Any, ratio: tuple[float, ...]) -> None:
-    layers = [attention(0, 256 * 1024), attention(1, 512 * 1024, window=4)]
+#: Layer groups 0 and 1 share pool group 0 (same slot sizes); layer group 2 is pool group 1.
+SHARED_POOL_GROUP = [attention(0, 256 * 1024), attention(1, 256 * 1024, window=4), attention(2, 512 * 1024, window=8)]
+
+
+@pytest.mark.parametrize(
+    ("ratio", "expected"),
+    [
+        ((0.125, 0.125, 0.75), [16, 24]),  # pool groups get 0.25 and 0.75, as above
+        ((0.5, 0.25, 0.25), [48, 8]),  # 0.75 and 0.25: pool group 1 (the smaller share) goes first
+        ((0.3, 0.3, 0.4), [40, 12]),  # 0.6 and 0.4: the sum, not the entries, orders the split
+    ],
+)
+def test_initial_pool_ratio_is_per_layer_group(
+    backend: kv_api.Backend, ratio: tuple[float, ...], expected: list[int]
+) -> None:
+    """One entry per layer group; a pool group takes the sum of its layer groups' entries."""
+    manager = make_manager(
+        backend, make_config(TPB, layers=SHARED_POOL_GROUP, quota=8 * GRAIN, initial_pool_ratio=ratio)
+    )
+    assert [pg.life_cycles for pg in manager.pool_group_descs] == [(0, 1), (2,)]
+    assert [pg.num_slots for pg in manager.pool_group_descs] == expected
+
+
+def test_layer_groups_sharing_a_pool_group_take_one_entry_each(backend: kv_api.Backend) -> None:
+    """The reference's vector: two layer groups in one pool group accept ``[0.25, 0.75]``."""
+    layers = SHARED_POOL_GROUP[:2]
+    manager = make_manager(backend, make_config(TPB, layers=layers, quota=8 * GRAIN, initial_pool_ratio=[0.25, 0.75]))
+    assert [pg.life_cycles for pg in manager.pool_group_descs] == [(0, 1)]
+    assert [pg.num_slots for pg in manager.pool_group_descs] == [64]  # the whole quota
+
+
+@given(weights=st.lists(st.floats(0.001, 1.0), min_size=3, max_size=3), grains=st.integers(6, 64))
+def test_ratio_split_is_the_same_on_every_backend(
+    backends: list[kv_api.Backend], weights: list[float], grains: int
+) -> None:
+    """Any per-layer-group ratio: every backend sums it per pool group and splits the quota into
+    the same slot counts (every float step in the same order)."""
+    if len(backends) < 2:
+        pytest.skip("needs two backends (KV_BACKEND=all or a comma list)")
+    ratio = [w / sum(weights) for w in weights]
+    config = make_config(TPB, layers=SHARED_POOL_GROUP, quota=grains * GRAIN, initial_pool_ratio=ratio)
+    managers = [make_manager(backend, config) for backend in backends]
+    seen = {(tuple(pg.num_slots for pg in m.pool_group_descs), m.get_quota()) for m in managers}
+    assert len(seen) == 1, seen
+
+
+@pytest.mark.parametrize(
+    ("layers", "ratio"),
+    [
+        ([attention(0, 256 * 1024), attention(1, 512 * 1024, window=4)], (1.0,)),
+        ([attention(0, 256 * 1024), attention(1, 512 * 1024, window=4)], (0.5, 0.25, 0.25)),
+        (SHARED_POOL_GROUP[:2], (1.0,)),  # one per pool group is too few
+        (SHARED_POOL_GROUP, (0.25, 0.75)),
+    ],
+)
+def test_initial_pool_ratio_length_must_match(
+    backend: kv_api.Backend, layers: list[AttentionLayerConfig], ratio: tuple[float, ...]
+) -> None:
     config = make_config(TPB, layers=layers, quota=8 * GRAIN, initial_pool_ratio=ratio)
-    raises_exactly(ValueError, lambda: backend.KVCacheManager(config))
+    error = raises_exactly(ValueError, lambda: backend.KVCacheManager(config))
+    assert str(error) == (
+        "KVCacheManagerConfig.initial_pool_ratio: initial_pool_ratio length must match number of layer groups "
+        f"(expected {len(expected_life_cycles(config))}, got {len(ratio)})"
+    )
 
 
 @pytest.mark.parametrize(("quota", "expected"), [(1, GRAIN), (GRAIN + 1, 2 * GRAIN), (3 * GRAIN, 3 * GRAIN)])
-def test_quota_rounds_up_to_the_granularity(backend: Any, quota: int, expected: int) -> None:
+def test_quota_rounds_up_to_the_granularity(backend: kv_api.Backend, quota: int, expected: int) -> None:
     manager = make_manager(backend, make_config(TPB, slots=8, quota=quota))
     assert manager.get_quota() == expected
     assert manager.get_quota(0) == expected
@@ -185,7 +295,7 @@ def test_quota_rounds_up_to_the_granularity(backend: Any, quota: int, expected: 
         manager.get_storage_statistics(1)
 
 
-def test_page_index_converters(backend: Any) -> None:
+def test_page_index_converters(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, LAYOUT)
     expected = {
         (0, "key"): (4096, PageIndexConverter(4, 1, 0)),
@@ -214,7 +324,7 @@ def stride(manager: Any, layer: int, role: str) -> int:
     return int(manager.get_page_stride(layer, role))
 
 
-def test_page_index_upper_bound(backend: Any) -> None:
+def test_page_index_upper_bound(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, LAYOUT)
     for layer, role in ALL_BUFFERS:
         c = manager.get_page_index_converter(layer, role)
@@ -230,7 +340,7 @@ def test_page_index_upper_bound(backend: Any) -> None:
         assert max(c(range(num_slots), PageIndexMode.SHARED)) < bound, (layer, role)
 
 
-def test_mem_pool_base_addresses(backend: Any) -> None:
+def test_mem_pool_base_addresses(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, LAYOUT)
     for layer, role in ALL_BUFFERS:
         pg = pool_group_of(manager, manager.get_layer_group_id(layer))
@@ -246,7 +356,7 @@ def test_mem_pool_base_addresses(backend: Any) -> None:
         assert shared == per_layer + c.layer_offset * stride * c.expansion, (layer, role)
 
 
-def test_pool_memory(backend: Any) -> None:
+def test_pool_memory(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, LAYOUT)
     views = []
     for pg in manager.pool_group_descs:
@@ -270,14 +380,14 @@ def test_pool_memory(backend: Any) -> None:
         manager.pool_memory(0, len(manager.pool_group_descs[0].pools))
 
 
-def test_host_tier_not_implemented(backend: Any) -> None:
+def test_host_tier_not_implemented(backend: kv_api.Backend) -> None:
     if backend.capabilities.host_tier:
         pytest.skip(f"backend {backend.name!r} supports a host tier")
     config = KVCacheManagerConfig(TPB, [GpuCacheTierConfig(GRAIN), HostCacheTierConfig(GRAIN)], [attention(0, 2048)])
     raises_exactly(NotImplementedError, lambda: backend.KVCacheManager(config))
 
 
-def test_commit_min_snapshot_not_implemented(backend: Any) -> None:
+def test_commit_min_snapshot_not_implemented(backend: kv_api.Backend) -> None:
     if backend.capabilities.ssm_layers:
         pytest.skip(f"backend {backend.name!r} supports SSM layers and snapshots")
     config = make_config(TPB, commit_min_snapshot=True)
@@ -285,18 +395,18 @@ def test_commit_min_snapshot_not_implemented(backend: Any) -> None:
 
 
 @pytest.mark.parametrize("event_manager", [object(), "events", 1])
-def test_bad_event_manager_is_a_type_error(backend: Any, event_manager: Any) -> None:
+def test_bad_event_manager_is_a_type_error(backend: kv_api.Backend, event_manager: Any) -> None:
     raises_exactly(TypeError, lambda: backend.KVCacheManager(make_config(TPB), event_manager))
     raises_exactly(TypeError, lambda: backend.KVCacheManager(make_config(TPB), event_manager=event_manager))
 
 
-def test_event_manager_serves_one_manager(backend: Any) -> None:
+def test_event_manager_serves_one_manager(backend: kv_api.Backend) -> None:
     events = backend.KVCacheEventManager(16, "v2_sha256")
     make_manager(backend, event_manager=events)
     raises_exactly(ValueError, lambda: backend.KVCacheManager(make_config(TPB), events))
 
 
-def test_layout_after_shutdown(backend: Any) -> None:
+def test_layout_after_shutdown(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, LAYOUT)
     manager.shutdown()
     raises_exactly(InvalidStateError, lambda: manager.pool_group_descs)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+import kv_api
 from kv_api import AttentionLayerConfig, BufferConfig, GpuCacheTierConfig, KVCacheManagerConfig
 from kv_api.errors import HostOOMError
 
@@ -53,7 +54,7 @@ def address_space() -> int:
     return proc_kib("/proc/self/status", "VmSize") * 1024
 
 
-def test_a_quota_beyond_physical_memory_builds_and_stays_small(backend: Any) -> None:
+def test_a_quota_beyond_physical_memory_builds_and_stays_small(backend: kv_api.Backend) -> None:
     if Path("/proc/sys/vm/overcommit_memory").read_text().strip() == "2":
         pytest.skip("strict overcommit: the kernel charges even a no-reserve mapping up front")
     quota = -(-4 * proc_kib("/proc/meminfo", "MemTotal") * 1024 // GIB) * GIB
@@ -75,7 +76,7 @@ def test_a_quota_beyond_physical_memory_builds_and_stays_small(backend: Any) -> 
 
 
 @pytest.mark.parametrize("quota", [1 << 60, (1 << 63) - 1], ids=["2**60", "2**63-1"])
-def test_a_quota_beyond_the_address_space_raises_host_oom(backend: Any, quota: int) -> None:
+def test_a_quota_beyond_the_address_space_raises_host_oom(backend: kv_api.Backend, quota: int) -> None:
     """One pool of the whole (rounded-up) quota: 2**60 bytes, or 2**63, which no mmap takes."""
     mapped = -(-quota // (32 * MIB)) * (32 * MIB)
     error = raises_exactly(HostOOMError, lambda: make_manager(backend, config(quota)))
@@ -85,7 +86,7 @@ def test_a_quota_beyond_the_address_space_raises_host_oom(backend: Any, quota: i
     assert active(manager, 8).get_base_page_indices(0)
 
 
-def test_a_failed_build_unmaps_the_pools_it_mapped(backend: Any) -> None:
+def test_a_failed_build_unmaps_the_pools_it_mapped(backend: kv_api.Backend) -> None:
     """Two pool groups: the first (a sliver of the quota, yet far beyond RAM) maps, the second
     cannot; the first is unmapped again."""
     layers = [

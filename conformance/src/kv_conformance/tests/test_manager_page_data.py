@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import kv_api
 from kv_api import AttentionLayerConfig, BufferConfig, GpuCacheTierConfig, KVCacheManagerConfig
 
 from ._manager import GRAIN, active, check_indices, committed, fill_slot, life_cycles, make_manager, slot_bytes, toks
@@ -31,7 +32,7 @@ def write_all(manager: Any, cache: Any, seed: int) -> dict[tuple[int, int], byte
     return written
 
 
-def test_reused_pages_carry_the_writers_data(backend: Any) -> None:
+def test_reused_pages_carry_the_writers_data(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, CONFIG)
     writer = active(manager, 13)
     written = write_all(manager, writer, 1)
@@ -53,7 +54,7 @@ def test_reused_pages_carry_the_writers_data(backend: Any) -> None:
     reader.close()
 
 
-def test_reused_partial_block_is_copied_on_first_resume(backend: Any) -> None:
+def test_reused_partial_block_is_copied_on_first_resume(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, CONFIG)
     writer = active(manager, 6)
     written = write_all(manager, writer, 2)
@@ -92,33 +93,38 @@ def test_reused_partial_block_is_copied_on_first_resume(backend: Any) -> None:
     reader.close()
 
 
-def test_extending_a_reused_partial_block_keeps_the_tree_page(backend: Any) -> None:
-    """A reader that completes the partial block commits its own copy; the shorter block in the
-    tree is untouched and both stay reusable with their own data."""
+def test_extending_a_reused_partial_block_replaces_it(backend: kv_api.Backend) -> None:
+    """A reader that completes the partial block commits its own copy as the longer block,
+    which replaces the partial one (docs/manager.md, "Reuse"): the partial block's pages are
+    freed, and its prefix is reused from the longer block's page."""
     manager = make_manager(backend, CONFIG)
     writer = active(manager, 6)
-    written = write_all(manager, writer, 3)
-    tree_slot = list(writer.get_base_page_indices(0))[1]
+    write_all(manager, writer, 3)
     writer.commit(toks(6))
     writer.close()
+    assert [s.evictable for s in manager.get_storage_statistics()] == [2, 2]
 
     reader = active(manager, 8, reuse=toks(6))
     assert reader.num_committed_tokens == 6
     private = list(reader.get_base_page_indices(0))[1]
-    assert private != tree_slot
-    fill_slot(manager, 0, private, 42)
+    data = fill_slot(manager, 0, private, 42)
     reader.commit([60, 61])
     reader.close()
-    assert slot_bytes(manager, 0, tree_slot) == written[0, 1]
+    assert [s.evictable for s in manager.get_storage_statistics()] == [2, 2]  # blocks 0 and 1
     assert manager.probe_reuse(None, toks(6)) == 6
     assert manager.probe_reuse(None, [*toks(6), 60, 61]) == 8
-    check = manager.create_kv_cache(None, [*toks(6), 60, 61])
-    assert check.resume()
-    assert list(check.get_base_page_indices(0))[1] == private
-    check.close()
+    whole = manager.create_kv_cache(None, [*toks(6), 60, 61])
+    assert whole.resume()
+    assert list(whole.get_base_page_indices(0))[1] == private
+    prefix = manager.create_kv_cache(None, toks(6))
+    assert prefix.resume()
+    copy = list(prefix.get_base_page_indices(0))[1]
+    assert copy != private and slot_bytes(manager, 0, copy) == data
+    prefix.close()
+    whole.close()
 
 
-def test_partial_match_ties_go_to_the_first_inserted_sibling(backend: Any) -> None:
+def test_partial_match_ties_go_to_the_first_inserted_sibling(backend: kv_api.Backend) -> None:
     """Two siblings share the query's first two tokens of block 1: the one committed first is
     the one reused, so every backend copies the same data."""
     manager = make_manager(backend, CONFIG)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+import kv_api
 
 from ._manager import check_accounting, make_config
 
 
-def test_evicting_a_partial_tail_another_open_cache_also_committed(backend: Any) -> None:
+def test_evicting_a_partial_tail_another_open_cache_also_committed(backend: kv_api.Backend) -> None:
     """Two caches commit the same partial tail: the second keeps its own page (partial blocks are
     never rebased), so evicting the tree's page must not pull the block from under it."""
     manager = backend.KVCacheManager(make_config(tokens_per_block=4, slots=6))

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import kv_api
 from kv_api import BAD_PAGE_INDEX, KVCacheStatus
 from kv_api.errors import InvalidStateError, LogicError, OutOfPagesError
 
@@ -44,7 +45,7 @@ SUSPENDED_CALLS: dict[str, Callable[[Any], object]] = {
 
 @pytest.mark.parametrize("call", SUSPENDED_CALLS.values(), ids=SUSPENDED_CALLS.keys())
 @pytest.mark.parametrize("reuse", [False, True])
-def test_new_cache_is_suspended(backend: Any, call: Callable[[Any], object], reuse: bool) -> None:
+def test_new_cache_is_suspended(backend: kv_api.Backend, call: Callable[[Any], object], reuse: bool) -> None:
     manager = make_manager(backend, make_config(TPB, slots=16))
     committed(manager, toks(6))
     cache = manager.create_kv_cache(None, toks(6) if reuse else None)
@@ -60,7 +61,7 @@ def test_new_cache_is_suspended(backend: Any, call: Callable[[Any], object], reu
     fails_atomically(manager, [cache], lambda: call(cache), InvalidStateError, [(None, toks(6))])
 
 
-def test_resume_needs_a_suspended_cache(backend: Any) -> None:
+def test_resume_needs_a_suspended_cache(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, make_config(TPB, slots=16))
     cache = active(manager, 8, toks(6))
     fails_atomically(manager, [cache], cache.resume, InvalidStateError)
@@ -73,7 +74,7 @@ CLOSED_CALLS: dict[str, Callable[[Any], object]] = {
 
 
 @pytest.mark.parametrize("call", CLOSED_CALLS.values(), ids=CLOSED_CALLS.keys())
-def test_closed_cache_refuses_calls(backend: Any, call: Callable[[Any], object]) -> None:
+def test_closed_cache_refuses_calls(backend: kv_api.Backend, call: Callable[[Any], object]) -> None:
     manager = make_manager(backend, make_config(TPB, slots=16))
     cache = active(manager, 8, toks(6))
     cache.close()
@@ -81,7 +82,7 @@ def test_closed_cache_refuses_calls(backend: Any, call: Callable[[Any], object])
     fails_atomically(manager, [cache], lambda: call(cache), InvalidStateError, [(None, toks(6))])
 
 
-def test_history_never_decreases(backend: Any) -> None:
+def test_history_never_decreases(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, make_config(TPB, slots=16))
     cache = active(manager, 12, toks(5))
     assert cache.resize(12, 7)
@@ -98,7 +99,7 @@ def test_history_never_decreases(backend: Any) -> None:
     assert cache.capacity == 7
 
 
-def test_commit_raises_history(backend: Any) -> None:
+def test_commit_raises_history(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, make_config(TPB, slots=16))
     cache = active(manager, 12)
     assert cache.resize(None, 3)
@@ -109,7 +110,7 @@ def test_commit_raises_history(backend: Any) -> None:
     check_lengths(cache)
 
 
-def test_commit_beyond_capacity(backend: Any) -> None:
+def test_commit_beyond_capacity(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, make_config(TPB, slots=16))
     cache = active(manager, 6, toks(4))
     fails_atomically(manager, [cache], lambda: cache.commit(toks(3, 4)), ValueError, [(None, toks(6))])
@@ -119,7 +120,7 @@ def test_commit_beyond_capacity(backend: Any) -> None:
 
 
 @pytest.mark.parametrize("stop", ["stop_committing", "is_end"])
-def test_commit_after_stop_committing(backend: Any, stop: str) -> None:
+def test_commit_after_stop_committing(backend: kv_api.Backend, stop: str) -> None:
     manager = make_manager(backend, make_config(TPB, slots=16))
     cache = active(manager, 12, toks(2))
     if stop == "is_end":
@@ -136,7 +137,7 @@ def test_commit_after_stop_committing(backend: Any, stop: str) -> None:
     assert cache.resize(16)
 
 
-def test_empty_commit(backend: Any) -> None:
+def test_empty_commit(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, make_config(TPB, slots=16))
     cache = active(manager, 8, toks(6))
     before = cache_state(manager, cache)
@@ -148,7 +149,7 @@ def test_empty_commit(backend: Any) -> None:
     raises_exactly(LogicError, lambda: cache.commit([6]))
 
 
-def test_close_commits_the_partial_tail(backend: Any) -> None:
+def test_close_commits_the_partial_tail(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, make_config(TPB, slots=16))
     cache = active(manager, 8, toks(6))
     assert manager.probe_reuse(None, toks(6)) == 4
@@ -156,7 +157,7 @@ def test_close_commits_the_partial_tail(backend: Any) -> None:
     assert manager.probe_reuse(None, toks(6)) == 6
 
 
-def test_close_is_idempotent(backend: Any) -> None:
+def test_close_is_idempotent(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, make_config(TPB, slots=16))
     cache = active(manager, 8, toks(6))
     cache.close()
@@ -168,7 +169,7 @@ def test_close_is_idempotent(backend: Any) -> None:
     check_accounting(manager, open_caches=False)
 
 
-def test_suspend_hides_indices_and_resume_restores_them(backend: Any) -> None:
+def test_suspend_hides_indices_and_resume_restores_them(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, hybrid_config(TPB, slots=16, window=8))
     cache = active(manager, 14, toks(12))
     check_indices(manager, cache)
@@ -186,7 +187,7 @@ def test_suspend_hides_indices_and_resume_restores_them(backend: Any) -> None:
 
 
 @pytest.mark.parametrize("sinks", [None, 4, 5])
-def test_stale_window_blocks_have_no_page(backend: Any, sinks: int | None) -> None:
+def test_stale_window_blocks_have_no_page(backend: kv_api.Backend, sinks: int | None) -> None:
     manager = make_manager(backend, hybrid_config(TPB, slots=32, window=8, sinks=sinks))
     cache = active(manager, 21)
     for history in (0, 3, 7, 8, 11, 12, 15, 16, 20, 21):
@@ -201,7 +202,7 @@ def test_stale_window_blocks_have_no_page(backend: Any, sinks: int | None) -> No
     assert [i == BAD_PAGE_INDEX for i in window] == [not o < sink_blocks and o < 3 for o in range(6)]
 
 
-def test_resume_refused_above_max_util(backend: Any) -> None:
+def test_resume_refused_above_max_util(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, make_config(TPB, slots=8, max_util_for_resume=0.5))
     a = active(manager, 4 * TPB)  # 4 of 8 slots in use: 0.5 is not above the limit
     b = manager.create_kv_cache()
@@ -214,7 +215,7 @@ def test_resume_refused_above_max_util(backend: Any) -> None:
     assert b.resume()
 
 
-def test_resume_gate_is_per_pool_group(backend: Any) -> None:
+def test_resume_gate_is_per_pool_group(backend: kv_api.Backend) -> None:
     # Pool group 0: 8 slots of 256 KiB; pool group 1: 16 slots of 128 KiB.
     layers = [attention(0, 256 * 1024), attention(1, 128 * 1024, window=8)]
     config = make_config(TPB, layers=layers, quota=2 * GRAIN, initial_pool_ratio=(0.5, 0.5), max_util_for_resume=0.5)
@@ -227,7 +228,7 @@ def test_resume_gate_is_per_pool_group(backend: Any) -> None:
     assert b.resume()
 
 
-def test_resume_out_of_pages(backend: Any) -> None:
+def test_resume_out_of_pages(backend: kv_api.Backend) -> None:
     """A reused partial block needs a private page on the first resume; with none left, resume
     returns False and changes nothing."""
     manager = make_manager(backend, make_config(TPB, slots=8, max_util_for_resume=1.0))
@@ -243,7 +244,7 @@ def test_resume_out_of_pages(backend: Any) -> None:
     check_indices(manager, b)
 
 
-def test_resize_failure_is_atomic(backend: Any) -> None:
+def test_resize_failure_is_atomic(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, hybrid_config(TPB, slots=16, window=8))
     committed(manager, toks(8, 100))  # evictable pages, so eviction is attempted too
     a = active(manager, 14, toks(13))
@@ -266,7 +267,7 @@ def operations(draw: st.DrawFn) -> list[tuple[str, int, int]]:
 
 
 @given(ops=operations())
-def test_lengths_and_indices_hold_after_every_call(backend: Any, ops: list[tuple[str, int, int]]) -> None:
+def test_lengths_and_indices_hold_after_every_call(backend: kv_api.Backend, ops: list[tuple[str, int, int]]) -> None:
     manager = make_manager(backend, hybrid_config(TPB, slots=16, window=8, sinks=2))
     committed(manager, toks(9))
     cache = manager.create_kv_cache(None, toks(9))
@@ -296,7 +297,7 @@ def test_lengths_and_indices_hold_after_every_call(backend: Any, ops: list[tuple
     check_accounting(manager, open_caches=False)
 
 
-def test_clear_and_shutdown_refused_while_caches_are_open(backend: Any) -> None:
+def test_clear_and_shutdown_refused_while_caches_are_open(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, make_config(TPB, slots=16))
     committed(manager, toks(8))
     cache = manager.create_kv_cache(None, toks(4))  # open, even though suspended
@@ -329,7 +330,7 @@ SHUT_DOWN_CALLS: dict[str, Callable[[Any], object]] = {
 
 
 @pytest.mark.parametrize("call", SHUT_DOWN_CALLS.values(), ids=SHUT_DOWN_CALLS.keys())
-def test_calls_after_shutdown(backend: Any, call: Callable[[Any], object]) -> None:
+def test_calls_after_shutdown(backend: kv_api.Backend, call: Callable[[Any], object]) -> None:
     manager = make_manager(backend, make_config(TPB, slots=16))
     committed(manager, toks(8))
     manager.shutdown()

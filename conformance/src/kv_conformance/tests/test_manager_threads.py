@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import kv_api
 from kv_api import KVCacheStatus
 
 from ._manager import (
@@ -57,7 +58,7 @@ def worker(manager: Any, seed: int, rounds: int) -> int:
     return done
 
 
-def test_concurrent_requests(backend: Any) -> None:
+def test_concurrent_requests(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, hybrid_config(TPB, slots=32, window=8, max_util_for_resume=1.0))
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -92,7 +93,7 @@ def test_concurrent_requests(backend: Any) -> None:
 
 
 @pytest.mark.requires("native_buffers")
-def test_matching_releases_the_gil(backend: Any) -> None:
+def test_matching_releases_the_gil(backend: kv_api.Backend) -> None:
     """A long probe (hashing and matching 2M cached tokens) leaves other Python threads running."""
     tokens = np.arange(1 << 21, dtype=np.int32)
     manager = backend.KVCacheManager(make_config(tokens_per_block=32, slots=(1 << 21) // 32 + 64))

@@ -108,7 +108,7 @@ def test_the_manager_reads_a_mutating_list_alike_on_every_backend(backends: list
     assert all(r == results[0] for r in results[1:])
 
 
-REFUSED = {
+REFUSED: dict[str, Callable[[], Any]] = {
     "bytearray": lambda: bytearray(16),
     "float64": lambda: np.zeros(4, dtype=np.float64),
     "2-D int32": lambda: np.zeros((2, 2), dtype=np.int32),

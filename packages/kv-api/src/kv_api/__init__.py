@@ -1,7 +1,7 @@
 """kvcore's shared contract: data types, errors, key spec and the backend registry.
 
-``kv_api.KVCacheManager(config)`` builds a manager on the default backend (``KV_BACKEND``);
-``kv_api.load_backend(name)`` gives any installed backend explicitly.
+``kv_api.create_manager(config)`` builds a manager on the default backend (``KV_BACKEND``, else
+the highest priority); ``kv_api.load_backend(name)`` gives any installed backend explicitly.
 """
 
 from kv_api import descriptors, errors, events, keys, stats
@@ -30,11 +30,12 @@ from kv_api.constants import (
     PageIndexMode,
     PageStatus,
 )
-from kv_api.contract import Backend, KVCache, KVCacheManager
+from kv_api.contract import Backend, KVCache, KVCacheEventManager, KVCacheManager, PriorityCallback, TokenInput
 from kv_api.descriptors import BufferId, LifeCycle, PageIndexConverter, PoolDesc, PoolGroupDesc
 from kv_api.registry import (
     ENTRY_POINT_GROUP,
     available_backends,
+    create_manager,
     default_backend_name,
     installed_backends,
     load_backend,
@@ -67,6 +68,7 @@ __all__ = [
     "HostCacheTierConfig",
     "KVCache",
     "KVCacheDesc",
+    "KVCacheEventManager",
     "KVCacheManager",
     "KVCacheManagerConfig",
     "KVCacheStatus",
@@ -78,10 +80,13 @@ __all__ = [
     "PageStatus",
     "PoolDesc",
     "PoolGroupDesc",
+    "PriorityCallback",
     "ReuseScope",
     "SsmLayerConfig",
     "StorageStatistics",
+    "TokenInput",
     "available_backends",
+    "create_manager",
     "default_backend_name",
     "descriptors",
     "errors",

@@ -37,5 +37,7 @@ def unit_interval(where: str, value: Any) -> float:
         raise TypeError(f"{where}: expected a number, got {type(value).__name__}")
     v = float(value)
     if math.isnan(v) or not 0.0 < v <= 1.0:
-        raise ValueError(f"{where}: must be in (0, 1] (got {value!r})")
+        # "<field> must be in" is the reference's phrase; code written against it matches on it.
+        field = where.rpartition(".")[2]
+        raise ValueError(f"{where}: {field} must be in (0, 1] (got {value!r})")
     return v

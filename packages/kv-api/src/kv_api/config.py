@@ -134,7 +134,10 @@ def _buffers(where: str, value: Any) -> tuple[BufferConfig, ...]:
 
 @dataclass(frozen=True)
 class AttentionLayerConfig:
-    """An attention layer; a ``sliding_window_size`` makes it windowed, with optional sinks."""
+    """An attention layer; a ``sliding_window_size`` makes it windowed, with optional sinks.
+
+    ``num_sink_tokens`` of None or 0 means no sinks; a positive count needs a window.
+    """
 
     layer_id: int
     buffers: Sequence[BufferConfig]
@@ -152,8 +155,10 @@ class AttentionLayerConfig:
             )
         if self.num_sink_tokens is not None:
             sinks = int_in_range("AttentionLayerConfig.num_sink_tokens", self.num_sink_tokens, 0)
-            if self.sliding_window_size is None:
-                raise ValueError("AttentionLayerConfig.num_sink_tokens: requires sliding_window_size")
+            # Zero sinks are no sinks (the same life cycle as leaving them out), so only a
+            # positive count needs a window.
+            if sinks and self.sliding_window_size is None:
+                raise ValueError("AttentionLayerConfig.num_sink_tokens: a positive count requires sliding_window_size")
             _set(self, "num_sink_tokens", sinks)
 
 
@@ -275,10 +280,13 @@ class KVCacheManagerConfig:
         if self.typical_step is not None and not isinstance(self.typical_step, BatchDesc):
             raise TypeError(f"{w}.typical_step: expected a BatchDesc or None")
         if self.initial_pool_ratio is not None:
-            ratio = _tuple_of(f"{w}.initial_pool_ratio", self.initial_pool_ratio, (int, float))
+            # One entry per layer group; the backends check the length against their layer groups.
+            # Messages carry the reference's phrases, so code matching them keeps working.
+            where = f"{w}.initial_pool_ratio"
+            ratio = _tuple_of(where, self.initial_pool_ratio, (int, float))
             for i, r in enumerate(ratio):
                 if isinstance(r, bool) or math.isnan(r) or r <= 0:
-                    raise ValueError(f"{w}.initial_pool_ratio[{i}]: must be > 0 (got {r!r})")
+                    raise ValueError(f"{where}: initial_pool_ratio values must be positive (got {r!r} at index {i})")
             if abs(sum(ratio) - 1.0) > 1e-6:
-                raise ValueError(f"{w}.initial_pool_ratio: must sum to 1 (got {sum(ratio)!r})")
+                raise ValueError(f"{where}: initial_pool_ratio values must sum to 1.0 (got {sum(ratio)!r})")
             _set(self, "initial_pool_ratio", tuple(float(r) for r in ratio))

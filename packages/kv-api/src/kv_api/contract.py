@@ -1,29 +1,58 @@
-"""The backend contract: what every backend module and its manager provide.
+"""The backend contract: what every backend module, its manager, caches and event manager provide.
 
 Backends register under the entry-point group ``kv_api.backends`` (see ``registry``). The
-manager contract is an ABC so that ``isinstance(m, kv_api.KVCacheManager)`` holds for every
-backend: Python backends subclass it, native ones are registered as virtual subclasses.
-Calling ``kv_api.KVCacheManager(config)`` builds the default backend's manager.
+classes are ABCs so that ``isinstance(m, kv_api.KVCacheManager)`` holds for every backend:
+Python backends subclass them, native ones are registered as virtual subclasses. Every public
+member docs/manager.md documents is declared here; the conformance suite checks that every
+backend implements each one with the same kind and signature. ``kv_api.create_manager`` builds
+a manager on the default backend.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
-from typing import Any, Protocol, runtime_checkable
+from array import array
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol, SupportsIndex, TypeAlias, runtime_checkable
 
 from kv_api.capabilities import Capabilities
 from kv_api.config import KVCacheManagerConfig
+from kv_api.constants import GPU_LEVEL, KVCacheStatus, PageIndexMode
+from kv_api.descriptors import LifeCycle, PageIndexConverter, PoolGroupDesc
+from kv_api.events import KVCacheEvent
 from kv_api.keys import Token
-from kv_api.scope import ReuseScope
-from kv_api.stats import StorageStatistics
+from kv_api.scope import MmItemContext, ReuseScope
+from kv_api.stats import CacheStats, StorageStatistics
 
-__all__ = ["BACKEND_ATTRIBUTES", "Backend", "KVCache", "KVCacheManager"]
+__all__ = [
+    "BACKEND_ATTRIBUTES",
+    "Backend",
+    "Buffer",
+    "KVCache",
+    "KVCacheEventManager",
+    "KVCacheManager",
+    "PriorityCallback",
+    "TokenInput",
+]
+
+
+class Buffer(Protocol):
+    """An object exporting the buffer protocol (Python 3.12's ``collections.abc.Buffer``)."""
+
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+
+
+#: Tokens as every call taking them accepts them (docs/key-format.md, "Token input"): an
+#: iterable of ids (ints or ``__index__`` objects) and 32-byte digests, or a 1-D integer buffer.
+TokenInput: TypeAlias = Iterable[SupportsIndex | bytes | MmItemContext] | Buffer
+#: ``(block ordinal, life cycle) -> priority`` in [MIN_PRIORITY, MAX_PRIORITY], per new page.
+PriorityCallback: TypeAlias = Callable[[int, LifeCycle], int]
 
 #: Everything a backend module must expose; the registry checks these when it loads one.
 BACKEND_ATTRIBUTES = (
     "name",
     "version",
+    "priority",
     "capabilities",
     "build_info",
     "KVCacheManager",
@@ -39,31 +68,45 @@ BACKEND_ATTRIBUTES = (
 )
 
 
-class _DefaultBackendFactory(abc.ABCMeta):
-    """Calling the ABC itself builds the default backend's manager instead of failing."""
+class KVCacheEventManager(abc.ABC):
+    """KV-cache events for KV-aware routers, fed by the one manager it is passed to.
 
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        if cls is KVCacheManager:
-            from kv_api.registry import load_backend
-
-            return load_backend().KVCacheManager(*args, **kwargs)
-        return super().__call__(*args, **kwargs)
-
-
-class KVCacheManager(metaclass=_DefaultBackendFactory):
-    """Owns the paged pools, the radix tree of block keys, eviction, events and statistics.
-
-    ``KVCacheManager(config, event_manager=None)``: ``config`` must be a
-    ``KVCacheManagerConfig`` (else ``TypeError``); ``event_manager`` must be the same backend's
-    ``KVCacheEventManager`` (else ``TypeError``) and serves one manager only (``ValueError``).
-    Host/disk tiers and ``commit_min_snapshot`` raise ``NotImplementedError`` unless the
-    backend's capabilities say otherwise. Every method is safe to call from several threads.
-    After ``shutdown()`` every call but ``shutdown()`` raises ``InvalidStateError``.
-    The full semantics are in docs/manager.md.
+    ``max_kv_event_entries`` bounds the ring of published events (oldest dropped; <= 0
+    publishes nothing); ``hash_algo`` is ``auto`` (= ``v1_block_key``) or one of
+    ``kv_api.events.HASH_ALGOS``. Bad types raise ``TypeError``, an unknown algorithm
+    ``ValueError``.
     """
 
-    def __init__(self, config: KVCacheManagerConfig, event_manager: Any = None) -> None:
-        """Backends validate and keep ``config``; this base only fixes the signature."""
+    @abc.abstractmethod
+    def __init__(self, max_kv_event_entries: int = 1000, hash_algo: str = "v2_sha256") -> None:
+        """Backends check and keep the arguments."""
+
+    @abc.abstractmethod
+    def flush_iteration_events(self) -> None:
+        """Publish the queued events (buffered Removed hashes first) into the ring."""
+
+    @abc.abstractmethod
+    def get_latest_events(self, timeout_ms: float | None = 0) -> list[KVCacheEvent]:
+        """Drain the ring; ``None`` waits for events, ``> 0`` waits at most that long."""
+
+
+class KVCacheManager(abc.ABC):
+    """Owns the paged pools, the radix tree of block keys, eviction, events and statistics.
+
+    ``config`` must be a ``KVCacheManagerConfig`` (else ``TypeError``); ``event_manager`` must
+    be the same backend's ``KVCacheEventManager`` (else ``TypeError``) and serves one manager
+    only (``ValueError``). Host/disk tiers and ``commit_min_snapshot`` raise
+    ``NotImplementedError`` unless the backend's capabilities say otherwise. Every method is
+    safe to call from several threads. After ``shutdown()`` every method but ``shutdown()``
+    raises ``InvalidStateError`` (properties still read). The full semantics are in
+    docs/manager.md.
+    """
+
+    @abc.abstractmethod
+    def __init__(self, config: KVCacheManagerConfig, event_manager: KVCacheEventManager | None = None) -> None:
+        """Backends validate and keep ``config``."""
+
+    # -- configuration and layer groups ----------------------------------------------------------
 
     @property
     @abc.abstractmethod
@@ -75,31 +118,106 @@ class KVCacheManager(metaclass=_DefaultBackendFactory):
     def tokens_per_block(self) -> int:
         """Tokens per block, as configured."""
 
+    @property
     @abc.abstractmethod
-    def create_kv_cache(
-        self,
-        reuse_scope: ReuseScope | None = None,
-        input_tokens: Any = None,
-        id: int | None = None,
-        custom_priority_callback: Any = None,
-    ) -> KVCache:
-        """A SUSPENDED cache whose committed tokens are the reusable prefix of ``input_tokens``
-        (held, not yet locked). ``custom_priority_callback(ordinal, LifeCycle) -> int`` in
-        [0, 100] sets each new page's eviction priority (default 35); reuse may raise a block's
-        priority. Bad tokens: ``ValueError``/``TypeError`` as ``kv_api.keys``."""
+    def life_cycles(self) -> list[LifeCycle]:
+        """One per layer group, indexed by its id."""
+
+    @property
+    @abc.abstractmethod
+    def layer_grouping(self) -> list[list[int]]:
+        """Layer ids per layer group (= life cycle), in config order."""
+
+    @property
+    @abc.abstractmethod
+    def layer_ids(self) -> list[int]:
+        """Every layer id, in config order."""
+
+    @property
+    @abc.abstractmethod
+    def num_layers(self) -> int:
+        """``len(layer_ids)``."""
 
     @abc.abstractmethod
-    def probe_reuse(self, reuse_scope: ReuseScope | None = None, tokens: Any = None) -> int:
+    def get_layer_group_id(self, layer_id: int) -> int:
+        """The layer group of ``layer_id``; ``KeyError`` for an unknown layer."""
+
+    # -- memory layout ---------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def get_mem_pool_base_address(
+        self, layer_id: int, role: str, index_mode: PageIndexMode = PageIndexMode.PER_LAYER
+    ) -> int:
+        """Address of the pool holding the buffer; in SHARED mode plus its offset in a slot."""
+
+    @abc.abstractmethod
+    def get_page_stride(self, layer_id: int, role: str) -> int:
+        """Bytes between consecutive pages of the buffer."""
+
+    @abc.abstractmethod
+    def get_page_index_converter(self, layer_id: int, role: str) -> PageIndexConverter:
+        """Maps base page indices (slots) to the buffer's page indices."""
+
+    @abc.abstractmethod
+    def get_page_index_upper_bound(self, layer_id: int, role: str) -> int:
+        """Exclusive bound of the buffer's page indices."""
+
+    @property
+    @abc.abstractmethod
+    def pool_group_descs(self) -> list[PoolGroupDesc]:
+        """Every pool group: slots, life cycles and pools (base address, slot size)."""
+
+    @abc.abstractmethod
+    def pool_memory(self, pool_group: int, pool: int) -> memoryview:
+        """Writable bytes of one pool (slot ``s`` at ``s * slot_size``); keeps the manager
+        alive. ``IndexError`` for a bad pool group or pool."""
+
+    @abc.abstractmethod
+    def get_quota(self, level: int = GPU_LEVEL) -> int:
+        """Effective quota of a cache level in bytes. ``IndexError`` for a level the manager lacks."""
+
+    # -- statistics ----------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def get_storage_statistics(self, level: int = GPU_LEVEL) -> list[StorageStatistics]:
+        """Slot accounting per pool group. ``IndexError`` for a level the manager lacks."""
+
+    @abc.abstractmethod
+    def get_committed_stats(self) -> CacheStats:
+        """Counts since the manager was built."""
+
+    @abc.abstractmethod
+    def get_and_reset_iteration_stats(self) -> CacheStats:
+        """Counts since the previous call, then start counting afresh."""
+
+    # -- reuse and caches -------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def probe_reuse(self, reuse_scope: ReuseScope | None = None, tokens: TokenInput | None = None) -> int:
         """What ``create_kv_cache`` would reuse now, without changing anything."""
 
     @abc.abstractmethod
-    def probe_first_new_block_key(self, reuse_scope: ReuseScope | None, tokens: Any) -> bytes | None:
+    def probe_first_new_block_key(self, reuse_scope: ReuseScope | None, tokens: TokenInput | None) -> bytes | None:
         """Key of block ``probe_reuse // tokens_per_block`` over ``tokens``; None if that block
         would be partial or everything is reusable."""
 
     @abc.abstractmethod
-    def get_storage_statistics(self, level: int = 0) -> list[StorageStatistics]:
-        """Slot accounting per pool group. ``IndexError`` for a level the manager lacks."""
+    def create_kv_cache(
+        self,
+        reuse_scope: ReuseScope | None = None,
+        input_tokens: TokenInput | None = None,
+        id: int | None = None,
+        custom_priority_callback: PriorityCallback | None = None,
+    ) -> KVCache:
+        """A SUSPENDED cache whose committed tokens are the reusable prefix of ``input_tokens``
+        (held, not yet locked). ``custom_priority_callback`` sets each new page's eviction
+        priority (default ``DEFAULT_PRIORITY``); reuse may raise a block's priority. Bad
+        tokens: ``ValueError``/``TypeError`` as ``kv_api.keys``."""
+
+    @property
+    @abc.abstractmethod
+    def num_open_kv_caches(self) -> int:
+        """Caches created and not yet closed."""
 
     @abc.abstractmethod
     def clear_reusable_blocks(self) -> None:
@@ -107,9 +225,9 @@ class KVCacheManager(metaclass=_DefaultBackendFactory):
 
     @abc.abstractmethod
     def shutdown(self) -> None:
-        """Empty the tree and retire the manager: every later call but ``shutdown()`` raises
-        ``InvalidStateError``. Pool memory lives as long as the manager object (and any
-        ``pool_memory`` view of it). ``LogicError`` (changing nothing) while caches are open."""
+        """Empty the tree and retire the manager. Pool memory lives as long as the manager
+        object (and any ``pool_memory`` view of it). ``LogicError`` (changing nothing) while
+        caches are open. Idempotent."""
 
 
 class KVCache(abc.ABC):
@@ -117,11 +235,76 @@ class KVCache(abc.ABC):
     CLOSED after ``close()``. Calls made in a state that does not allow them raise
     ``kv_api.errors.InvalidStateError`` and change nothing. Lengths always satisfy
     ``num_committed_tokens <= history_length <= capacity`` and
-    ``num_blocks == ceil(capacity / tokens_per_block)``.
+    ``num_blocks == ceil(capacity / tokens_per_block)``. Dropping the last reference to an open
+    cache closes it.
     """
 
+    # -- state and lengths -----------------------------------------------------------------------
+
+    @property
     @abc.abstractmethod
-    def resume(self, stream: Any = None) -> bool:
+    def manager(self) -> KVCacheManager:
+        """The manager that created the cache."""
+
+    @property
+    @abc.abstractmethod
+    def status(self) -> KVCacheStatus:
+        """ACTIVE, SUSPENDED or CLOSED."""
+
+    @property
+    @abc.abstractmethod
+    def is_active(self) -> bool:
+        """``status == ACTIVE``."""
+
+    @property
+    @abc.abstractmethod
+    def tokens_per_block(self) -> int:
+        """The manager's tokens per block."""
+
+    @property
+    @abc.abstractmethod
+    def beam_width(self) -> int:
+        """Beams per request (1)."""
+
+    @property
+    @abc.abstractmethod
+    def num_committed_tokens(self) -> int:
+        """``len(committed_tokens)``."""
+
+    @property
+    @abc.abstractmethod
+    def committed_tokens(self) -> list[Token]:
+        """The reused and committed tokens, in order (ints and 32-byte digests)."""
+
+    @property
+    @abc.abstractmethod
+    def history_length(self) -> int:
+        """Tokens whose KV is computed (committed or not)."""
+
+    @history_length.setter
+    @abc.abstractmethod
+    def history_length(self, value: int) -> None:
+        """``resize(None, value)``, raising ``OutOfPagesError`` where that returns False."""
+
+    @property
+    @abc.abstractmethod
+    def capacity(self) -> int:
+        """Tokens the cache has pages for."""
+
+    @capacity.setter
+    @abc.abstractmethod
+    def capacity(self, value: int) -> None:
+        """``resize(value)``, raising ``OutOfPagesError`` where that returns False."""
+
+    @property
+    @abc.abstractmethod
+    def num_blocks(self) -> int:
+        """``ceil(capacity / tokens_per_block)``."""
+
+    # -- the state machine -------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def resume(self, stream: object | None = None) -> bool:
         """SUSPENDED -> ACTIVE, locking the cache's pages. False (nothing changed) if a pool
         group's utilisation exceeds ``max_util_for_resume`` or pages run out. The first resume
         copies a reused partial block into private pages (the tree's are never written)."""
@@ -136,9 +319,10 @@ class KVCache(abc.ABC):
         False, with nothing changed, when pages run out."""
 
     @abc.abstractmethod
-    def commit(self, tokens: Any, is_end: bool = False) -> None:
+    def commit(self, tokens: TokenInput, is_end: bool = False) -> None:
         """ACTIVE only: record computed tokens; full blocks enter the radix tree. ``ValueError``
-        beyond capacity; ``LogicError`` after ``stop_committing()``."""
+        beyond capacity; ``LogicError`` after ``stop_committing()``. ``is_end`` then stops
+        committing."""
 
     @abc.abstractmethod
     def stop_committing(self) -> None:
@@ -149,10 +333,27 @@ class KVCache(abc.ABC):
         """``stop_committing()``, then release every page; committed pages stay reusable until
         evicted, the others are freed. Idempotent."""
 
+    # -- page indices --------------------------------------------------------------------------------
+
     @abc.abstractmethod
-    def get_base_page_indices(self, layer_group: int, beam: int = 0) -> Any:
+    def get_base_page_indices(self, layer_group: int, beam: int = 0) -> array[int]:
         """``array('i')``: one slot id per block, ``BAD_PAGE_INDEX`` where no page is locked.
         ``IndexError`` for a bad layer group or beam."""
+
+    @abc.abstractmethod
+    def get_aggregated_page_indices(self, layer_group: int, beam: int = 0, valid_only: bool = False) -> array[int]:
+        """The same indices; ``valid_only`` leaves out ``BAD_PAGE_INDEX``."""
+
+    @abc.abstractmethod
+    def set_base_page_index_buf(self, beam: int, layer_group: int, buf: Buffer | None) -> None:
+        """Keep ``buf`` (writable, 1-D, contiguous int32, at least ``num_blocks`` long) equal to
+        the layer group's page indices, its tail past ``num_blocks`` set to -1; a resize that
+        would outgrow it raises ``ValueError``. ``None`` detaches."""
+
+
+# Module-level names for the annotations below: inside ``Backend`` the class names are its attributes.
+_ManagerClass: TypeAlias = type[KVCacheManager]
+_EventManagerClass: TypeAlias = type[KVCacheEventManager]
 
 
 @runtime_checkable
@@ -161,9 +362,11 @@ class Backend(Protocol):
 
     name: str
     version: str
+    #: The default backend is the loadable one with the highest priority (ties: name order).
+    priority: int
     capabilities: Capabilities
-    KVCacheManager: type
-    KVCacheEventManager: type
+    KVCacheManager: _ManagerClass
+    KVCacheEventManager: _EventManagerClass
 
     def build_info(self) -> dict[str, str]:
         """Diagnostics shown in test headers: compiler, flags, SHA-256 transform, ..."""
@@ -172,16 +375,16 @@ class Backend(Protocol):
     def reuse_scope_to_bytes(self, reuse_scope: ReuseScope | None) -> bytes: ...
 
     def sequence_to_blockchain_keys(
-        self, tokens_per_block: int, reuse_scope: ReuseScope | None, tokens: Any, key_format: str = ...
+        self, tokens_per_block: int, reuse_scope: ReuseScope | None, tokens: TokenInput, key_format: str = ...
     ) -> Iterator[tuple[list[Token], bytes]]: ...
 
     def block_keys(
-        self, tokens_per_block: int, reuse_scope: ReuseScope | None, tokens: Any, key_format: str = ...
+        self, tokens_per_block: int, reuse_scope: ReuseScope | None, tokens: TokenInput, key_format: str = ...
     ) -> bytes: ...
 
     def gen_multimodal_cache_key_tokens(
         self, id_offset: int, digest: bytes, num_tokens: int, token_offset: int = ..., uuid: str | None = ...
-    ) -> list[Any]: ...
+    ) -> list[Token | MmItemContext]: ...
 
     def cache_salt_to_id(self, cache_salt: str) -> int: ...
 
@@ -189,4 +392,4 @@ class Backend(Protocol):
 
     def block_hash_v2_sha256_64(self, key: bytes) -> int: ...
 
-    def block_hash_v1(self, tokens: Any, parent_hash: int, reuse_scope: ReuseScope | None = ...) -> int: ...
+    def block_hash_v1(self, tokens: Iterable[int], parent_hash: int, reuse_scope: ReuseScope | None = ...) -> int: ...

@@ -21,11 +21,27 @@ class BufferId:
 @dataclass(frozen=True)
 class LifeCycle:
     """Layers whose pages live and die together: full attention (``window is None``) or one
-    sliding window with ``num_sink_blocks`` sink blocks. ``id`` is also the layer-group id."""
+    sliding window with ``num_sink_blocks`` sink blocks, in blocks of ``tokens_per_block``
+    tokens. ``id`` is also the layer-group id. Priority callbacks receive it."""
 
     id: int
     window: int | None
     num_sink_blocks: int
+    tokens_per_block: int
+
+    def get_stale_range(self, history_length: int, tokens_per_block: int | None = None) -> tuple[int, int]:
+        """Blocks ``[begin, end)`` not needed for the next step at ``history_length`` tokens.
+
+        With ``s = min(ceil(H / tpb), sink blocks)``: full attention has none (``(s, s)``); a
+        window ``W`` makes ``[s, max(s, (H + 1 - W) // tpb))`` stale. The +1 is the token in
+        flight at position ``H``; sink blocks are never stale. ``tokens_per_block`` defaults to
+        the manager's (the reference's callers pass it).
+        """
+        tpb = self.tokens_per_block if tokens_per_block is None else tokens_per_block
+        s = min(-(-history_length // tpb), self.num_sink_blocks)
+        if self.window is None:
+            return s, s
+        return s, max(s, (history_length + 1 - self.window) // tpb)
 
 
 @dataclass(frozen=True)

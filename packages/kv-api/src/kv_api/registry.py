@@ -1,7 +1,8 @@
 """Backend discovery through the ``kv_api.backends`` entry-point group.
 
-``KV_BACKEND`` names the default backend (``cpp`` when installed, else ``py``); a comma list
-(as the conformance suite accepts) picks its first name. Loaded backends are cached.
+The default backend is ``KV_BACKEND`` (a comma list, as the conformance suite accepts, picks
+its first name), else the loadable backend with the highest ``priority`` (ties: name order).
+Loaded backends are cached.
 """
 
 from __future__ import annotations
@@ -10,13 +11,20 @@ import importlib.metadata
 import os
 from typing import cast
 
-from kv_api.contract import BACKEND_ATTRIBUTES, Backend
+from kv_api.config import KVCacheManagerConfig
+from kv_api.contract import BACKEND_ATTRIBUTES, Backend, KVCacheEventManager, KVCacheManager
 from kv_api.errors import BackendError
 
-__all__ = ["ENTRY_POINT_GROUP", "available_backends", "default_backend_name", "installed_backends", "load_backend"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "available_backends",
+    "create_manager",
+    "default_backend_name",
+    "installed_backends",
+    "load_backend",
+]
 
 ENTRY_POINT_GROUP = "kv_api.backends"
-_PREFERRED = ("cpp", "py")
 _loaded: dict[str, Backend] = {}
 
 
@@ -24,14 +32,9 @@ def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def _ordered(names: list[str]) -> tuple[str, ...]:
-    rank = {n: i for i, n in enumerate(_PREFERRED)}
-    return tuple(sorted(names, key=lambda n: (rank.get(n, len(rank)), n)))
-
-
 def installed_backends() -> tuple[str, ...]:
-    """Names registered under the entry-point group, whether or not they load."""
-    return _ordered(list(_entry_points()))
+    """Names registered under the entry-point group, whether or not they load, in name order."""
+    return tuple(sorted(_entry_points()))
 
 
 def _try_load(name: str, ep: importlib.metadata.EntryPoint) -> Backend:
@@ -44,10 +47,13 @@ def _try_load(name: str, ep: importlib.metadata.EntryPoint) -> Backend:
         raise BackendError(f"does not implement the Backend contract (missing: {', '.join(missing)})")
     if obj.name != name:
         raise BackendError(f"registered as {name!r} but names itself {obj.name!r}")
+    if isinstance(obj.priority, bool) or not isinstance(obj.priority, int):
+        raise BackendError(f"priority: expected an int, got {type(obj.priority).__name__}")
     return cast(Backend, obj)
 
 
 def _failures(eps: dict[str, importlib.metadata.EntryPoint]) -> dict[str, str]:
+    """Load every backend not loaded yet; why each that fails does."""
     failures = {}
     for n, ep in eps.items():
         if n in _loaded:
@@ -60,21 +66,31 @@ def _failures(eps: dict[str, importlib.metadata.EntryPoint]) -> dict[str, str]:
 
 
 def available_backends() -> tuple[str, ...]:
-    """Names of the installed backends that load."""
+    """Names of the installed backends that load, highest priority first (ties: name order),
+    so the first is the default unless ``KV_BACKEND`` says otherwise."""
     eps = _entry_points()
     failures = _failures(eps)
-    return _ordered([n for n in eps if n not in failures])
+    return tuple(sorted((n for n in eps if n not in failures), key=lambda n: (-_loaded[n].priority, n)))
+
+
+def _not_loaded(reason: str, eps: dict[str, importlib.metadata.EntryPoint], name: str | None = None) -> BackendError:
+    """``reason``, the installed backends and why any other than ``name`` failed to load."""
+    failures = _failures(eps)
+    lines = [reason, f"installed backends: {', '.join(sorted(eps)) or '(none)'}"]
+    lines += [f"  {n}: failed to load: {why}" for n, why in sorted(failures.items()) if n != name]
+    return BackendError("\n".join(lines))
 
 
 def default_backend_name() -> str:
+    """``KV_BACKEND``'s first name, else the first of ``available_backends()``.
+    ``BackendError`` when ``KV_BACKEND`` is unset and no installed backend loads."""
     chosen = os.environ.get("KV_BACKEND", "").split(",")[0].strip()
     if chosen and chosen != "all":
         return chosen
-    installed = installed_backends()
-    for name in _PREFERRED:
-        if name in installed:
-            return name
-    return installed[0] if installed else "py"
+    available = available_backends()
+    if not available:
+        raise _not_loaded("no installed backend loads", _entry_points())
+    return available[0]
 
 
 def load_backend(name: str | None = None) -> Backend:
@@ -95,7 +111,16 @@ def load_backend(name: str | None = None) -> Backend:
             reason = f"backend {name!r} failed to load: {exc}"
     else:
         reason = f"unknown backend {name!r}"
-    failures = _failures(eps)
-    lines = [reason, f"installed backends: {', '.join(_ordered(list(eps))) or '(none)'}"]
-    lines += [f"  {n}: failed to load: {why}" for n, why in sorted(failures.items()) if n != name]
-    raise BackendError("\n".join(lines))
+    raise _not_loaded(reason, eps, name)
+
+
+def create_manager(
+    config: KVCacheManagerConfig,
+    *,
+    backend: str | Backend | None = None,
+    event_manager: KVCacheEventManager | None = None,
+) -> KVCacheManager:
+    """A manager built from ``config`` on ``backend``: a name, a loaded backend, or (None) the
+    default backend. ``event_manager`` must be that backend's ``KVCacheEventManager``."""
+    chosen = load_backend(backend) if backend is None or isinstance(backend, str) else backend
+    return chosen.KVCacheManager(config, event_manager)

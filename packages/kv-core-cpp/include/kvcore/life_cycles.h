@@ -32,7 +32,8 @@ class LifeCycleRegistry {
   const std::vector<std::pair<std::int64_t, int>>& layers() const { return layers_; }
   int life_cycle_of(std::int64_t layer_id) const;  // throws Error(kKey)
 
-  // Blocks [first, second) not needed for the next step at `history` tokens (see life_cycles.py).
+  // Blocks [first, second) not needed for the next step at `history` tokens (the rule of
+  // kv_api.LifeCycle.get_stale_range, which priority callbacks see).
   std::pair<std::int64_t, std::int64_t> stale_range(int life_cycle, std::int64_t history) const;
   bool is_stale(int life_cycle, std::int64_t ordinal, std::int64_t history) const {
     const auto r = stale_range(life_cycle, history);

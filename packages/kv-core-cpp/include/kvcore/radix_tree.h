@@ -1,6 +1,7 @@
 // The radix tree of committed blocks, keyed by chained block keys (see radix_tree.py).
-// Each scope has its own root; children keep insertion order, which decides ties when a
-// partial match scans siblings, so every backend picks the same block.
+// Each scope has its own root; no child's tokens are a proper prefix of a sibling's; children
+// keep insertion order, which decides ties when a partial match scans siblings, so every
+// backend picks the same block.
 #pragma once
 
 #include <cstdint>
@@ -88,6 +89,13 @@ class RadixTree {
   Root* find_root(const Digest& root_key) const;
   Root* root(const Digest& root_key, const ReuseScope& scope);
   Block* add(Node* parent, const Digest& key, TokenList tokens, std::int64_t ordinal);
+  // A child of `parent` whose tokens strictly extend `tokens`: a partial block of `tokens`
+  // beside it would hold nothing it does not.
+  static Block* covering_sibling(const Node* parent, const TokenList& tokens);
+  // The partial child of `parent` whose tokens `tokens` strictly extend. There is at most one:
+  // a partial block is never added beside a child extending it, and a block added beside a
+  // partial child it extends replaces that child.
+  static Block* covered_sibling(const Node* parent, const TokenList& tokens);
   // `block` and its descendants, parents before children, children in insertion order.
   static std::vector<Block*> subtree(Block* block);
   std::unique_ptr<Block> detach(Block* block) { return block->parent->take_child(block); }

@@ -55,6 +55,11 @@ class Storage {
   void free(Page* page);
   void hold(Page* page);
   void unhold(Page* page);
+  // `block` replaces `sibling`, a partial block whose tokens it extends (see Storage.adopt).
+  void adopt(Block* block, Block* sibling);
+  // `page` leaves the tree undropped (a wider page or a longer block replaced it): freed now if
+  // nobody holds it, else when its holders let go, as an uncommitted page is.
+  void orphan(Page* page);
   void drop(Page* page);
   void clear();
   std::uint64_t num_evicted = 0;

@@ -5,6 +5,11 @@ from __future__ import annotations
 import kv_api
 from kv_api import Capabilities
 from kv_core_cpp._core import (
+    BAD_PAGE_INDEX,
+    DEFAULT_PRIORITY,
+    GPU_LEVEL,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
     KVCache,
     KVCacheEventManager,
     KVCacheManager,
@@ -25,11 +30,13 @@ from kv_core_cpp._core import build_info as _build_info
 
 name = "cpp"
 version = "0.1.0"
+priority = 20  # the default wherever it loads
 capabilities = Capabilities(native_buffers=True, sha256_transforms=tuple(sha256_transforms()))
 
-# nanobind classes cannot subclass the ABC; registering makes isinstance() hold.
+# nanobind classes cannot subclass the ABCs; registering makes isinstance() hold.
 kv_api.KVCacheManager.register(KVCacheManager)
 kv_api.KVCache.register(KVCache)
+kv_api.KVCacheEventManager.register(KVCacheEventManager)
 
 
 def build_info() -> dict[str, str]:
@@ -37,6 +44,11 @@ def build_info() -> dict[str, str]:
 
 
 __all__ = [
+    "BAD_PAGE_INDEX",
+    "DEFAULT_PRIORITY",
+    "GPU_LEVEL",
+    "MAX_PRIORITY",
+    "MIN_PRIORITY",
     "KVCache",
     "KVCacheEventManager",
     "KVCacheManager",
@@ -49,6 +61,7 @@ __all__ = [
     "capabilities",
     "gen_multimodal_cache_key_tokens",
     "name",
+    "priority",
     "reuse_scope_to_bytes",
     "select_sha256_transform",
     "sequence_to_blockchain_keys",

@@ -124,6 +124,16 @@ class KVCache:
     ) -> object: ...
     def set_base_page_index_buf(self, beam: object, layer_group: object, buf: object | None) -> None: ...
 
+BAD_PAGE_INDEX: int = -1
+
+GPU_LEVEL: int = 0
+
+MIN_PRIORITY: int = 0
+
+DEFAULT_PRIORITY: int = 35
+
+MAX_PRIORITY: int = 100
+
 def build_info() -> list[tuple[str, str]]:
     """Compiler, flags, build type and the SHA-256 transform in use."""
 

@@ -21,6 +21,7 @@ from kv_core_py.manager import KVCacheManager
 
 name = "py"
 version = "0.1.0"
+priority = 10  # below the native backend: the reference is the fallback, not the default
 capabilities = Capabilities()
 
 
@@ -45,6 +46,7 @@ __all__ = [
     "capabilities",
     "gen_multimodal_cache_key_tokens",
     "name",
+    "priority",
     "reuse_scope_to_bytes",
     "sequence_to_blockchain_keys",
     "version",

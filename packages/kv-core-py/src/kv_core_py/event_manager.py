@@ -13,6 +13,7 @@ import threading
 from collections import deque
 from typing import Any, cast
 
+import kv_api
 from kv_api.events import (
     HASH_ALGOS,
     BlockHash,
@@ -34,11 +35,14 @@ def check_event_args(max_kv_event_entries: Any, hash_algo: Any) -> str:
         raise TypeError(f"hash_algo: expected a str, got {type(hash_algo).__name__}")
     algo = "v1_block_key" if hash_algo == "auto" else hash_algo
     if algo not in HASH_ALGOS:
-        raise ValueError(f"hash_algo: unknown {hash_algo!r} (expected auto, {', '.join(HASH_ALGOS)})")
+        raise ValueError(
+            f"hash_algo: Unsupported V2 KV cache event hash algorithm: {hash_algo!r} "
+            f"(expected auto, {', '.join(HASH_ALGOS)})"
+        )
     return algo
 
 
-class KVCacheEventManager:
+class KVCacheEventManager(kv_api.KVCacheEventManager):
     def __init__(self, max_kv_event_entries: int = 1000, hash_algo: str = "v2_sha256") -> None:
         self.hash_algo = check_event_args(max_kv_event_entries, hash_algo)
         self.max_kv_event_entries = max_kv_event_entries

@@ -382,8 +382,10 @@ class KVCache(kv_api.KVCache):
 
     def _commit_block(self, ordinal: int) -> None:
         """Put block ``ordinal`` (full, or the partial tail on stop) into the tree. A block
-        already there keeps its pages and ours are given up for them (rebase); ours fill the
-        life cycles it lacks. Without a parent in the tree the cache stops committing."""
+        already there keeps the pages covering it and ours are given up for them (rebase); ours
+        fill the life cycles it lacks or covers only in part. A partial block a sibling extends
+        is not added (ours stay private); a new block replaces the partial sibling it extends
+        and adopts its pages. Without a parent in the tree the cache stops committing."""
         if self._commit_state == CommitState.VIRTUAL_STOP:
             return
         parent = self._parent_node(ordinal)
@@ -392,16 +394,23 @@ class KVCache(kv_api.KVCache):
             return
         cb = self._blocks[ordinal]
         tokens = tuple(self._tokens[ordinal * self._tpb : (ordinal + 1) * self._tpb])
+        full = len(tokens) == self._tpb
         key = chunk_key(parent.key, tokens, self._manager.init_config.key_format)
         block = parent.children.get(key)
         if block is None:
-            block = self._manager._tree.add(parent, key, tokens, ordinal)
+            tree = self._manager._tree
+            if not full and tree.covering_sibling(parent, tokens) is not None:
+                return
+            shorter = tree.covered_sibling(parent, tokens)
+            block = tree.add(parent, key, tokens, ordinal)
             self._manager._stats_add(committed_blocks=1)
+            if shorter is not None:
+                self._storage.adopt(block, shorter)
         events = self._manager._events
         for lc in range(len(self._lcs)):
             ours, theirs = cb.pages[lc], block.pages[lc]
-            if theirs is not None:
-                if ours is not None and ours is not theirs and len(tokens) == self._tpb:
+            if theirs is not None and theirs.num_tokens >= len(tokens):
+                if ours is not None and ours is not theirs and full:
                     self._storage.hold(theirs)
                     if cb.locked[lc]:
                         self._unlock_page(ordinal, lc)
@@ -411,12 +420,14 @@ class KVCache(kv_api.KVCache):
                         cb.pages[lc] = theirs
                     self._storage.unhold(ours)
             elif ours is not None and not ours.committed:
+                if theirs is not None:
+                    self._storage.orphan(theirs)  # an adopted page covering only a prefix
                 ours.block = block
                 ours.num_tokens = len(tokens)
                 block.pages[lc] = ours
                 if events is not None:
                     events.stored(block, lc, ours.priority)
-        if cb.tree_block is None and len(tokens) == self._tpb:
+        if cb.tree_block is None and full:
             # Later blocks hang under a full block, so it stays in the tree while we are open (we
             # hold all its pages). A partial tail is the last block: nothing hangs under it, and
             # when it already existed we keep our private page and hold none of its pages.

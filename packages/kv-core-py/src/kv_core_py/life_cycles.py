@@ -23,26 +23,18 @@ class LifeCycleRegistry:
             if not isinstance(layer, AttentionLayerConfig):
                 raise ValueError(f"config.layers[{i}]: SSM layers are not supported by this backend")
             window = layer.sliding_window_size
+            # No window means no sinks (a count of 0 is allowed there): a plain full-attention layer.
             sinks = _ceil_div(layer.num_sink_tokens or 0, self.tokens_per_block) if window is not None else 0
             key = (window, sinks)
             if key not in index:
                 index[key] = len(self.life_cycles)
-                self.life_cycles.append(LifeCycle(len(self.life_cycles), window, sinks))
+                self.life_cycles.append(LifeCycle(len(self.life_cycles), window, sinks, self.tokens_per_block))
             self.layer_life_cycle[layer.layer_id] = index[key]
 
     def stale_range(self, life_cycle: int, history: int) -> tuple[int, int]:
-        """Blocks ``[begin, end)`` not needed for the next step at ``history`` tokens.
-
-        With ``s = min(ceil(H / tpb), sink blocks)``: full attention has none (``[s, s)``); a
-        window ``W`` makes ``[s, max(s, (H + 1 - W) // tpb))`` stale. The +1 is the token in
-        flight at position ``H``. Sink blocks are never stale.
-        """
-        lc = self.life_cycles[life_cycle]
-        tpb = self.tokens_per_block
-        s = min(_ceil_div(history, tpb), lc.num_sink_blocks)
-        if lc.window is None:
-            return s, s
-        return s, max(s, (history + 1 - lc.window) // tpb)
+        """Blocks ``[begin, end)`` not needed for the next step at ``history`` tokens: the rule
+        priority callbacks see too (``LifeCycle.get_stale_range``)."""
+        return self.life_cycles[life_cycle].get_stale_range(history)
 
     def min_slots_floor(self, life_cycle: int) -> int:
         """Slots one request may need at once: a window straddles one extra block while it slides."""

@@ -2,8 +2,9 @@
 
 Each scope has its own root (keyed by the root key), so scopes never share blocks. A block
 holds up to one page per life cycle; a page's ``num_tokens`` says how many of the block's
-tokens it is valid for. Children keep insertion order, which decides ties when a partial match
-scans siblings, so every backend picks the same block.
+tokens it is valid for. No child's tokens are a proper prefix of a sibling's (docs/manager.md,
+"Reuse"). Children keep insertion order, which decides ties when a partial match scans
+siblings, so every backend picks the same block.
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ def common_prefix(a: Sequence[Token], b: Sequence[Token]) -> int:
     return n
 
 
+def is_proper_prefix(a: tuple[Token, ...], b: tuple[Token, ...]) -> bool:
+    return len(a) < len(b) and b[: len(a)] == a
+
+
 def chunk_key(parent_key: bytes, chunk: Sequence[Token], key_format: str) -> bytes:
     return sha256(parent_key + encode_block(list(chunk), key_format)).digest()
 
@@ -111,6 +116,25 @@ class RadixTree:
         block = Block(key, parent, tokens, ordinal, self.num_life_cycles)
         parent.children[key] = block
         return block
+
+    @staticmethod
+    def covering_sibling(parent: Node, tokens: tuple[Token, ...]) -> Block | None:
+        """A child of ``parent`` whose tokens strictly extend ``tokens``: a partial block of
+        ``tokens`` beside it would hold nothing it does not."""
+        for child in parent.children.values():
+            if is_proper_prefix(tokens, child.tokens):
+                return child
+        return None
+
+    @staticmethod
+    def covered_sibling(parent: Node, tokens: tuple[Token, ...]) -> Block | None:
+        """The partial child of ``parent`` whose tokens ``tokens`` strictly extend. There is at
+        most one: a partial block is never added beside a child extending it, and a block added
+        beside a partial child it extends replaces that child."""
+        for child in parent.children.values():
+            if is_proper_prefix(child.tokens, tokens):
+                return child
+        return None
 
     @staticmethod
     def subtree(block: Block) -> Iterator[Block]:

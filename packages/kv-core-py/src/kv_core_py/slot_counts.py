@@ -71,6 +71,24 @@ def min_slots(config: KVCacheManagerConfig, registry: LifeCycleRegistry, storage
     return [sum(per_lc[lc] for lc in pg.life_cycles) for pg in storage.pool_groups]
 
 
+def pool_group_ratio(ratio: Sequence[float], groups: Sequence[PoolGroupConfig]) -> list[float]:
+    """Per pool group, the sum of its layer groups' entries of ``initial_pool_ratio`` (one per
+    layer group), added in life-cycle order (not ``sum``, which compensates since Python 3.12)."""
+    layer_groups = sum(len(pg.life_cycles) for pg in groups)
+    if len(ratio) != layer_groups:
+        raise ValueError(
+            "KVCacheManagerConfig.initial_pool_ratio: initial_pool_ratio length must match number of layer groups "
+            f"(expected {layer_groups}, got {len(ratio)})"
+        )
+    out = []
+    for pg in groups:
+        share = 0.0
+        for lc in pg.life_cycles:
+            share += ratio[lc]
+        out.append(share)
+    return out
+
+
 def initial_ratio(
     config: KVCacheManagerConfig, registry: LifeCycleRegistry, storage: StorageConfig, minimum: list[int]
 ) -> list[float]:
@@ -78,12 +96,7 @@ def initial_ratio(
     ``typical_step``, else of the constraint floors, else of one 2049-token request."""
     groups = storage.pool_groups
     if config.initial_pool_ratio is not None:
-        if len(config.initial_pool_ratio) != len(groups):
-            raise ValueError(
-                f"initial_pool_ratio: expected {len(groups)} entries (one per pool group), "
-                f"got {len(config.initial_pool_ratio)}"
-            )
-        return list(config.initial_pool_ratio)
+        return pool_group_ratio(config.initial_pool_ratio, groups)
     if config.typical_step is None and config.constraints:
         weights = [minimum[pg.index] * pg.slot_bytes for pg in groups]
     else:

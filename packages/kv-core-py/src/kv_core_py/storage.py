@@ -105,6 +105,33 @@ class Storage:
         else:
             self.free(page)
 
+    def adopt(self, block: Block, sibling: Block) -> None:
+        """``block`` replaces ``sibling``, a partial block whose tokens it extends, and takes its
+        pages with their coverage, so the shorter endpoint stays reusable. The sibling leaves
+        the tree (Removed). A page a cache holds leaves with it: that cache (the sibling's
+        writer, or a reader yet to copy it) holds none of ``block``'s other pages, so evicting
+        those would take ``block`` from under it."""
+        for lc, page in enumerate(sibling.pages):
+            if page is None:
+                continue
+            sibling.pages[lc] = None
+            if self.events is not None:
+                self.events.removed(sibling, lc)
+            if page.holders:
+                self.orphan(page)
+            else:
+                page.block = block
+                block.pages[lc] = page
+        self.tree.detach(sibling)
+
+    def orphan(self, page: Page) -> None:
+        """``page`` leaves the tree undropped (a wider page or a longer block replaced it):
+        freed now if nobody holds it, else when its holders let go, as an uncommitted page is."""
+        page.block = None
+        if not page.holders:
+            self.pool_groups[page.pool_group].evictable.remove(page)
+            self.free(page)
+
     def drop(self, page: Page) -> None:
         """Evict a committed droppable page. Losing a full-attention or sink page makes every
         later block unusable, so the block's whole subtree goes; a window page goes alone.

@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import fields
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import kv_api
 from kv_api.errors import BackendError
@@ -97,7 +97,7 @@ def parser() -> argparse.ArgumentParser:
         f"{', '.join(BUILTIN_TRACES)} (default: the embedded workload of chats and documents)",
     )
     r.add_argument(
-        "--backend", help="the backend to replay on (default: $KV_BACKEND, else the preferred installed one)"
+        "--backend", help="the backend to replay on (default: $KV_BACKEND, else the highest-priority installed one)"
     )
     r.add_argument(
         "--tokens-per-block", type=integer(1, 4096), default=32, metavar="N", help="block size (default: 32)"
@@ -153,35 +153,39 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def chosen_backends(args: argparse.Namespace) -> list[Any]:
+def _default_chosen_by() -> str:
+    return "KV_BACKEND" if os.environ.get("KV_BACKEND", "").strip() else "default backend"
+
+
+def chosen_backends(args: argparse.Namespace) -> list[kv_api.Backend]:
     """The backends to replay on, loaded before anything runs; errors name ``--backend`` or
     ``KV_BACKEND``, whichever chose."""
     if args.compare:
-        names = list(kv_api.available_backends())
-        where = "--compare"
-    elif args.backend is not None:
-        names, where = [args.backend], "--backend"
-    else:
-        names = [kv_api.default_backend_name()]
-        where = "KV_BACKEND" if os.environ.get("KV_BACKEND", "").strip() else "default backend"
+        return [kv_api.load_backend(n) for n in kv_api.available_backends()]
     try:
-        return [kv_api.load_backend(n) for n in names]
+        return [kv_api.load_backend(args.backend)]  # None: the default backend
     except BackendError as exc:
-        raise UsageError(f"{where}: {exc}") from None
+        raise UsageError(f"{'--backend' if args.backend is not None else _default_chosen_by()}: {exc}") from None
 
 
 def backends() -> int:
-    """Print every installed backend, its version, build info and capabilities; status 2 if
-    ``KV_BACKEND`` names a backend that does not load, 1 if an installed one fails to load."""
+    """Print the default backend, then every installed backend (highest priority first) with its
+    version, priority, build info and capabilities; status 2 if the default backend does not
+    load, 1 if an installed one fails to load."""
     status = 0
-    default = kv_api.default_backend_name()
     try:
-        kv_api.load_backend(default)
-        print(f"default backend: {default}")
+        print(f"default backend: {kv_api.load_backend().name}")
     except BackendError as exc:
-        error(f"KV_BACKEND: {exc}")
+        error(f"{_default_chosen_by()}: {exc}")
         status = 2
     loadable = kv_api.available_backends()
+    for name in loadable:
+        b = kv_api.load_backend(name)
+        print(f"{name} {b.version} (priority {b.priority})")
+        for key, value in b.build_info().items():
+            print(f"  {key}: {value}")
+        caps = ", ".join(f"{f.name}={getattr(b.capabilities, f.name)}" for f in fields(b.capabilities))
+        print(f"  capabilities: {caps}")
     for name in kv_api.installed_backends():
         if name not in loadable:
             try:
@@ -189,13 +193,6 @@ def backends() -> int:
             except BackendError as exc:
                 print(f"{name}: failed to load\n  {exc}")
                 status = status or 1
-            continue
-        b = kv_api.load_backend(name)
-        print(f"{name} {b.version}")
-        for key, value in b.build_info().items():
-            print(f"  {key}: {value}")
-        caps = ", ".join(f"{f.name}={getattr(b.capabilities, f.name)}" for f in fields(b.capabilities))
-        print(f"  capabilities: {caps}")
     return status
 
 

@@ -50,7 +50,7 @@ def model_config(
     pool_ratio: list[float] | None = None,
 ) -> KVCacheManagerConfig:
     """Key and value buffers of ``bytes_per_token * tokens_per_block`` bytes per layer;
-    ``pool_ratio`` splits the quota between pool groups (default: the manager's split)."""
+    ``pool_ratio`` splits the quota between layer groups (default: the manager's split)."""
     size = bytes_per_token * tokens_per_block
     try:
         kv = [BufferConfig("key", size), BufferConfig("value", size)]

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
-from kv_api import KVCacheManagerConfig
+from kv_api import Backend, KVCacheManagerConfig, create_manager
 from kv_api.errors import HostOOMError
 from kv_replay.model import ModelError, model_config, unbounded_quota
 from kv_replay.plot import check_output, plot_capacity, plot_replay
@@ -29,7 +28,9 @@ def _config(args: argparse.Namespace, quota: int, pool_ratio: list[float] | None
     )
 
 
-def _run(args: argparse.Namespace, backend: Any, config: KVCacheManagerConfig, requests: list[Request]) -> ReplayResult:
+def _run(
+    args: argparse.Namespace, backend: Backend, config: KVCacheManagerConfig, requests: list[Request]
+) -> ReplayResult:
     quota = config.cache_tiers[0].quota
     label = f"replay ({backend.name}, {format_size(quota)})"
     try:
@@ -39,16 +40,21 @@ def _run(args: argparse.Namespace, backend: Any, config: KVCacheManagerConfig, r
     return replayer.run(requests)
 
 
-def _unbounded(args: argparse.Namespace, backend: Any, requests: list[Request]) -> ReplayResult:
+def _unbounded(args: argparse.Namespace, backend: Backend, requests: list[Request]) -> ReplayResult:
     """The same replay where nothing is ever evicted: every pool group can hold the whole trace."""
     tokens = sum(len(r.prompt) + len(r.output) for r in requests)
     smallest = _config(args, 1)
-    groups = len(backend.KVCacheManager(smallest).pool_group_descs)  # how the layers group
-    quota = unbounded_quota(tokens, len(requests), smallest) * groups
-    return _run(args, backend, _config(args, quota, [1.0 / groups] * groups), requests)
+    groups = create_manager(smallest, backend=backend).pool_group_descs  # how the layers group
+    quota = unbounded_quota(tokens, len(requests), smallest) * len(groups)
+    # initial_pool_ratio has one entry per layer group; a pool group's layer groups share its part.
+    ratio = [0.0] * sum(len(pg.life_cycles) for pg in groups)
+    for pg in groups:
+        for lc in pg.life_cycles:
+            ratio[lc] = 1.0 / len(groups) / len(pg.life_cycles)
+    return _run(args, backend, _config(args, quota, ratio), requests)
 
 
-def replay(args: argparse.Namespace, backends: list[Any]) -> int:
+def replay(args: argparse.Namespace, backends: list[Backend]) -> int:
     if args.plot:
         check_output(args.plot)
     configs = [_config(args, quota) for quota in args.quota]  # every quota is valid before anything runs
@@ -60,7 +66,7 @@ def replay(args: argparse.Namespace, backends: list[Any]) -> int:
         return _sweep(args, backends, configs, requests, trace)
     results = [_run(args, backend, configs[0], requests) for backend in backends]
     if args.compare:
-        report: Any = comparison(results)
+        report = comparison(results)
         if args.json:
             print(json.dumps(report, indent=2))
         else:
@@ -80,7 +86,7 @@ def replay(args: argparse.Namespace, backends: list[Any]) -> int:
 
 def _sweep(
     args: argparse.Namespace,
-    backends: list[Any],
+    backends: list[Backend],
     configs: list[KVCacheManagerConfig],
     requests: list[Request],
     trace: str,

@@ -22,11 +22,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from kv_api import KVCacheManagerConfig
+from kv_api import Backend, KVCache, KVCacheManagerConfig, create_manager
 from kv_replay import resident
 from kv_replay.trace import Request
 
@@ -69,6 +69,7 @@ class ReplayResult:
     peak_resident_bytes: int = 0  # the process's, from building the manager to the end of the replay
 
 
+_T = TypeVar("_T")
 _Queued = tuple[int, "np.ndarray[Any, np.dtype[np.int32]]", int, bool]  # index, tokens, generated, first
 
 
@@ -76,7 +77,7 @@ _Queued = tuple[int, "np.ndarray[Any, np.dtype[np.int32]]", int, bool]  # index,
 class _Live:
     index: int
     request: Request
-    cache: Any
+    cache: KVCache
     tokens: np.ndarray[Any, np.dtype[np.int32]]  # prompt + tokens generated before a preemption
     generated: int
     first: bool  # not started yet: its reuse and latency are recorded when it starts
@@ -86,7 +87,7 @@ class _Live:
 class Replayer:
     def __init__(
         self,
-        backend: Any,
+        backend: Backend,
         config: KVCacheManagerConfig,
         max_in_flight: int,
         progress: Callable[[int, int], None] | None = None,
@@ -95,14 +96,14 @@ class Replayer:
             raise ValueError("max_in_flight must be >= 1")
         self.backend = backend
         resident.reset_peak()  # this replay's peak, not an earlier one's
-        self.manager = backend.KVCacheManager(config)
+        self.manager = create_manager(config, backend=backend)
         self.config = config
         self.max_in_flight = max_in_flight
         self.progress = progress
 
     # -- timed manager calls --------------------------------------------------------------------------
 
-    def _timed(self, call: Callable[[], Any], hashed: int = 0) -> Any:
+    def _timed(self, call: Callable[[], _T], hashed: int = 0) -> _T:
         start = time.perf_counter()
         value = call()
         seconds = time.perf_counter() - start

@@ -1,0 +1,207 @@
+"""Config validation: the class and the field named, for every rule; valid configs are frozen."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import pytest
+
+from kv_api import (
+    AttentionLayerConfig,
+    BatchDesc,
+    BufferConfig,
+    DiskCacheTierConfig,
+    GpuCacheTierConfig,
+    HostCacheTierConfig,
+    KVCacheDesc,
+    KVCacheManagerConfig,
+    SsmLayerConfig,
+)
+
+KV = [BufferConfig("key", 512), BufferConfig("value", 512)]
+GPU = [GpuCacheTierConfig(1 << 20)]
+LAYERS = [AttentionLayerConfig(0, KV)]
+
+
+def manager_config(**overrides: Any) -> KVCacheManagerConfig:
+    args: dict[str, Any] = {"tokens_per_block": 32, "cache_tiers": GPU, "layers": LAYERS}
+    args.update(overrides)
+    return KVCacheManagerConfig(**args)
+
+
+BAD: list[tuple[str, Any, type[Exception], str]] = [
+    ("gpu quota 0", lambda: GpuCacheTierConfig(0), ValueError, "GpuCacheTierConfig.quota"),
+    ("gpu quota str", lambda: GpuCacheTierConfig("1"), TypeError, "GpuCacheTierConfig.quota"),  # type: ignore[arg-type]
+    ("gpu quota bool", lambda: GpuCacheTierConfig(True), TypeError, "GpuCacheTierConfig.quota"),
+    ("host quota -1", lambda: HostCacheTierConfig(-1), ValueError, "HostCacheTierConfig.quota"),
+    ("gpu quota 2**63", lambda: GpuCacheTierConfig(2**63), ValueError, "GpuCacheTierConfig.quota"),
+    ("host quota 2**64", lambda: HostCacheTierConfig(2**64), ValueError, "HostCacheTierConfig.quota"),
+    ("disk quota 2**63", lambda: DiskCacheTierConfig(2**63, "/"), ValueError, "DiskCacheTierConfig.quota"),
+    ("disk path missing", lambda: DiskCacheTierConfig(1, "/no/such/dir"), ValueError, "DiskCacheTierConfig.path"),
+    ("buffer size 0", lambda: BufferConfig("key", 0), ValueError, "BufferConfig.size"),
+    ("buffer role int", lambda: BufferConfig(1, 8), TypeError, "BufferConfig.role"),  # type: ignore[arg-type]
+    ("buffer role empty", lambda: BufferConfig("", 8), ValueError, "BufferConfig.role"),
+    ("override 0", lambda: BufferConfig("key", 8, 0), ValueError, "BufferConfig.tokens_per_block_override"),
+    ("layer id -1", lambda: AttentionLayerConfig(-1, KV), ValueError, "AttentionLayerConfig.layer_id"),
+    ("no buffers", lambda: AttentionLayerConfig(0, []), ValueError, "AttentionLayerConfig.buffers"),
+    ("duplicate roles", lambda: AttentionLayerConfig(0, [KV[0], KV[0]]), ValueError, "AttentionLayerConfig.buffers"),
+    ("buffers not configs", lambda: AttentionLayerConfig(0, [1]), TypeError, "AttentionLayerConfig.buffers[0]"),  # type: ignore[list-item]
+    ("window 0", lambda: AttentionLayerConfig(0, KV, 0), ValueError, "AttentionLayerConfig.sliding_window_size"),
+    (
+        "sinks need a window",
+        lambda: AttentionLayerConfig(0, KV, None, 4),
+        ValueError,
+        "AttentionLayerConfig.num_sink_tokens",
+    ),
+    ("ssm override", lambda: SsmLayerConfig(0, [BufferConfig("s", 8, 1)]), ValueError, "SsmLayerConfig.buffers"),
+    ("desc history > capacity", lambda: KVCacheDesc(4, 5), ValueError, "KVCacheDesc.history_length"),
+    ("batch system prompt -1", lambda: BatchDesc([], -1), ValueError, "BatchDesc.system_prompt_length"),
+    ("tpb 0", lambda: manager_config(tokens_per_block=0), ValueError, "KVCacheManagerConfig.tokens_per_block"),
+    ("tpb float", lambda: manager_config(tokens_per_block=32.0), TypeError, "KVCacheManagerConfig.tokens_per_block"),
+    ("no tiers", lambda: manager_config(cache_tiers=[]), ValueError, "KVCacheManagerConfig.cache_tiers"),
+    (
+        "host first",
+        lambda: manager_config(cache_tiers=[HostCacheTierConfig(1)]),
+        ValueError,
+        "KVCacheManagerConfig.cache_tiers",
+    ),
+    (
+        "tiers out of order",
+        lambda: manager_config(cache_tiers=[GPU[0], GPU[0]]),
+        ValueError,
+        "KVCacheManagerConfig.cache_tiers",
+    ),
+    ("no layers", lambda: manager_config(layers=[]), ValueError, "KVCacheManagerConfig.layers"),
+    ("duplicate layer ids", lambda: manager_config(layers=LAYERS * 2), ValueError, "KVCacheManagerConfig.layers"),
+    (
+        "override does not divide",
+        lambda: manager_config(layers=[AttentionLayerConfig(0, [BufferConfig("k", 8, 5)])]),
+        ValueError,
+        "KVCacheManagerConfig.layers[0]",
+    ),
+    (
+        "ssm without snapshots",
+        lambda: manager_config(layers=[SsmLayerConfig(0, [BufferConfig("s", 8)])]),
+        ValueError,
+        "KVCacheManagerConfig.layers[0]",
+    ),
+    (
+        "max util 0",
+        lambda: manager_config(max_util_for_resume=0.0),
+        ValueError,
+        "KVCacheManagerConfig.max_util_for_resume",
+    ),
+    (
+        "max util nan",
+        lambda: manager_config(max_util_for_resume=math.nan),
+        ValueError,
+        "KVCacheManagerConfig.max_util_for_resume",
+    ),
+    (
+        "max util 1.5",
+        lambda: manager_config(max_util_for_resume=1.5),
+        ValueError,
+        "KVCacheManagerConfig.max_util_for_resume",
+    ),
+    (
+        "backoff -1",
+        lambda: manager_config(reuse_match_backoff=-1),
+        ValueError,
+        "KVCacheManagerConfig.reuse_match_backoff",
+    ),
+    (
+        "flag not bool",
+        lambda: manager_config(enable_partial_reuse=1),
+        TypeError,
+        "KVCacheManagerConfig.enable_partial_reuse",
+    ),
+    (
+        "ratio negative",
+        lambda: manager_config(initial_pool_ratio=[-1.0, 2.0]),
+        ValueError,
+        "KVCacheManagerConfig.initial_pool_ratio",
+    ),
+    (
+        "ratio sum",
+        lambda: manager_config(initial_pool_ratio=[0.5, 0.4]),
+        ValueError,
+        "KVCacheManagerConfig.initial_pool_ratio",
+    ),
+    (
+        "constraints not batches",
+        lambda: manager_config(constraints=[1]),
+        TypeError,
+        "KVCacheManagerConfig.constraints[0]",
+    ),
+]
+
+
+@pytest.mark.parametrize(("make", "error", "field"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_invalid_config_names_field(make: Any, error: type[Exception], field: str) -> None:
+    with pytest.raises(error) as info:
+        make()
+    assert type(info.value) is error
+    assert str(info.value).startswith(field + ":"), str(info.value)
+
+
+def test_valid_config_is_frozen_and_normalised(tmp_path: Any) -> None:
+    config = manager_config(
+        cache_tiers=[GPU[0], HostCacheTierConfig(1 << 20), DiskCacheTierConfig(1 << 20, tmp_path)],
+        initial_pool_ratio=[1],
+    )
+    assert isinstance(config.layers, tuple) and isinstance(config.cache_tiers, tuple)
+    assert config.initial_pool_ratio == (1.0,)
+    assert config.cache_tiers[2].path == str(tmp_path)
+    with pytest.raises(AttributeError):
+        config.tokens_per_block = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda: manager_config(initial_pool_ratio=[-1.0, 2.0]),
+            "KVCacheManagerConfig.initial_pool_ratio: initial_pool_ratio values must be positive (got -1.0 at index 0)",
+        ),
+        (
+            lambda: manager_config(initial_pool_ratio=[0.5, 0.0, 0.5]),
+            "KVCacheManagerConfig.initial_pool_ratio: initial_pool_ratio values must be positive (got 0.0 at index 1)",
+        ),
+        (
+            lambda: manager_config(initial_pool_ratio=[0.5, 0.4]),
+            "KVCacheManagerConfig.initial_pool_ratio: initial_pool_ratio values must sum to 1.0 (got 0.9)",
+        ),
+        (
+            lambda: manager_config(max_util_for_resume=1.5),
+            "KVCacheManagerConfig.max_util_for_resume: max_util_for_resume must be in (0, 1] (got 1.5)",
+        ),
+    ],
+    ids=["ratio negative", "ratio zero", "ratio sum", "max util"],
+)
+def test_messages_carry_the_reference_phrases(make: Any, message: str) -> None:
+    """Code written against the reference matches on its phrases; the field is still named first."""
+    with pytest.raises(ValueError) as info:
+        make()
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("window", [None, 8])
+def test_zero_sinks_need_no_window(window: int | None) -> None:
+    """Zero sink tokens are no sinks: valid with or without a window; only a positive count needs one."""
+    layer = AttentionLayerConfig(0, KV, window, 0)
+    assert (layer.sliding_window_size, layer.num_sink_tokens) == (window, 0)
+    assert AttentionLayerConfig(0, KV, 8, 4).num_sink_tokens == 4
+    with pytest.raises(ValueError, match="a positive count requires sliding_window_size"):
+        AttentionLayerConfig(0, KV, None, 1)
+
+
+def test_replace_builds_a_validated_copy() -> None:
+    """Configs stay frozen: ``dataclasses.replace`` is how a changed one is made, validated again."""
+    config = manager_config()
+    changed = dataclasses.replace(config, max_util_for_resume=0.5, initial_pool_ratio=[1])
+    assert (changed.max_util_for_resume, changed.initial_pool_ratio) == (0.5, (1.0,))
+    assert config.max_util_for_resume == 0.97
+    with pytest.raises(ValueError, match="max_util_for_resume must be in"):
+        dataclasses.replace(config, max_util_for_resume=0.0)
