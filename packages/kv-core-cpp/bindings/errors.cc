@@ -26,8 +26,6 @@ PyObject* python_class(ErrorKind kind) {
       return api("OutOfPagesError");
     case ErrorKind::kHostOOM:
       return api("HostOOMError");
-    case ErrorKind::kDiskOOM:
-      return api("DiskOOMError");
     case ErrorKind::kCorrupted:
       return api("CorruptedError");
     case ErrorKind::kNotImplemented:

@@ -1,10 +1,10 @@
-// KVCacheEventManager: argument checks as kv_core_py's, events converted to kv_api.events.
+// KVCacheEventManager: arguments checked (arguments.h) as kv_core_py's, events converted to
+// kv_api.events.
 #include <nanobind/stl/string.h>
 
-#include <climits>
-#include <cmath>
 #include <variant>
 
+#include "arguments.h"
 #include "bind.h"
 #include "kvcore/event_hash.h"
 #include "py_objects.h"
@@ -62,31 +62,14 @@ nb::object event_object(const Event& e, const char* algo) {
 }
 
 void init(PyEventManager* self, nb::handle max_entries, nb::handle hash_algo) {
-  // kv_core_py.event_manager.check_event_args, in its order and words.
-  if (PyBool_Check(max_entries.ptr()) || !PyLong_Check(max_entries.ptr())) {
-    raise(PyExc_TypeError, "max_kv_event_entries: expected an int, got " + py_type_name(max_entries));
-  }
-  if (!PyUnicode_Check(hash_algo.ptr())) {
-    raise(PyExc_TypeError, "hash_algo: expected a str, got " + py_type_name(hash_algo));
-  }
-  const std::string name = nb::cast<std::string>(hash_algo);
-  if (name != "auto" && name != "v2_sha256" && name != "v2_sha256_64" && name != "v1_block_key") {
-    raise(PyExc_ValueError,
-          "hash_algo: Unsupported V2 KV cache event hash algorithm: " + nb::cast<std::string>(nb::repr(hash_algo)) +
-              " (expected auto, v2_sha256, v2_sha256_64, v1_block_key)");
-  }
-  int overflow = 0;
-  long long n = PyLong_AsLongLongAndOverflow(max_entries.ptr(), &overflow);
-  if (overflow) n = overflow > 0 ? LLONG_MAX : LLONG_MIN;
-  new (self) PyEventManager{std::make_unique<KVCacheEventManager>(n, parse_hash_algo(name))};
+  // kv_core_py.event_manager.check_event_args' order.
+  const std::int64_t n = arg::event_entries(max_entries);
+  const HashAlgo algo = arg::hash_algo(hash_algo);
+  new (self) PyEventManager{std::make_unique<KVCacheEventManager>(n, algo)};
 }
 
 nb::list latest(PyEventManager& self, nb::handle timeout_ms) {
-  double timeout = -1;  // None: wait for events
-  if (!timeout_ms.is_none()) {
-    timeout = nb::cast<double>(nb::float_(timeout_ms));
-    if (!(timeout > 0)) timeout = 0;
-  }
+  const double timeout = arg::timeout_ms(timeout_ms);
   std::vector<Event> events;
   {
     nb::gil_scoped_release release;

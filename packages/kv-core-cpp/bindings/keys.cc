@@ -1,10 +1,12 @@
-// Block keys and event hash forms; argument checks in kv_api.keys' order and wording.
+// Block keys and event hash forms; arguments checked (arguments.h) in kv_api.keys' order.
 #include <nanobind/stl/string.h>
 
 #include <memory>
 
+#include "arguments.h"
 #include "bind.h"
 #include "kvcore/block_keys.h"
+#include "kvcore/constants.h"
 #include "kvcore/event_hash.h"
 #include "python_api.h"
 #include "token_input.h"
@@ -23,9 +25,9 @@ struct KeyArgs {
 };
 
 KeyArgs key_args(nb::handle tokens_per_block, nb::handle scope, nb::handle format) {
-  const std::uint64_t tpb = int_at_least("tokens_per_block", tokens_per_block, 1);
-  ReuseScope s = py::reuse_scope(scope);
-  return {static_cast<std::size_t>(tpb), s, key_format(format)};
+  const std::uint64_t tpb = arg::int_at_least("tokens_per_block", tokens_per_block, 1);
+  const ReuseScope s = arg::reuse_scope(scope);
+  return {static_cast<std::size_t>(tpb), s, arg::key_format(format)};
 }
 
 nb::bytes digest_bytes(const Digest& d) { return nb::bytes(reinterpret_cast<const char*>(d.data()), d.size()); }
@@ -34,7 +36,7 @@ nb::bytes py_block_keys(nb::handle tokens_per_block, nb::handle scope, nb::handl
   const KeyArgs args = key_args(tokens_per_block, scope, format);
   TokenInput input(tokens, args.format);
   const Tokens& t = input.tokens();
-  const std::size_t size = 32 * (1 + num_blocks(t.count, args.tokens_per_block));
+  const std::size_t size = 32 * (1 + ceil_div(t.count, args.tokens_per_block));
   nb::object out = nb::steal(PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(size)));
   if (!out.is_valid()) throw nb::python_error();
   auto* dst = reinterpret_cast<std::uint8_t*>(PyBytes_AS_STRING(out.ptr()));
@@ -81,19 +83,16 @@ PyBlockKeyIterator py_sequence_to_blockchain_keys(nb::handle tokens_per_block, n
 }
 
 nb::bytes py_reuse_scope_to_bytes(nb::handle scope) {
-  const std::vector<std::uint8_t> b = reuse_scope_bytes(reuse_scope(scope));
+  const std::vector<std::uint8_t> b = reuse_scope_to_bytes(arg::reuse_scope(scope));
   return nb::bytes(reinterpret_cast<const char*>(b.data()), b.size());
 }
 
 nb::list py_gen_multimodal_cache_key_tokens(nb::handle id_offset, nb::handle digest, nb::handle num_tokens,
                                             nb::handle token_offset, nb::handle uuid) {
-  int_at_least("id_offset", id_offset, 0);
-  if (!PyBytes_Check(digest.ptr())) raise(PyExc_TypeError, "digest: expected bytes, got " + py_type_name(digest));
-  if (PyBytes_GET_SIZE(digest.ptr()) != 32) {
-    raise(PyExc_ValueError, "digest: must be 32 bytes (got " + std::to_string(PyBytes_GET_SIZE(digest.ptr())) + ")");
-  }
-  const std::uint64_t n = int_at_least("num_tokens", num_tokens, 1);
-  int_at_least("token_offset", token_offset, 0);
+  arg::int_at_least("id_offset", id_offset, 0);
+  arg::digest("digest", digest);
+  const std::uint64_t n = arg::int_at_least("num_tokens", num_tokens, 1);
+  arg::int_at_least("token_offset", token_offset, 0);
   // Python ints, so offsets of any size give the reference's values.
   nb::object offset = nb::steal(PyNumber_Index(id_offset.ptr()));
   nb::object start = nb::steal(PyNumber_Index(token_offset.ptr()));
@@ -114,45 +113,36 @@ nb::list py_gen_multimodal_cache_key_tokens(nb::handle id_offset, nb::handle dig
 }  // namespace
 
 void bind_keys(nb::module_& m) {
-  const auto u32 = nb::str("sha256-u32");
+  const auto default_format = nb::str(key_format_name(kDefaultKeyFormat));
   m.def("block_keys", &py_block_keys, nb::arg("tokens_per_block"), nb::arg("reuse_scope").none(),
-        nb::arg("tokens").none(), nb::arg("key_format") = u32,
+        nb::arg("tokens").none(), nb::arg("key_format") = default_format,
         "The chained keys of ``tokens``, root first, concatenated (32 bytes each).");
   nb::class_<PyBlockKeyIterator>(m, "BlockKeyIterator")
       .def("__iter__", [](nb::handle self) { return self; })
       .def("__next__", &PyBlockKeyIterator::next);
   m.def("sequence_to_blockchain_keys", &py_sequence_to_blockchain_keys, nb::arg("tokens_per_block"),
-        nb::arg("reuse_scope").none(), nb::arg("tokens").none(), nb::arg("key_format") = u32,
+        nb::arg("reuse_scope").none(), nb::arg("tokens").none(), nb::arg("key_format") = default_format,
         "Yield ``([], root_key)`` then ``(block_tokens, block_key)`` per block; validates now, hashes lazily.");
   m.def("reuse_scope_to_bytes", &py_reuse_scope_to_bytes, nb::arg("reuse_scope").none());
   m.def("gen_multimodal_cache_key_tokens", &py_gen_multimodal_cache_key_tokens, nb::arg("id_offset"), nb::arg("digest"),
         nb::arg("num_tokens"), nb::arg("token_offset") = 0, nb::arg("uuid").none() = nb::none());
   m.def(
-      "cache_salt_to_id",
-      [](nb::handle salt) {
-        if (!PyUnicode_Check(salt.ptr()))
-          raise(PyExc_TypeError, "cache_salt: expected a str, got " + py_type_name(salt));
-        Py_ssize_t size = 0;
-        const char* utf8 = PyUnicode_AsUTF8AndSize(salt.ptr(), &size);
-        if (!utf8) throw nb::python_error();
-        return cache_salt_to_id(std::string_view(utf8, static_cast<std::size_t>(size)));
-      },
+      "cache_salt_to_id", [](nb::handle salt) { return cache_salt_to_id(arg::str("cache_salt", salt)); },
       nb::arg("cache_salt"));
   m.def(
-      "block_hash_v2_sha256", [](nb::handle key) { return block_hash_v2_sha256(key_digest("key", key)); },
+      "block_hash_v2_sha256", [](nb::handle key) { return block_hash_v2_sha256(arg::digest("key", key)); },
       nb::arg("key"));
   m.def(
-      "block_hash_v2_sha256_64", [](nb::handle key) { return block_hash_v2_sha256_64(key_digest("key", key)); },
+      "block_hash_v2_sha256_64", [](nb::handle key) { return block_hash_v2_sha256_64(arg::digest("key", key)); },
       nb::arg("key"));
   m.def(
       "block_hash_v1",
       [](nb::handle tokens, nb::handle parent_hash, nb::handle scope) {
-        const ReuseScope s = reuse_scope(scope);
-        const std::uint64_t parent = u64("parent_hash", parent_hash);
+        const ReuseScope s = arg::reuse_scope(scope);
+        const std::uint64_t parent = arg::u64("parent_hash", parent_hash);
         TokenInput input(tokens, KeyFormat::kU64);
         if (!input.tokens().digests.empty()) {
-          raise(PyExc_ValueError, "token " + std::to_string(input.tokens().digests[0].position) +
-                                      ": a digest token has no v1_block_key form");
+          fail(PyExc_ValueError, msg::kNoV1Form, {std::to_string(input.tokens().digests[0].position)});
         }
         return block_hash_v1(input.tokens(), parent, s);
       },

@@ -1,13 +1,14 @@
-// KVCache: state checks first, then arguments (as kv_core_py), then kvcore::KVCache without the GIL.
+// KVCache: state checks first, then arguments (arguments.h; as kv_core_py), then kvcore::KVCache
+// without the GIL.
 #include "kvcore/kv_cache.h"
 
 #include <nanobind/stl/string.h>
 
 #include <algorithm>
-#include <climits>
-#include <cstring>
 
+#include "arguments.h"
 #include "bind.h"
+#include "kvcore/cache_context.h"
 #include "kvcore/constants.h"
 #include "py_objects.h"
 #include "python_api.h"
@@ -17,7 +18,7 @@ namespace kvcore::py {
 PyKVCache::~PyKVCache() {
   // Closing takes the manager's lock, which a thread waiting for the GIL may hold: close
   // without the GIL, then destroy the (closed) cache with it.
-  if (cache && cache->status() != CacheStatus::kClosed && !cache->manager().is_shut_down()) {
+  if (cache && cache->status() != CacheStatus::kClosed && !cache->context().is_shut_down) {
     nb::gil_scoped_release release;
     cache->close();
   }
@@ -37,27 +38,16 @@ nb::object int_array(const std::vector<std::int32_t>& values) {
 }
 
 int group_arg(PyKVCache& self, nb::handle layer_group, nb::handle beam) {
-  const std::uint64_t lg = int_at_least("layer_group", layer_group, 0);
-  const int n = self.cache->num_layer_groups();
-  if (lg >= static_cast<std::uint64_t>(n)) {
-    raise(PyExc_IndexError, "layer_group " + str(nb::steal(PyNumber_Index(layer_group.ptr()))) + " out of range (0.." +
-                                std::to_string(n - 1) + ")");
-  }
-  const std::uint64_t b = int_at_least("beam", beam, 0);
-  if (b != 0)
-    raise(PyExc_IndexError, "beam " + str(nb::steal(PyNumber_Index(beam.ptr()))) + " out of range (beam width 1)");
+  const auto lg =
+      arg::index_below("layer_group", layer_group, static_cast<std::size_t>(self.cache->num_layer_groups()));
+  arg::beam(beam);
   return static_cast<int>(lg);
-}
-
-std::optional<std::int64_t> length_arg(const char* where, nb::handle value) {
-  if (value.is_none()) return std::nullopt;
-  return static_cast<std::int64_t>(std::min<std::uint64_t>(int_at_least(where, value, 0), LLONG_MAX));
 }
 
 bool resize(PyKVCache& self, nb::handle capacity, nb::handle history_length) {
   self.cache->require(CacheStatus::kActive, "resize");
-  const auto cap = length_arg("capacity", capacity);
-  const auto hist = length_arg("history_length", history_length);
+  const auto cap = arg::optional_count("capacity", capacity);
+  const auto hist = arg::optional_count("history_length", history_length);
   nb::gil_scoped_release release;
   return self.cache->resize(cap, hist);
 }
@@ -66,7 +56,7 @@ void commit(PyKVCache& self, nb::handle tokens, nb::handle is_end) {
   self.cache->require(CacheStatus::kActive, "commit");
   self.cache->require_commit_allowed();
   const TokenList list = token_list(tokens, nb::cast<PyManager&>(self.manager).manager->config().key_format);
-  const bool end = PyObject_IsTrue(is_end.ptr()) == 1;
+  const bool end = arg::truthy(is_end);
   nb::gil_scoped_release release;
   self.cache->commit(list, end);
 }
@@ -85,25 +75,7 @@ void set_buffer(PyKVCache& self, nb::handle beam, nb::handle layer_group, nb::ha
     }
     return;
   }
-  Py_buffer view;
-  if (PyObject_GetBuffer(buf.ptr(), &view, PyBUF_FULL_RO) != 0) {
-    PyErr_Clear();
-    raise(PyExc_TypeError, "buf: expected a writable int32 buffer, got " + py_type_name(buf));
-  }
-  const char* fmt = view.format ? view.format : "B";
-  const bool int32 =
-      !std::strcmp(fmt, "i") || !std::strcmp(fmt, "@i") || !std::strcmp(fmt, "=i") || !std::strcmp(fmt, "<i");
-  std::string problem;
-  if (view.readonly || view.ndim != 1 || !int32) {
-    problem = std::string("buf: must be a writable 1-D buffer of format 'i' (got format ") +
-              nb::cast<std::string>(nb::repr(nb::str(fmt))) + ")";
-  } else if (!PyBuffer_IsContiguous(&view, 'C')) {
-    problem = "buf: must be contiguous";
-  }
-  if (!problem.empty()) {
-    PyBuffer_Release(&view);
-    raise(PyExc_ValueError, problem);
-  }
+  Py_buffer view = arg::index_buffer(buf);
   try {
     nb::gil_scoped_release release;
     self.cache->set_index_buffer(
@@ -116,6 +88,8 @@ void set_buffer(PyKVCache& self, nb::handle beam, nb::handle layer_group, nb::ha
   if (it != self.buffers.end()) PyBuffer_Release(&it->second);
   self.buffers[lg] = view;
 }
+
+PyObject* out_of_pages() { return kv_api().errors.attr("OutOfPagesError").ptr(); }
 
 template <typename F>
 auto unlocked(F&& f) {
@@ -131,7 +105,7 @@ void bind_kv_cache(nb::module_& m) {
       .def_prop_ro("id", [](PyKVCache& self) { return self.cache->id(); })
       .def_prop_ro("status", [](PyKVCache& self) { return status_object(self.cache->status()); })
       .def_prop_ro("is_active", [](PyKVCache& self) { return self.cache->status() == CacheStatus::kActive; })
-      .def_prop_ro("tokens_per_block", [](PyKVCache& self) { return self.cache->manager().tokens_per_block(); })
+      .def_prop_ro("tokens_per_block", [](PyKVCache& self) { return self.cache->tokens_per_block(); })
       .def_prop_ro("beam_width", [](PyKVCache&) { return 1; })
       .def_prop_ro("reuse_scope", [](PyKVCache& self) { return scope_object(self.cache->reuse_scope()); })
       .def_prop_ro("num_committed_tokens", [](PyKVCache& self) { return self.cache->num_committed_tokens(); })
@@ -141,16 +115,12 @@ void bind_kv_cache(nb::module_& m) {
       .def_prop_rw(
           "history_length", [](PyKVCache& self) { return self.cache->history_length(); },
           [](PyKVCache& self, nb::handle value) {
-            if (!resize(self, nb::none(), value)) {
-              raise(kv_api().errors.attr("OutOfPagesError").ptr(), "history_length: not enough pages");
-            }
+            if (!resize(self, nb::none(), value)) fail(out_of_pages(), msg::kNotEnoughPages, {"history_length"});
           })
       .def_prop_rw(
           "capacity", [](PyKVCache& self) { return self.cache->capacity(); },
           [](PyKVCache& self, nb::handle value) {
-            if (!resize(self, value, nb::none())) {
-              raise(kv_api().errors.attr("OutOfPagesError").ptr(), "capacity: not enough pages");
-            }
+            if (!resize(self, value, nb::none())) fail(out_of_pages(), msg::kNotEnoughPages, {"capacity"});
           })
       .def(
           "resume", [](PyKVCache& self, nb::handle) { return unlocked([&] { return self.cache->resume(); }); },
@@ -172,8 +142,7 @@ void bind_kv_cache(nb::module_& m) {
           [](PyKVCache& self, nb::handle layer_group, nb::handle beam, nb::handle valid_only) {
             const int lg = group_arg(self, layer_group, beam);
             std::vector<std::int32_t> idx = unlocked([&] { return self.cache->base_page_indices(lg); });
-            if (PyObject_IsTrue(valid_only.ptr()) == 1)
-              idx.erase(std::remove(idx.begin(), idx.end(), kBadPageIndex), idx.end());
+            if (arg::truthy(valid_only)) idx.erase(std::remove(idx.begin(), idx.end(), kBadPageIndex), idx.end());
             return int_array(idx);
           },
           nb::arg("layer_group"), nb::arg("beam") = 0, nb::arg("valid_only") = false)

@@ -1,15 +1,14 @@
-// KVCacheManager: reads the kv_api config, checks arguments in kv_core_py's order and words,
-// and calls kvcore::KVCacheManager without the GIL.
+// KVCacheManager: reads the kv_api config, checks arguments (arguments.h) in kv_core_py's
+// order, and calls kvcore::KVCacheManager without the GIL.
 #include "kvcore/manager.h"
 
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include <climits>
 #include <memory>
 
+#include "arguments.h"
 #include "bind.h"
-#include "kvcore/constants.h"
 #include "py_objects.h"
 #include "python_api.h"
 #include "token_input.h"
@@ -79,17 +78,8 @@ nb::tuple life_cycle_objects(const KVCacheManager& manager) {
 }
 
 void init(PyManager* self, nb::handle config, nb::handle event_manager) {
-  if (!nb::isinstance(config, kv_api().manager_config)) {
-    raise(PyExc_TypeError, "config: expected KVCacheManagerConfig, got " + py_type_name(config));
-  }
-  KVCacheEventManager* events = nullptr;
-  if (!event_manager.is_none()) {
-    if (!nb::isinstance<PyEventManager>(event_manager)) {
-      raise(PyExc_TypeError,
-            "event_manager: expected this backend's KVCacheEventManager, got " + py_type_name(event_manager));
-    }
-    events = nb::cast<PyEventManager&>(event_manager).events.get();
-  }
+  arg::manager_config(config);
+  KVCacheEventManager* events = arg::event_manager(event_manager);
   const KVCacheManagerConfig c = manager_config(config);
   std::unique_ptr<KVCacheManager> manager;
   {
@@ -100,44 +90,12 @@ void init(PyManager* self, nb::handle config, nb::handle event_manager) {
   new (self) PyManager{nb::borrow(config), nb::borrow(event_manager), std::move(manager), life_cycles};
 }
 
-// --- arguments -------------------------------------------------------------------------------
-
-std::int64_t layer_arg(nb::handle layer_id) {
-  if (PyBool_Check(layer_id.ptr()) || !PyIndex_Check(layer_id.ptr())) {
-    raise(PyExc_TypeError, "layer_id: expected an int, got " + py_type_name(layer_id));
-  }
-  nb::object index = nb::steal(PyNumber_Index(layer_id.ptr()));
-  int overflow = 0;
-  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
-  if (overflow) raise(PyExc_KeyError, "no layer " + str(index));
-  return v;
-}
-
-std::string role_arg(nb::handle role) {
-  if (!PyUnicode_Check(role.ptr())) raise(PyExc_TypeError, "role: expected a str, got " + py_type_name(role));
-  return nb::cast<std::string>(role);
-}
+// --- layers --------------------------------------------------------------------------------
 
 const BufferPlacement& placement(PyManager& self, nb::handle layer_id, nb::handle role) {
   self.manager->require_live();
-  const std::int64_t layer = layer_arg(layer_id);
-  return self.manager->storage_config().placement(layer, role_arg(role));
-}
-
-int level_arg(nb::handle level) {
-  const std::uint64_t v = int_at_least("level", level, 0);
-  if (v != kGpuLevel)
-    raise(PyExc_IndexError, "level " + str(nb::steal(PyNumber_Index(level.ptr()))) + " out of range (one cache level)");
-  return kGpuLevel;
-}
-
-std::uint64_t index_arg(const char* where, nb::handle value, std::size_t size) {
-  const std::uint64_t v = int_at_least(where, value, 0);
-  if (v >= size) {
-    raise(PyExc_IndexError, std::string(where) + " " + str(nb::steal(PyNumber_Index(value.ptr()))) +
-                                " out of range (0.." + std::to_string(static_cast<long long>(size) - 1) + ")");
-  }
-  return v;
+  const std::int64_t layer = arg::layer_id(layer_id);
+  return self.manager->storage_config().placement(layer, arg::str("role", role));
 }
 
 // --- memory ----------------------------------------------------------------------------------
@@ -160,8 +118,8 @@ nb::object pool_memory(nb::handle self_handle, nb::handle pool_group, nb::handle
   PyManager& self = nb::cast<PyManager&>(self_handle);
   self.manager->require_live();
   auto& groups = self.manager->storage().pool_groups();
-  const std::uint64_t g = index_arg("pool_group", pool_group, groups.size());
-  const std::uint64_t p = index_arg("pool", pool, groups[g].pools.size());
+  const std::uint64_t g = arg::index_below("pool_group", pool_group, groups.size());
+  const std::uint64_t p = arg::index_below("pool", pool, groups[g].pools.size());
   const MemoryPool& mp = groups[g].pools[p];
   nb::object buffer = nb::cast(PoolBuffer{nb::borrow(self_handle), mp.data(), static_cast<Py_ssize_t>(mp.size())});
   return nb::steal(PyMemoryView_FromObject(buffer.ptr()));
@@ -184,16 +142,7 @@ PriorityCallback priority_callback(nb::handle callback, PyManager& self) {
   PyObject* life_cycles = self.life_cycles.ptr();
   return [fn, life_cycles](std::int64_t ordinal, int lc) -> int {
     nb::gil_scoped_acquire acquire;
-    nb::object value = nb::handle(fn)(ordinal, nb::handle(PyTuple_GET_ITEM(life_cycles, lc)));
-    if (PyBool_Check(value.ptr()) || !PyLong_Check(value.ptr())) {
-      raise(PyExc_TypeError, "custom_priority_callback: expected an int, got " + py_type_name(value));
-    }
-    int overflow = 0;
-    const long long v = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
-    if (overflow || v < kMinPriority || v > kMaxPriority) {
-      raise(PyExc_ValueError, "custom_priority_callback: " + str(value) + " is outside [0, 100]");
-    }
-    return static_cast<int>(v);
+    return arg::priority(nb::handle(fn)(ordinal, nb::handle(PyTuple_GET_ITEM(life_cycles, lc))));
   };
 }
 
@@ -201,14 +150,10 @@ nb::object create_kv_cache(nb::handle self_handle, nb::handle reuse_scope_arg, n
                            nb::handle callback) {
   PyManager& self = nb::cast<PyManager&>(self_handle);
   self.manager->require_live();
-  if (!callback.is_none() && !PyCallable_Check(callback.ptr())) {
-    raise(PyExc_TypeError, "custom_priority_callback: expected a callable or None");
-  }
-  const ReuseScope scope = reuse_scope(reuse_scope_arg);
+  arg::callable_or_none(callback);
+  const ReuseScope scope = arg::reuse_scope(reuse_scope_arg);
   const auto input = tokens_arg(self, input_tokens);
-  std::optional<std::int64_t> cache_id;
-  if (!id.is_none())
-    cache_id = static_cast<std::int64_t>(std::min<std::uint64_t>(int_at_least("id", id, 0), LLONG_MAX));
+  const std::optional<std::int64_t> cache_id = arg::optional_count("id", id);
   PriorityCallback priority = priority_callback(callback, self);
   std::unique_ptr<KVCache> cache;
   {
@@ -221,7 +166,7 @@ nb::object create_kv_cache(nb::handle self_handle, nb::handle reuse_scope_arg, n
 
 std::int64_t probe_reuse(PyManager& self, nb::handle reuse_scope_arg, nb::handle tokens) {
   self.manager->require_live();
-  const ReuseScope scope = reuse_scope(reuse_scope_arg);
+  const ReuseScope scope = arg::reuse_scope(reuse_scope_arg);
   const auto input = tokens_arg(self, tokens);
   nb::gil_scoped_release release;
   return self.manager->probe_reuse(scope, input->tokens());
@@ -229,7 +174,7 @@ std::int64_t probe_reuse(PyManager& self, nb::handle reuse_scope_arg, nb::handle
 
 nb::object probe_first_new_block_key(PyManager& self, nb::handle reuse_scope_arg, nb::handle tokens) {
   self.manager->require_live();
-  const ReuseScope scope = reuse_scope(reuse_scope_arg);
+  const ReuseScope scope = arg::reuse_scope(reuse_scope_arg);
   const auto input = tokens_arg(self, tokens);
   std::optional<Digest> key;
   {
@@ -258,7 +203,7 @@ nb::object stats(PyManager& self, CacheStats (KVCacheManager::*take)()) {
 }
 
 nb::list storage_statistics(PyManager& self, nb::handle level) {
-  level_arg(level);
+  arg::cache_level(level);
   std::vector<StorageStatistics> stats;
   {
     nb::gil_scoped_release release;
@@ -312,14 +257,14 @@ void bind_manager(nb::module_& m) {
           "get_layer_group_id",
           [](PyManager& self, nb::handle layer_id) {
             self.manager->require_live();
-            return self.manager->registry().life_cycle_of(layer_arg(layer_id));
+            return self.manager->registry().life_cycle_of(arg::layer_id(layer_id));
           },
           nb::arg("layer_id"))
       .def(
           "get_mem_pool_base_address",
           [](PyManager& self, nb::handle layer_id, nb::handle role, nb::handle index_mode) {
             const BufferPlacement& p = placement(self, layer_id, role);
-            const bool shared = nb::cast<int>(api("PageIndexMode")(index_mode)) == 1;
+            const bool shared = arg::shared_index_mode(index_mode);
             const int pg = self.manager->storage_config().pool_group_of(p.life_cycle);
             const auto base =
                 reinterpret_cast<std::uintptr_t>(self.manager->storage().pool_groups()[pg].pools[p.pool].data());
@@ -353,7 +298,7 @@ void bind_manager(nb::module_& m) {
       .def(
           "get_quota",
           [](PyManager& self, nb::handle level) {
-            level_arg(level);
+            arg::cache_level(level);
             self.manager->require_live();
             return self.manager->counts().quota;
           },

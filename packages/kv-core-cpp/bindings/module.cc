@@ -7,6 +7,7 @@
 #include "kvcore/build_info.h"
 #include "kvcore/constants.h"
 #include "kvcore/sha256.h"
+#include "kvcore/tokens.h"
 #include "python_api.h"
 
 namespace nb = nanobind;
@@ -30,6 +31,10 @@ NB_MODULE(_core, m) {
   m.attr("MIN_PRIORITY") = kvcore::kMinPriority;
   m.attr("DEFAULT_PRIORITY") = kvcore::kDefaultPriority;
   m.attr("MAX_PRIORITY") = kvcore::kMaxPriority;
+  nb::list formats;
+  for (const char* name : kvcore::kKeyFormatNames) formats.append(name);
+  m.attr("KEY_FORMATS") = nb::steal(PyList_AsTuple(formats.ptr()));
+  m.attr("DEFAULT_KEY_FORMAT") = kvcore::key_format_name(kvcore::kDefaultKeyFormat);
 
   m.def("build_info", &kvcore::build_info, "Compiler, flags, build type and the SHA-256 transform in use.");
   m.def("sha256_transforms", &kvcore::sha256::available, "SHA-256 transforms this build and CPU can run.");

@@ -1,9 +1,5 @@
 #include "python_api.h"
 
-#include <climits>
-#include <cstring>
-
-#include "kvcore/error.h"
 #include "token_input.h"
 
 namespace kvcore::py {
@@ -39,74 +35,7 @@ std::string py_type_name(nb::handle obj) { return nb::cast<std::string>(nb::hand
 
 std::string str(nb::handle obj) { return nb::cast<std::string>(nb::str(obj)); }
 
-namespace {
-
-// kv_api._check.int_in_range with an optional upper bound of 2**64.
-std::uint64_t int_in_range(const char* where, nb::handle value, std::int64_t low, bool below_2_64) {
-  if (PyBool_Check(value.ptr()) || !PyIndex_Check(value.ptr())) {
-    raise(PyExc_TypeError, std::string(where) + ": expected an int, got " + py_type_name(value));
-  }
-  nb::object index = nb::steal(PyNumber_Index(value.ptr()));
-  if (!index.is_valid()) throw nb::python_error();
-  const std::string rule =
-      below_2_64 ? "in [" + std::to_string(low) + ", 18446744073709551616)" : ">= " + std::to_string(low);
-  int overflow = 0;
-  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
-  if (overflow < 0 || (overflow == 0 && v < low)) {
-    raise(PyExc_ValueError, std::string(where) + ": must be " + rule + " (got " + str(index) + ")");
-  }
-  if (overflow == 0) return static_cast<std::uint64_t>(v);
-  const unsigned long long u = PyLong_AsUnsignedLongLong(index.ptr());
-  if (!PyErr_Occurred()) return u;
-  PyErr_Clear();
-  if (below_2_64) raise(PyExc_ValueError, std::string(where) + ": must be " + rule + " (got " + str(index) + ")");
-  return ULLONG_MAX;  // beyond any size this process can hold
-}
-
-}  // namespace
-
-std::uint64_t int_at_least(const char* where, nb::handle value, std::int64_t low) {
-  return int_in_range(where, value, low, false);
-}
-
-std::uint64_t u64(const char* where, nb::handle value) { return int_in_range(where, value, 0, true); }
-
-ReuseScope reuse_scope(nb::handle scope) {
-  ReuseScope out;
-  if (scope.is_none()) return out;
-  if (!nb::isinstance(scope, kv_api().reuse_scope)) {
-    raise(PyExc_TypeError, "reuse_scope: expected ReuseScope or None, got " + py_type_name(scope));
-  }
-  // ReuseScope validated its fields (u64 or None) when it was built.
-  nb::object lora = scope.attr("lora_id"), salt = scope.attr("salt");
-  if (!lora.is_none()) out.lora_id = nb::cast<std::uint64_t>(lora);
-  if (!salt.is_none()) out.salt = nb::cast<std::uint64_t>(salt);
-  return out;
-}
-
-KeyFormat key_format(nb::handle format) {
-  if (!PyUnicode_Check(format.ptr())) {
-    raise(PyExc_TypeError, "key_format: expected a str, got " + py_type_name(format));
-  }
-  const std::string name = nb::cast<std::string>(format);
-  if (name != "sha256-u32" && name != "sha256-u64") {
-    raise(PyExc_ValueError, "key_format: unknown " + nb::cast<std::string>(nb::repr(format)) +
-                                " (expected one of sha256-u32, sha256-u64)");
-  }
-  return parse_key_format(name);
-}
-
-Digest key_digest(const char* where, nb::handle key) {
-  if (!PyBytes_Check(key.ptr()))
-    raise(PyExc_TypeError, std::string(where) + ": expected bytes, got " + py_type_name(key));
-  if (PyBytes_GET_SIZE(key.ptr()) != 32) {
-    raise(PyExc_ValueError,
-          std::string(where) + ": must be 32 bytes (got " + std::to_string(PyBytes_GET_SIZE(key.ptr())) + ")");
-  }
-  Digest d;
-  std::memcpy(d.data(), PyBytes_AS_STRING(key.ptr()), d.size());
-  return d;
-}
+std::string py_repr(nb::handle obj) { return nb::cast<std::string>(nb::repr(obj)); }
 
 TokenList token_list(nb::handle tokens, KeyFormat format) {
   if (tokens.is_none()) return TokenList{};

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "arguments.h"
 #include "python_api.h"
 
 namespace kvcore::py {
@@ -26,7 +27,7 @@ TokenInput::TokenInput(nb::handle tokens, KeyFormat format) {
   } else if (PyObject_CheckBuffer(obj)) {
     view_buffer(tokens, format);
   } else if (PyUnicode_Check(obj) || PyDict_Check(obj)) {
-    raise(PyExc_TypeError, "tokens: expected a buffer or an iterable of tokens, got " + py_type_name(tokens));
+    fail(PyExc_TypeError, msg::kExpectedTokens, {py_type_name(tokens)});
   } else {
     pack_iterable(tokens, format);
   }
@@ -42,13 +43,11 @@ void TokenInput::view_buffer(nb::handle obj, KeyFormat format) {
   const char order = std::strchr("@=<>!", fmt[0]) && fmt[0] ? fmt[0] : '@';
   const char* letter = order == fmt[0] ? fmt + 1 : fmt;
   if (view_.ndim != 1) {
-    raise(PyExc_TypeError, "tokens: a token buffer must be 1-D (got " + std::to_string(view_.ndim) + " dimensions)");
+    fail(PyExc_TypeError, msg::kTokenBufferDims, {std::to_string(view_.ndim)});
   }
   const bool integer = std::strlen(letter) == 1 && std::strchr("bBhHiIlLqQnN", letter[0]);
   if (!integer || (view_.itemsize != 4 && view_.itemsize != 8) || !native_order(order)) {
-    raise(PyExc_TypeError, "tokens: a token buffer must hold 4- or 8-byte integers in native byte order (got format " +
-                               nb::cast<std::string>(nb::repr(nb::str(fmt))) + ", itemsize " +
-                               std::to_string(view_.itemsize) + ")");
+    fail(PyExc_TypeError, msg::kTokenBufferFormat, {py_repr(nb::str(fmt)), std::to_string(view_.itemsize)});
   }
   tokens_.data = static_cast<const std::uint8_t*>(view_.buf);
   tokens_.count = static_cast<std::size_t>(view_.shape[0]);
@@ -114,7 +113,7 @@ void TokenInput::pack_iterable(nb::handle obj, KeyFormat format) {
   nb::object it = nb::steal(PyObject_GetIter(obj.ptr()));
   if (!it.is_valid()) {
     PyErr_Clear();
-    raise(PyExc_TypeError, "tokens: expected a buffer or an iterable of tokens, got " + py_type_name(obj));
+    fail(PyExc_TypeError, msg::kExpectedTokens, {py_type_name(obj)});
   }
   tokens_.width = static_cast<std::uint8_t>(token_width(format));
   tokens_.stride = tokens_.width;
@@ -132,11 +131,10 @@ void TokenInput::pack_iterable(nb::handle obj, KeyFormat format) {
 
 void TokenInput::push(std::size_t position, nb::handle item, KeyFormat format) {
   // The order of these rules is kv_api.keys._normalise's.
-  const std::string where = "token " + std::to_string(position);
   if (PyBytes_Check(item.ptr())) {
     const Py_ssize_t size = PyBytes_GET_SIZE(item.ptr());
     if (size != 32) {
-      raise(PyExc_ValueError, where + ": a digest token must be 32 bytes (got " + std::to_string(size) + ")");
+      fail(PyExc_ValueError, msg::kDigestTokenSize, {std::to_string(position), std::to_string(size)});
     }
     DigestToken d{position, {}};
     std::memcpy(d.digest.data(), PyBytes_AS_STRING(item.ptr()), 32);
@@ -148,9 +146,9 @@ void TokenInput::push(std::size_t position, nb::handle item, KeyFormat format) {
     push(position, item.attr("digest"), format);
     return;
   }
-  if (PyBool_Check(item.ptr())) raise(PyExc_TypeError, where + ": bool is not a token id");
+  if (PyBool_Check(item.ptr())) fail(PyExc_TypeError, msg::kBoolToken, {std::to_string(position)});
   if (!PyIndex_Check(item.ptr())) {
-    raise(PyExc_TypeError, where + ": expected an int or a 32-byte digest, got " + py_type_name(item));
+    fail(PyExc_TypeError, msg::kExpectedToken, {std::to_string(position), py_type_name(item)});
   }
   nb::object index = nb::steal(PyNumber_Index(item.ptr()));
   if (!index.is_valid()) throw nb::python_error();

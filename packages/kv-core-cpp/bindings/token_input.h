@@ -1,5 +1,6 @@
 // Token ingestion (docs/key-format.md): buffers are viewed in place, lists and tuples of
-// exact ints take a fast path, anything else is iterated. Errors mirror kv_api.keys.
+// exact ints take a fast path, anything else is iterated. Errors mirror kv_api.keys (their
+// texts are in arguments.h).
 #pragma once
 
 #include <nanobind/nanobind.h>

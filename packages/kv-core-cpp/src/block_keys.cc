@@ -6,7 +6,7 @@
 
 namespace kvcore {
 
-std::vector<std::uint8_t> reuse_scope_bytes(const ReuseScope& scope) {
+std::vector<std::uint8_t> reuse_scope_to_bytes(const ReuseScope& scope) {
   std::vector<std::uint8_t> out{static_cast<std::uint8_t>((scope.lora_id ? 1 : 0) | (scope.salt ? 2 : 0))};
   for (const auto& field : {scope.lora_id, scope.salt}) {
     if (!field) continue;
@@ -16,7 +16,7 @@ std::vector<std::uint8_t> reuse_scope_bytes(const ReuseScope& scope) {
 }
 
 Digest root_key(const ReuseScope& scope) {
-  const std::vector<std::uint8_t> bytes = reuse_scope_bytes(scope);
+  const std::vector<std::uint8_t> bytes = reuse_scope_to_bytes(scope);
   return sha256_digest(bytes.data(), bytes.size());
 }
 
@@ -87,7 +87,7 @@ void chained_keys(const Digest& parent, const Tokens& tokens, std::size_t first,
 
 void block_keys(std::size_t tokens_per_block, const ReuseScope& scope, const Tokens& tokens, KeyFormat format,
                 std::uint8_t* out) noexcept {
-  chained_keys(root_key(scope), tokens, 0, num_blocks(tokens.count, tokens_per_block), tokens_per_block, format, out);
+  chained_keys(root_key(scope), tokens, 0, ceil_div(tokens.count, tokens_per_block), tokens_per_block, format, out);
 }
 
 BlockKeyIterator::BlockKeyIterator(std::size_t tokens_per_block, const ReuseScope& scope, Tokens tokens,

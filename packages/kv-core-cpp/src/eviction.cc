@@ -5,7 +5,6 @@ namespace kvcore {
 void EvictionQueue::push(Page* page) {
   auto& bucket = buckets_[page->priority];
   page->queue_pos = bucket.insert(bucket.end(), page);
-  page->queued = true;
   ++size_;
 }
 
@@ -13,7 +12,6 @@ void EvictionQueue::remove(Page* page) {
   auto it = buckets_.find(page->priority);
   it->second.erase(page->queue_pos);
   if (it->second.empty()) buckets_.erase(it);
-  page->queued = false;
   --size_;
 }
 
@@ -22,7 +20,6 @@ Page* EvictionQueue::pop() {
   Page* page = it->second.front();
   it->second.pop_front();
   if (it->second.empty()) buckets_.erase(it);
-  page->queued = false;
   --size_;
   return page;
 }

@@ -1,11 +1,12 @@
 #include "kvcore/kv_cache.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
+#include "kvcore/cache_context.h"
 #include "kvcore/constants.h"
 #include "kvcore/error.h"
-#include "kvcore/manager.h"
 
 namespace kvcore {
 
@@ -25,9 +26,9 @@ const char* status_name(CacheStatus s) {
 
 }  // namespace
 
-KVCache::KVCache(KVCacheManager& manager, std::int64_t id, const ReuseScope& scope, const Digest& root_key,
+KVCache::KVCache(CacheContext& context, std::int64_t id, const ReuseScope& scope, const Digest& root_key,
                  TokenList tokens, const MatchPath& path, PriorityCallback priority)
-    : manager_(manager),
+    : context_(context),
       id_(id),
       scope_(scope),
       root_key_(root_key),
@@ -35,8 +36,8 @@ KVCache::KVCache(KVCacheManager& manager, std::int64_t id, const ReuseScope& sco
       tokens_(std::move(tokens)),
       history_(static_cast<std::int64_t>(tokens_.size())),
       capacity_(history_),
-      tpb_(manager.tokens_per_block()),
-      num_lcs_(manager.registry().size()),
+      tpb_(context.tokens_per_block()),
+      num_lcs_(context.registry().size()),
       num_reused_(history_),
       index_(num_lcs_),
       stale_scan_(num_lcs_, 0) {
@@ -68,7 +69,7 @@ KVCache::KVCache(KVCacheManager& manager, std::int64_t id, const ReuseScope& sco
     blocks_.push_back(std::move(cb));
     for (auto& idx : index_) idx.push_back(kBadPageIndex);
   }
-  Storage& storage = manager_.storage();
+  Storage& storage = context_.storage();
   for (const Reused& r : reused) {
     storage.hold(r.page);
     r.page->priority = std::max(r.page->priority, r.priority);  // reuse may raise a block's priority
@@ -78,8 +79,8 @@ KVCache::KVCache(KVCacheManager& manager, std::int64_t id, const ReuseScope& sco
 
 KVCache::~KVCache() {
   // Only this thread can still reach a cache being destroyed, so the status needs no lock.
-  if (status_ == CacheStatus::kClosed || manager_.is_shut_down()) return;
-  std::lock_guard<std::recursive_mutex> lock(manager_.mutex());
+  if (status_ == CacheStatus::kClosed || context_.is_shut_down) return;
+  const auto lock = context_.lock();
   try {
     close_locked();
   } catch (...) {  // never throw from a destructor
@@ -102,7 +103,8 @@ int KVCache::priority_of(std::int64_t ordinal, int lc) {
   if (!priority_) return kDefaultPriority;
   const int value = priority_(ordinal, lc);  // the binding checks the type
   if (value < kMinPriority || value > kMaxPriority) {
-    throw Error(ErrorKind::kValue, "custom_priority_callback: " + std::to_string(value) + " is outside [0, 100]");
+    throw Error(ErrorKind::kValue, "custom_priority_callback: " + std::to_string(value) + " is outside [" +
+                                       std::to_string(kMinPriority) + ", " + std::to_string(kMaxPriority) + "]");
   }
   return value;
 }
@@ -135,11 +137,11 @@ void KVCache::release_page(std::int64_t ordinal, int lc) {
   if (page == nullptr) return;
   unlock_page(ordinal, lc);
   blocks_[ordinal].pages[lc] = nullptr;
-  manager_.storage().unhold(page);
+  context_.storage().unhold(page);
 }
 
 bool KVCache::is_stale(int lc, std::int64_t ordinal, std::int64_t history) const {
-  return manager_.registry().is_stale(lc, ordinal, history);
+  return context_.registry().is_stale(lc, ordinal, history);
 }
 
 std::vector<KVCache::Release> KVCache::stale_releases(std::int64_t history) const {
@@ -147,7 +149,7 @@ std::vector<KVCache::Release> KVCache::stale_releases(std::int64_t history) cons
   // may still be committed.
   std::vector<Release> out;
   for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
-    const auto [begin, end] = manager_.registry().stale_range(lc, history);
+    const auto [begin, end] = context_.registry().stale_range(lc, history);
     for (std::int64_t o = std::max(begin, stale_scan_[lc]); o < std::min<std::int64_t>(end, num_blocks()); ++o) {
       const CacheBlock& cb = blocks_[o];
       const Page* page = cb.pages[lc];
@@ -167,7 +169,7 @@ void KVCache::apply_stale_releases(const std::vector<Release>& releases, std::in
     }
   }
   for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
-    const auto [begin, end] = manager_.registry().stale_range(lc, history);
+    const auto [begin, end] = context_.registry().stale_range(lc, history);
     std::int64_t o = std::max(begin, stale_scan_[lc]);
     while (o < std::min<std::int64_t>(end, num_blocks()) && blocks_[o].pages[lc] == nullptr) ++o;
     stale_scan_[lc] = o;
@@ -175,7 +177,7 @@ void KVCache::apply_stale_releases(const std::vector<Release>& releases, std::in
 }
 
 bool KVCache::fits(const std::vector<std::pair<std::int64_t, int>>& needs, const std::vector<Page*>& freed) {
-  Storage& storage = manager_.storage();
+  Storage& storage = context_.storage();
   std::vector<std::int64_t> per_pg(storage.pool_groups().size(), 0);
   for (const auto& n : needs) ++per_pg[storage.config().pool_group_of(n.second)];
   for (const Page* p : freed) --per_pg[p->pool_group];
@@ -190,10 +192,10 @@ std::vector<Page*> KVCache::new_pages(const std::vector<std::pair<std::int64_t, 
                                       const std::vector<int>& priorities) {
   std::vector<std::pair<int, int>> requests;
   for (std::size_t i = 0; i < needs.size(); ++i) requests.emplace_back(needs[i].second, priorities[i]);
-  std::vector<Page*> pages = manager_.storage().new_pages(requests);
+  std::vector<Page*> pages = context_.storage().new_pages(requests);
   CacheStats delta;
   delta.allocated_pages = pages.size();
-  manager_.stats_add(delta);
+  context_.add_stats(delta);
   for (Page* p : pages) p->holders = 1;
   return pages;
 }
@@ -213,10 +215,10 @@ std::vector<std::pair<std::int64_t, int>> KVCache::missing(std::int64_t first, s
 }
 
 bool KVCache::resume() {
-  std::lock_guard<std::recursive_mutex> lock(manager_.mutex());
+  const auto lock = context_.lock();
   require(CacheStatus::kSuspended, "resume");
-  Storage& storage = manager_.storage();
-  const double limit = manager_.config().max_util_for_resume;
+  Storage& storage = context_.storage();
+  const double limit = context_.max_util_for_resume();
   for (const PoolGroup& pg : storage.pool_groups()) {
     if (pg.utilization() > limit) return false;
   }
@@ -258,7 +260,7 @@ bool KVCache::resume() {
 }
 
 void KVCache::suspend() {
-  std::lock_guard<std::recursive_mutex> lock(manager_.mutex());
+  const auto lock = context_.lock();
   require(CacheStatus::kActive, "suspend");
   for (std::int64_t o = 0; o < num_blocks(); ++o) {
     for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) unlock_page(o, lc);
@@ -267,7 +269,7 @@ void KVCache::suspend() {
 }
 
 bool KVCache::resize(std::optional<std::int64_t> capacity, std::optional<std::int64_t> history_length) {
-  std::lock_guard<std::recursive_mutex> lock(manager_.mutex());
+  const auto lock = context_.lock();
   require(CacheStatus::kActive, "resize");
   const std::int64_t cap = capacity.value_or(capacity_);
   const std::int64_t hist = history_length.value_or(history_);
@@ -328,7 +330,7 @@ bool KVCache::resize(std::optional<std::int64_t> capacity, std::optional<std::in
 }
 
 void KVCache::commit(const TokenList& tokens, bool is_end) {
-  std::lock_guard<std::recursive_mutex> lock(manager_.mutex());
+  const auto lock = context_.lock();
   require(CacheStatus::kActive, "commit");
   require_commit_allowed();
   const auto committed = static_cast<std::int64_t>(tokens_.size());
@@ -346,7 +348,7 @@ void KVCache::commit(const TokenList& tokens, bool is_end) {
 }
 
 Node* KVCache::parent_node(std::int64_t ordinal) {
-  if (ordinal == 0) return manager_.tree().root(root_key_, scope_);
+  if (ordinal == 0) return context_.tree().root(root_key_, scope_);
   return blocks_[ordinal - 1].tree_block;
 }
 
@@ -365,23 +367,27 @@ void KVCache::commit_block(std::int64_t ordinal) {
   CacheBlock& cb = blocks_[ordinal];
   const std::size_t begin = static_cast<std::size_t>(ordinal * tpb_);
   const std::size_t end = std::min(begin + static_cast<std::size_t>(tpb_), tokens_.size());
-  const Digest key = chunk_key(parent->key, tokens_, begin, end, manager_.config().key_format);
+  std::uint8_t keys[64];  // the parent's key, then this block's
+  chained_keys(parent->key, tokens_.view(), static_cast<std::size_t>(ordinal), 1, static_cast<std::size_t>(tpb_),
+               context_.key_format(), keys);
+  Digest key;
+  std::memcpy(key.data(), keys + 32, key.size());
   const auto num_tokens = static_cast<std::int64_t>(end - begin);
   const bool full = num_tokens == tpb_;
-  Storage& storage = manager_.storage();
+  Storage& storage = context_.storage();
   Block* block = parent->child(key);
   if (block == nullptr) {
-    RadixTree& tree = manager_.tree();
+    RadixTree& tree = context_.tree();
     TokenList tokens = tokens_.slice(begin, end);
     if (!full && RadixTree::covering_sibling(parent, tokens) != nullptr) return;
     Block* shorter = RadixTree::covered_sibling(parent, tokens);
     block = tree.add(parent, key, std::move(tokens), ordinal);
     CacheStats delta;
     delta.committed_blocks = 1;
-    manager_.stats_add(delta);
+    context_.add_stats(delta);
     if (shorter != nullptr) storage.adopt(block, shorter);
   }
-  KVCacheEventManager* events = manager_.events();
+  KVCacheEventManager* events = context_.events();
   for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
     Page* ours = cb.pages[lc];
     Page* theirs = block->pages[lc];
@@ -412,12 +418,12 @@ void KVCache::commit_block(std::int64_t ordinal) {
     cb.tree_block = block;
     ++block->pins;
   } else {
-    manager_.tree().prune(block);  // a new partial block none of our pages went into
+    context_.tree().prune(block);  // a new partial block none of our pages went into
   }
 }
 
 void KVCache::stop_committing() {
-  std::lock_guard<std::recursive_mutex> lock(manager_.mutex());
+  const auto lock = context_.lock();
   stop_committing_locked();
 }
 
@@ -431,7 +437,7 @@ void KVCache::stop_committing_locked() {
 }
 
 void KVCache::close() {
-  std::lock_guard<std::recursive_mutex> lock(manager_.mutex());
+  const auto lock = context_.lock();
   close_locked();
 }
 
@@ -444,12 +450,12 @@ void KVCache::close_locked() {
   for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {  // blocks left without pages go now
     if (it->tree_block != nullptr) {
       --it->tree_block->pins;
-      manager_.tree().prune(it->tree_block);
+      context_.tree().prune(it->tree_block);
       it->tree_block = nullptr;
     }
   }
   status_ = CacheStatus::kClosed;
-  manager_.unregister(this);
+  context_.unregister_cache(this);
 }
 
 std::vector<std::int32_t> KVCache::base_page_indices(int layer_group) const { return index_[layer_group]; }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "kvcore/constants.h"
 #include "kvcore/error.h"
 
 namespace kvcore {

@@ -28,15 +28,6 @@ KVCacheEventManager* bind_events(KVCacheEventManager* events, const LifeCycleReg
   return events;
 }
 
-void add(CacheStats& to, const CacheStats& d) {
-  to.requests += d.requests;
-  to.lookup_tokens += d.lookup_tokens;
-  to.reused_tokens += d.reused_tokens;
-  to.allocated_pages += d.allocated_pages;
-  to.evicted_pages += d.evicted_pages;
-  to.committed_blocks += d.committed_blocks;
-}
-
 }  // namespace
 
 KVCacheManager::KVCacheManager(const KVCacheManagerConfig& config, KVCacheEventManager* events)
@@ -46,7 +37,8 @@ KVCacheManager::KVCacheManager(const KVCacheManagerConfig& config, KVCacheEventM
       counts_(config_, registry_, storage_config_),
       tree_(registry_.size()),
       events_(bind_events(events, registry_)),
-      storage_(storage_config_, counts_, registry_, tree_, events_) {
+      storage_(storage_config_, counts_, registry_, tree_, events_),
+      context_(config_, registry_, storage_, tree_, events_) {
   if (events_ != nullptr) {
     std::uint64_t total = 0;
     for (std::uint64_t s : counts_.slots) total += s;
@@ -55,7 +47,7 @@ KVCacheManager::KVCacheManager(const KVCacheManagerConfig& config, KVCacheEventM
 }
 
 void KVCacheManager::require_live() const {
-  if (shut_down_) throw Error(ErrorKind::kInvalidState, "the manager is shut down");
+  if (context_.is_shut_down) throw Error(ErrorKind::kInvalidState, "the manager is shut down");
 }
 
 MatchPath KVCacheManager::match(const Digest& root_key, const Tokens& tokens) {
@@ -100,7 +92,7 @@ MatchPath KVCacheManager::match(const Digest& root_key, const Tokens& tokens) {
 }
 
 std::int64_t KVCacheManager::probe_reuse(const ReuseScope& scope, const Tokens& tokens) {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  const auto lock = context_.lock();
   require_live();
   std::int64_t total = 0;
   for (const auto& step : match(root_key(scope), tokens)) total += step.second;
@@ -108,7 +100,7 @@ std::int64_t KVCacheManager::probe_reuse(const ReuseScope& scope, const Tokens& 
 }
 
 std::optional<Digest> KVCacheManager::probe_first_new_block_key(const ReuseScope& scope, const Tokens& tokens) {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  const auto lock = context_.lock();
   require_live();
   const Digest root = root_key(scope);
   const std::int64_t tpb = config_.tokens_per_block;
@@ -127,77 +119,67 @@ std::optional<Digest> KVCacheManager::probe_first_new_block_key(const ReuseScope
 
 std::unique_ptr<KVCache> KVCacheManager::create_kv_cache(const ReuseScope& scope, const Tokens& tokens,
                                                          std::optional<std::int64_t> id, PriorityCallback priority) {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  const auto lock = context_.lock();
   require_live();
   const std::int64_t cache_id = id.value_or(next_id_);
   const Digest root = root_key(scope);
   const MatchPath path = match(root, tokens);
   std::int64_t reused = 0;
   for (const auto& step : path) reused += step.second;
-  auto cache = std::make_unique<KVCache>(*this, cache_id, scope, root,
+  auto cache = std::make_unique<KVCache>(context_, cache_id, scope, root,
                                          TokenList::from(tokens, 0, static_cast<std::size_t>(reused)), path,
                                          std::move(priority));
   next_id_ = std::max(next_id_, cache_id) + 1;
-  caches_.push_back(cache.get());
+  context_.register_cache(cache.get());
   CacheStats delta;
   delta.requests = 1;
   delta.lookup_tokens = tokens.count;
   delta.reused_tokens = static_cast<std::uint64_t>(reused);
-  stats_add(delta);
+  context_.add_stats(delta);
   return cache;
 }
 
 std::vector<StorageStatistics> KVCacheManager::storage_statistics() {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  const auto lock = context_.lock();
   require_live();
   return storage_.statistics();
 }
 
 void KVCacheManager::require_no_open_caches(const char* api) const {
-  if (!caches_.empty()) {
-    throw Error(ErrorKind::kLogic,
-                std::string(api) + "() with " + std::to_string(caches_.size()) + " KV cache(s) still open");
+  if (const std::size_t n = context_.num_open_caches()) {
+    throw Error(ErrorKind::kLogic, std::string(api) + "() with " + std::to_string(n) + " KV cache(s) still open");
   }
 }
 
 void KVCacheManager::clear_reusable_blocks() {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  const auto lock = context_.lock();
   require_live();
   require_no_open_caches("clear_reusable_blocks");
   storage_.clear();
 }
 
 void KVCacheManager::shutdown() {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
-  if (shut_down_) return;
+  const auto lock = context_.lock();
+  if (context_.is_shut_down) return;
   require_no_open_caches("shutdown");
   storage_.clear();
-  shut_down_ = true;
-}
-
-void KVCacheManager::stats_add(const CacheStats& delta) {
-  add(committed_, delta);
-  add(iteration_, delta);
+  context_.is_shut_down = true;
 }
 
 CacheStats KVCacheManager::committed_stats() {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
-  CacheStats s = committed_;
+  const auto lock = context_.lock();
+  CacheStats s = context_.committed_stats;
   s.evicted_pages = storage_.num_evicted;
   return s;
 }
 
 CacheStats KVCacheManager::take_iteration_stats() {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
-  CacheStats s = iteration_;
+  const auto lock = context_.lock();
+  CacheStats s = context_.iteration_stats;
   s.evicted_pages = storage_.num_evicted - evicted_mark_;
-  iteration_ = CacheStats{};
+  context_.iteration_stats = CacheStats{};
   evicted_mark_ = storage_.num_evicted;
   return s;
-}
-
-void KVCacheManager::unregister(KVCache* cache) {
-  caches_.erase(std::remove(caches_.begin(), caches_.end(), cache), caches_.end());
 }
 
 }  // namespace kvcore

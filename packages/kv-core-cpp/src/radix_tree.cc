@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "kvcore/hasher.h"
+#include "kvcore/constants.h"
 
 namespace kvcore {
 
@@ -44,15 +44,6 @@ bool Block::has_pages() const {
   return std::any_of(pages.begin(), pages.end(), [](const Page* p) { return p != nullptr; });
 }
 
-Digest chunk_key(const Digest& parent, const TokenList& tokens, std::size_t begin, std::size_t end, KeyFormat format) {
-  const Tokens view = tokens.view();
-  std::size_t cursor = tokens.first_digest_at_or_after(begin);
-  Hasher hasher(format);
-  hasher.begin(parent);
-  hasher.write(view, begin, end, cursor);
-  return hasher.finish();
-}
-
 namespace {
 
 constexpr std::size_t kKeyBatch = 64;  // blocks hashed ahead while walking
@@ -88,7 +79,7 @@ MatchPath RadixTree::walk(const Digest& root_key, const Tokens& tokens, std::int
   const Node* node = find_root(root_key);
   if (node == nullptr) return path;
   const std::size_t tpb = static_cast<std::size_t>(tokens_per_block);
-  const std::size_t blocks = num_blocks(tokens.count, tpb);
+  const std::size_t blocks = ceil_div(tokens.count, tpb);
   std::vector<std::uint8_t> keys(32 * (kKeyBatch + 1));
   std::size_t batch_first = 0, batch_count = 0;
   for (std::size_t b = 0; b < blocks; ++b) {

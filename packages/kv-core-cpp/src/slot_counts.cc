@@ -6,6 +6,7 @@
 #include <set>
 #include <string>
 
+#include "kvcore/constants.h"
 #include "kvcore/error.h"
 
 namespace kvcore {
@@ -14,8 +15,6 @@ namespace {
 
 constexpr std::uint64_t kMiB = 1ull << 20;
 constexpr std::uint64_t kGiB = 1ull << 30;
-
-std::uint64_t ceil_div_u(std::uint64_t a, std::uint64_t b) { return (a + b - 1) / b; }
 
 int bit_length(std::uint64_t v) {
   int n = 0;
@@ -155,7 +154,7 @@ std::uint64_t gpu_granularity(std::uint64_t quota) {
 
 std::uint64_t grains_for(std::uint64_t slots, const std::vector<std::uint64_t>& slot_sizes, std::uint64_t granularity) {
   std::uint64_t total = 0;
-  for (std::uint64_t size : slot_sizes) total += ceil_div_u(slots * size, granularity);
+  for (std::uint64_t size : slot_sizes) total += ceil_div(slots * size, granularity);
   return total;
 }
 
@@ -197,15 +196,14 @@ std::int64_t slots_for_batch(const LifeCycleRegistry& registry, int life_cycle, 
 SlotCounts::SlotCounts(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry,
                        const StorageConfig& storage) {
   const std::uint64_t requested = config.tier_quotas.at(0);
-  granularity = gpu_granularity(requested);
-  const std::uint64_t g = granularity;
+  const std::uint64_t g = gpu_granularity(requested);
   min_slots = compute_min_slots(config, registry, storage);
   const std::vector<double> ratio = initial_ratio(config, registry, storage, min_slots);
   std::uint64_t min_quota = 0;
   for (const PoolGroupConfig& pg : storage.pool_groups()) {
-    for (std::uint64_t size : pg.slot_sizes) min_quota += ceil_div_u(min_slots[pg.index] * size, g) * g;
+    for (std::uint64_t size : pg.slot_sizes) min_quota += ceil_div(min_slots[pg.index] * size, g) * g;
   }
-  quota = std::max(min_quota, ceil_div_u(requested, g) * g);
+  quota = std::max(min_quota, ceil_div(requested, g) * g);
   slots = distribute(ratio, min_slots, storage.pool_groups(), quota / g, g);
 }
 

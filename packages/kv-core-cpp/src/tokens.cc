@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <type_traits>
 
 #include "kvcore/error.h"
@@ -9,15 +10,15 @@
 namespace kvcore {
 
 KeyFormat parse_key_format(std::string_view name) {
-  if (name == "sha256-u32") return KeyFormat::kU32;
-  if (name == "sha256-u64") return KeyFormat::kU64;
-  throw Error(ErrorKind::kValue,
-              "key_format: unknown '" + std::string(name) + "' (expected one of sha256-u32, sha256-u64)");
+  std::string expected;
+  for (std::size_t i = 0; i < std::size(kKeyFormatNames); ++i) {
+    if (name == kKeyFormatNames[i]) return static_cast<KeyFormat>(i);
+    expected += (i ? ", " : "") + std::string(kKeyFormatNames[i]);
+  }
+  throw Error(ErrorKind::kValue, "key_format: unknown '" + std::string(name) + "' (expected one of " + expected + ")");
 }
 
-const char* key_format_name(KeyFormat format) noexcept {
-  return format == KeyFormat::kU32 ? "sha256-u32" : "sha256-u64";
-}
+const char* key_format_name(KeyFormat format) noexcept { return kKeyFormatNames[static_cast<std::size_t>(format)]; }
 
 std::string token_out_of_range(std::size_t position, const std::string& value, KeyFormat format) {
   return "token " + std::to_string(position) + ": id " + value + " out of range for " + key_format_name(format) +

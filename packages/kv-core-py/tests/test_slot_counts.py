@@ -13,11 +13,11 @@ from kv_core_py.slot_counts import (
     GIB,
     MIB,
     SlotCounts,
+    compute_min_slots,
     distribute,
     gpu_granularity,
     grains_for,
     max_slots,
-    min_slots,
     pool_group_ratio,
 )
 from kv_core_py.storage_config import PoolGroupConfig, StorageConfig
@@ -77,7 +77,7 @@ def test_min_slots_floors() -> None:
     storage = StorageConfig(config, registry)
     assert [registry.min_slots_floor(lc) for lc in range(4)] == [5, 3, 5, 2]
     assert [pg.life_cycles for pg in storage.pool_groups] == [(0, 1), (2,), (3,)]
-    assert min_slots(config, registry, storage) == [8, 5, 2]
+    assert compute_min_slots(config, registry, storage) == [8, 5, 2]
 
 
 def test_min_slots_without_a_window() -> None:

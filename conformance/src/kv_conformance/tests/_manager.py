@@ -28,15 +28,12 @@ from kv_api import (
     ReuseScope,
     StorageStatistics,
 )
+from kv_api.constants import ceil_div
 from kv_api.descriptors import LifeCycle, PoolGroupDesc
 
 MIB = 1 << 20
 #: The smallest device granularity: quotas below 1 GiB are counted in 2 MiB grains.
 GRAIN = 2 * MIB
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def kv(size: int) -> list[BufferConfig]:

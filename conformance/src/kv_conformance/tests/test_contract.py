@@ -96,12 +96,39 @@ def test_every_declared_member_is_implemented_as_declared(backend: kv_api.Backen
     assert checked, f"no signature of {cls.__qualname__} could be read"
 
 
-INT_CONSTANTS = [n for n in constants.__all__ if type(getattr(constants, n)) is int]
+def backend_instance(backend: kv_api.Backend, contract: type[abc.ABC]) -> object:
+    if contract is kv_api.KVCacheEventManager:
+        return backend.KVCacheEventManager()
+    manager = make_manager(backend)
+    return manager if contract is kv_api.KVCacheManager else manager.create_kv_cache()
+
+
+@pytest.mark.parametrize("contract", CONTRACT, ids=[c.__name__ for c in CONTRACT])
+def test_read_only_properties_refuse_assignment(backend: kv_api.Backend, contract: type[abc.ABC]) -> None:
+    """A property the contract declares without a setter (the cache's ``id``, ``reuse_scope``,
+    ``num_reused_tokens``, the event manager's ``hash_algo``, ...) is no writable attribute."""
+    obj = backend_instance(backend, contract)
+    read_only = [
+        name
+        for name in declared(contract)
+        if isinstance(member := inspect.getattr_static(contract, name), property) and member.fset is None
+    ]
+    assert read_only
+    for name in read_only:
+        value = getattr(obj, name)
+        with pytest.raises(AttributeError) as caught:
+            setattr(obj, name, value)
+        assert type(caught.value) is AttributeError, f"{name}: {caught.value!r}"
+        assert getattr(obj, name) == value, name
+
+
+#: The plain values of kv_api.constants (page index, priorities, key-format names, ...), not its enums.
+VALUE_CONSTANTS = [n for n in constants.__all__ if type(getattr(constants, n)) in (int, str, tuple)]
 
 
 def test_declared_constants_match_kv_api(backend: kv_api.Backend) -> None:
-    own = {n: getattr(backend, n) for n in INT_CONSTANTS if hasattr(backend, n)}
+    own = {n: getattr(backend, n) for n in VALUE_CONSTANTS if hasattr(backend, n)}
     if not own:
-        pytest.skip(f"backend {backend.name!r} declares none of {', '.join(INT_CONSTANTS)}")
+        pytest.skip(f"backend {backend.name!r} declares none of {', '.join(VALUE_CONSTANTS)}")
     assert own == {n: getattr(constants, n) for n in own}
-    assert all(type(v) is int for v in own.values()), own
+    assert all(type(v) is type(getattr(constants, n)) for n, v in own.items()), own

@@ -3,6 +3,7 @@ and nothing changes."""
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +49,20 @@ CALLS: list[tuple[str, Callable[[Any, Any], object]]] = [
     ("buf bytes", lambda m, c: c.set_base_page_index_buf(0, 0, b"abcd")),
     ("buf not a buffer", lambda m, c: c.set_base_page_index_buf(0, 0, [1, 2])),
     ("buf too short", lambda m, c: c.set_base_page_index_buf(0, 0, bytearray(4))),
+    # Each of the native binding's argument checkers (bindings/arguments.h) at least once.
+    ("layer id beyond int64", lambda m, c: m.get_layer_group_id(1 << 70)),
+    ("pool str", lambda m, c: m.pool_memory(0, "0")),
+    ("pool group beyond int64", lambda m, c: m.pool_memory(1 << 70, 0)),
+    ("level negative", lambda m, c: m.get_quota(-1)),
+    ("level beyond int64", lambda m, c: m.get_quota(1 << 70)),
+    ("id bool", lambda m, c: m.create_kv_cache(None, [1], True)),
+    ("callback returns bool", lambda m, c: m.create_kv_cache(None, [1], None, lambda o, lc: True).resume()),
+    ("callback returns 2**70", lambda m, c: m.create_kv_cache(None, [1], None, lambda o, lc: 1 << 70).resume()),
+    ("capacity setter str", lambda m, c: setattr(c, "capacity", "8")),
+    ("beam str", lambda m, c: c.get_base_page_indices(0, "0")),
+    ("beam beyond int64", lambda m, c: c.get_base_page_indices(0, 1 << 70)),
+    ("buf 2-D", lambda m, c: c.set_base_page_index_buf(0, 0, memoryview(bytearray(64)).cast("i", (4, 4)))),
+    ("buf strided", lambda m, c: c.set_base_page_index_buf(0, 0, memoryview(array("i", [0] * 16))[::2])),
 ]
 
 

@@ -14,6 +14,7 @@ import pytest
 
 import kv_api
 from kv_api import AttentionLayerConfig, BufferConfig, GpuCacheTierConfig, KVCacheManagerConfig
+from kv_api.constants import ceil_div
 from kv_api.errors import HostOOMError
 
 from ._manager import (
@@ -57,7 +58,7 @@ def address_space() -> int:
 def test_a_quota_beyond_physical_memory_builds_and_stays_small(backend: kv_api.Backend) -> None:
     if Path("/proc/sys/vm/overcommit_memory").read_text().strip() == "2":
         pytest.skip("strict overcommit: the kernel charges even a no-reserve mapping up front")
-    quota = -(-4 * proc_kib("/proc/meminfo", "MemTotal") * 1024 // GIB) * GIB
+    quota = ceil_div(4 * proc_kib("/proc/meminfo", "MemTotal") * 1024, GIB) * GIB
     make_manager(backend, config(GRAIN))  # first-use costs (imports, caches) before measuring
     before = rss()
     manager = make_manager(backend, config(quota))
@@ -78,7 +79,7 @@ def test_a_quota_beyond_physical_memory_builds_and_stays_small(backend: kv_api.B
 @pytest.mark.parametrize("quota", [1 << 60, (1 << 63) - 1], ids=["2**60", "2**63-1"])
 def test_a_quota_beyond_the_address_space_raises_host_oom(backend: kv_api.Backend, quota: int) -> None:
     """One pool of the whole (rounded-up) quota: 2**60 bytes, or 2**63, which no mmap takes."""
-    mapped = -(-quota // (32 * MIB)) * (32 * MIB)
+    mapped = ceil_div(quota, 32 * MIB) * (32 * MIB)
     error = raises_exactly(HostOOMError, lambda: make_manager(backend, config(quota)))
     assert str(error) == f"cannot map {mapped} bytes for a pool"
     del error

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import kv_api
 from kv_api import BAD_PAGE_INDEX, KVCacheStatus
+from kv_api.constants import ceil_div
 from kv_api.errors import InvalidStateError, LogicError, OutOfPagesError
 
 from ._manager import (
@@ -198,7 +199,7 @@ def test_stale_window_blocks_have_no_page(backend: kv_api.Backend, sinks: int | 
     window = list(cache.get_base_page_indices(1))
     assert BAD_PAGE_INDEX not in full
     # At history 21 the window needs blocks from (22 - 8) // 4 = 3 on; sink blocks are kept.
-    sink_blocks = -(-(sinks or 0) // TPB)
+    sink_blocks = ceil_div(sinks or 0, TPB)
     assert [i == BAD_PAGE_INDEX for i in window] == [not o < sink_blocks and o < 3 for o in range(6)]
 
 

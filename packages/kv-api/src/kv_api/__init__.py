@@ -5,7 +5,7 @@ the highest priority); ``kv_api.load_backend(name)`` gives any installed backend
 """
 
 from kv_api import descriptors, errors, events, keys, stats
-from kv_api.capabilities import KEY_FORMATS, Capabilities
+from kv_api.capabilities import Capabilities
 from kv_api.config import (
     AttentionLayerConfig,
     BatchDesc,
@@ -23,6 +23,7 @@ from kv_api.constants import (
     BAD_PAGE_INDEX,
     DEFAULT_PRIORITY,
     GPU_LEVEL,
+    KEY_FORMATS,
     MAX_PRIORITY,
     MIN_PRIORITY,
     CacheTier,

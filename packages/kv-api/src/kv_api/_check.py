@@ -16,6 +16,12 @@ def as_int(where: str, value: Any) -> int:
     return operator.index(value)
 
 
+def as_str(where: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{where}: expected a str, got {type(value).__name__}")
+    return value
+
+
 def int_in_range(where: str, value: Any, low: int, high: int | None = None) -> int:
     """An int with ``low <= value`` (and ``value < high`` when given)."""
     v = as_int(where, value)

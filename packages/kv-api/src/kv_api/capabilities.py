@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["KEY_FORMATS", "Capabilities"]
+from kv_api.constants import KEY_FORMATS
 
-KEY_FORMATS = ("sha256-u32", "sha256-u64")
+__all__ = ["Capabilities"]
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
-from kv_api._check import int_in_range, unit_interval
-from kv_api.capabilities import KEY_FORMATS
-from kv_api.constants import CacheTier
+from kv_api._check import as_str, int_in_range, unit_interval
+from kv_api.constants import DEFAULT_KEY_FORMAT, KEY_FORMATS, CacheTier
 
 __all__ = [
     "AttentionLayerConfig",
@@ -109,9 +108,7 @@ class BufferConfig:
     tokens_per_block_override: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.role, str):
-            raise TypeError(f"BufferConfig.role: expected a str, got {type(self.role).__name__}")
-        if not self.role:
+        if not as_str("BufferConfig.role", self.role):
             raise ValueError("BufferConfig.role: must be non-empty")
         _set(self, "size", int_in_range("BufferConfig.size", self.size, 1))
         if self.tokens_per_block_override is not None:
@@ -231,7 +228,7 @@ class KVCacheManagerConfig:
     commit_min_snapshot: bool = False
     enable_stats: bool = True
     text_only: bool = False
-    key_format: str = "sha256-u32"
+    key_format: str = DEFAULT_KEY_FORMAT
 
     def __post_init__(self) -> None:
         w = "KVCacheManagerConfig"
@@ -271,9 +268,7 @@ class KVCacheManagerConfig:
         for flag in ("enable_partial_reuse", "commit_min_snapshot", "enable_stats", "text_only"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"{w}.{flag}: expected a bool, got {type(getattr(self, flag)).__name__}")
-        if not isinstance(self.key_format, str):
-            raise TypeError(f"{w}.key_format: expected a str, got {type(self.key_format).__name__}")
-        if self.key_format not in KEY_FORMATS:
+        if as_str(f"{w}.key_format", self.key_format) not in KEY_FORMATS:
             raise ValueError(f"{w}.key_format: unknown {self.key_format!r} (expected one of {', '.join(KEY_FORMATS)})")
         _set(self, "reuse_match_backoff", int_in_range(f"{w}.reuse_match_backoff", self.reuse_match_backoff, 0))
         _set(self, "constraints", _tuple_of(f"{w}.constraints", self.constraints, BatchDesc))

@@ -6,10 +6,14 @@ import enum
 
 __all__ = [
     "BAD_PAGE_INDEX",
+    "DEFAULT_KEY_FORMAT",
     "DEFAULT_PRIORITY",
     "GPU_LEVEL",
+    "KEY_FORMATS",
     "MAX_PRIORITY",
     "MIN_PRIORITY",
+    "SHA256_U32",
+    "SHA256_U64",
     "CacheTier",
     "KVCacheStatus",
     "PageIndexMode",
@@ -20,9 +24,20 @@ __all__ = [
 BAD_PAGE_INDEX = -1
 #: Cache level of the device tier; ``cache_tiers[0]`` is always the device tier.
 GPU_LEVEL = 0
+#: Eviction priorities a priority callback may give; pages get ``DEFAULT_PRIORITY`` without one.
 MIN_PRIORITY = 0
 DEFAULT_PRIORITY = 35
 MAX_PRIORITY = 100
+#: Block-key formats (docs/key-format.md).
+SHA256_U32 = "sha256-u32"
+SHA256_U64 = "sha256-u64"
+KEY_FORMATS = (SHA256_U32, SHA256_U64)
+DEFAULT_KEY_FORMAT = SHA256_U32
+
+
+def ceil_div(a: int, b: int) -> int:
+    """``ceil(a / b)`` in integers (``b > 0``): the rounding of every block count the contract defines."""
+    return -(-a // b)
 
 
 class CacheTier(enum.IntEnum):

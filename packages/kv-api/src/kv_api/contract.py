@@ -48,25 +48,6 @@ TokenInput: TypeAlias = Iterable[SupportsIndex | bytes | MmItemContext] | Buffer
 #: ``(block ordinal, life cycle) -> priority`` in [MIN_PRIORITY, MAX_PRIORITY], per new page.
 PriorityCallback: TypeAlias = Callable[[int, LifeCycle], int]
 
-#: Everything a backend module must expose; the registry checks these when it loads one.
-BACKEND_ATTRIBUTES = (
-    "name",
-    "version",
-    "priority",
-    "capabilities",
-    "build_info",
-    "KVCacheManager",
-    "KVCacheEventManager",
-    "reuse_scope_to_bytes",
-    "sequence_to_blockchain_keys",
-    "block_keys",
-    "gen_multimodal_cache_key_tokens",
-    "cache_salt_to_id",
-    "block_hash_v2_sha256",
-    "block_hash_v2_sha256_64",
-    "block_hash_v1",
-)
-
 
 class KVCacheEventManager(abc.ABC):
     """KV-cache events for KV-aware routers, fed by the one manager it is passed to.
@@ -80,6 +61,16 @@ class KVCacheEventManager(abc.ABC):
     @abc.abstractmethod
     def __init__(self, max_kv_event_entries: int = 1000, hash_algo: str = "v2_sha256") -> None:
         """Backends check and keep the arguments."""
+
+    @property
+    @abc.abstractmethod
+    def hash_algo(self) -> str:
+        """The algorithm events are hashed with (``auto`` reads as ``v1_block_key``); read-only."""
+
+    @property
+    @abc.abstractmethod
+    def max_kv_event_entries(self) -> int:
+        """The bound of the ring of published events, as given; read-only."""
 
     @abc.abstractmethod
     def flush_iteration_events(self) -> None:
@@ -248,6 +239,22 @@ class KVCache(abc.ABC):
 
     @property
     @abc.abstractmethod
+    def id(self) -> int:
+        """The ``id`` given to ``create_kv_cache``, else one above the largest id the manager
+        has given so far (0 first); read-only."""
+
+    @property
+    @abc.abstractmethod
+    def reuse_scope(self) -> ReuseScope:
+        """The scope the cache was created in (``ReuseScope()`` for None); read-only."""
+
+    @property
+    @abc.abstractmethod
+    def num_reused_tokens(self) -> int:
+        """Tokens reused when the cache was created (its first ``num_committed_tokens``); read-only."""
+
+    @property
+    @abc.abstractmethod
     def status(self) -> KVCacheStatus:
         """ACTIVE, SUSPENDED or CLOSED."""
 
@@ -393,3 +400,11 @@ class Backend(Protocol):
     def block_hash_v2_sha256_64(self, key: bytes) -> int: ...
 
     def block_hash_v1(self, tokens: Iterable[int], parent_hash: int, reuse_scope: ReuseScope | None = ...) -> int: ...
+
+
+#: Everything a backend module must expose (``Backend``'s members, read off it so that they are
+#: listed once): its attributes, then its functions. The registry checks these when it loads one.
+BACKEND_ATTRIBUTES: tuple[str, ...] = (
+    *Backend.__annotations__,
+    *(name for name, member in vars(Backend).items() if callable(member) and not name.startswith("_")),
+)

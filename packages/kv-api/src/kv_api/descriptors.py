@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kv_api.constants import BAD_PAGE_INDEX, PageIndexMode
+from kv_api.constants import BAD_PAGE_INDEX, PageIndexMode, ceil_div
 
 __all__ = ["BufferId", "LifeCycle", "PageIndexConverter", "PoolDesc", "PoolGroupDesc"]
 
@@ -38,7 +38,7 @@ class LifeCycle:
         the manager's (the reference's callers pass it).
         """
         tpb = self.tokens_per_block if tokens_per_block is None else tokens_per_block
-        s = min(-(-history_length // tpb), self.num_sink_blocks)
+        s = min(ceil_div(history_length, tpb), self.num_sink_blocks)
         if self.window is None:
             return s, s
         return s, max(s, (history_length + 1 - self.window) // tpb)

@@ -37,7 +37,7 @@ class HostOOMError(OutOfMemoryError):
 
 
 class DiskOOMError(OutOfMemoryError):
-    """The disk tier could not allocate or grow its files."""
+    """The disk tier could not allocate or grow its files (reserved: the disk tier is not built yet)."""
 
 
 class LogicError(Exception):

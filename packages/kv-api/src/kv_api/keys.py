@@ -13,10 +13,10 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Iterable, Iterator
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, cast
 
-from kv_api._check import as_int, int_in_range
-from kv_api.capabilities import KEY_FORMATS
+from kv_api._check import as_int, as_str, int_in_range
+from kv_api.constants import DEFAULT_KEY_FORMAT, KEY_FORMATS, SHA256_U32, SHA256_U64
 from kv_api.scope import DIGEST_SIZE, MmItemContext, ReuseScope
 
 __all__ = [
@@ -28,18 +28,19 @@ __all__ = [
     "block_hash_v2_sha256_64",
     "block_keys",
     "cache_salt_to_id",
+    "check_digest",
     "check_key_format",
     "check_reuse_scope",
     "gen_multimodal_cache_key_tokens",
     "reuse_scope_to_bytes",
     "sequence_to_blockchain_keys",
     "token_list",
+    "v1_token_ids",
 ]
 
-DEFAULT_KEY_FORMAT = "sha256-u32"
 #: Per key format: (bytes per int token, exclusive upper bound of an int token id).
-TOKEN_ENCODING = {"sha256-u32": (4, 1 << 31), "sha256-u64": (8, 1 << 64)}
-_RANGE_TEXT = {"sha256-u32": "0 <= id < 2**31", "sha256-u64": "0 <= id < 2**64"}
+TOKEN_ENCODING = {SHA256_U32: (4, 1 << 31), SHA256_U64: (8, 1 << 64)}
+_RANGE_TEXT = {SHA256_U32: "0 <= id < 2**31", SHA256_U64: "0 <= id < 2**64"}
 
 #: A normalised token: an int id or a 32-byte digest.
 Token: TypeAlias = int | bytes
@@ -52,11 +53,19 @@ _LITTLE_ENDIAN = struct.pack("=H", 1) == b"\x01\x00"
 
 
 def check_key_format(key_format: Any) -> str:
-    if not isinstance(key_format, str):
-        raise TypeError(f"key_format: expected a str, got {type(key_format).__name__}")
-    if key_format not in TOKEN_ENCODING:
-        raise ValueError(f"key_format: unknown {key_format!r} (expected one of {', '.join(KEY_FORMATS)})")
-    return key_format
+    fmt = as_str("key_format", key_format)
+    if fmt not in TOKEN_ENCODING:
+        raise ValueError(f"key_format: unknown {fmt!r} (expected one of {', '.join(KEY_FORMATS)})")
+    return fmt
+
+
+def check_digest(where: str, value: Any) -> bytes:
+    """A 32-byte ``bytes`` (a block key or a multimodal digest), else TypeError / ValueError."""
+    if not isinstance(value, bytes):
+        raise TypeError(f"{where}: expected bytes, got {type(value).__name__}")
+    if len(value) != DIGEST_SIZE:
+        raise ValueError(f"{where}: must be {DIGEST_SIZE} bytes (got {len(value)})")
+    return value
 
 
 def check_reuse_scope(reuse_scope: Any) -> ReuseScope:
@@ -204,10 +213,7 @@ def gen_multimodal_cache_key_tokens(
     With a ``uuid`` the digest token is an ``MmItemContext`` carrying it (it is never hashed).
     """
     offset = int_in_range("id_offset", id_offset, 0)
-    if not isinstance(digest, bytes):
-        raise TypeError(f"digest: expected bytes, got {type(digest).__name__}")
-    if len(digest) != DIGEST_SIZE:
-        raise ValueError(f"digest: must be {DIGEST_SIZE} bytes (got {len(digest)})")
+    check_digest("digest", digest)
     n = int_in_range("num_tokens", num_tokens, 1)
     start = int_in_range("token_offset", token_offset, 0)
     first: Token | MmItemContext = digest if uuid is None else MmItemContext(digest, uuid)
@@ -216,30 +222,29 @@ def gen_multimodal_cache_key_tokens(
 
 def cache_salt_to_id(cache_salt: str) -> int:
     """A tenant's salt string as the u64 salt of a ``ReuseScope`` (first 8 digest bytes, LE)."""
-    if not isinstance(cache_salt, str):
-        raise TypeError(f"cache_salt: expected a str, got {type(cache_salt).__name__}")
-    return int.from_bytes(hashlib.sha256(cache_salt.encode("utf-8")).digest()[:8], "little")
+    return int.from_bytes(hashlib.sha256(as_str("cache_salt", cache_salt).encode("utf-8")).digest()[:8], "little")
 
 
 # --- event hash forms ----------------------------------------------------------------------
 
 
-def _check_key(key: Any) -> bytes:
-    if not isinstance(key, bytes):
-        raise TypeError(f"key: expected bytes, got {type(key).__name__}")
-    if len(key) != DIGEST_SIZE:
-        raise ValueError(f"key: must be {DIGEST_SIZE} bytes (got {len(key)})")
-    return key
-
-
 def block_hash_v2_sha256(key: bytes) -> str:
     """``v2_sha256``: the key as 64 lowercase hex characters."""
-    return _check_key(key).hex()
+    return check_digest("key", key).hex()
 
 
 def block_hash_v2_sha256_64(key: bytes) -> int:
     """``v2_sha256_64``: the first 8 key bytes read big-endian (unlike the salt id)."""
-    return int.from_bytes(_check_key(key)[:8], "big")
+    return int.from_bytes(check_digest("key", key)[:8], "big")
+
+
+def v1_token_ids(tokens: Iterable[int]) -> list[int]:
+    """``block_hash_v1``'s tokens checked as u64 ids; a digest token has no v1 form (ValueError)."""
+    block = token_list(list(tokens), SHA256_U64)
+    for position, token in enumerate(block):
+        if isinstance(token, bytes):
+            raise ValueError(f"token {position}: a digest token has no v1_block_key form")
+    return cast(list[int], block)
 
 
 _M64 = (1 << 64) - 1
@@ -271,13 +276,11 @@ def block_hash_v1(tokens: Iterable[int], parent_hash: int, reuse_scope: ReuseSco
     """
     scope = check_reuse_scope(reuse_scope)
     parent = int_in_range("parent_hash", parent_hash, 0, 1 << 64)
-    block = token_list(list(tokens), "sha256-u64")
+    block = v1_token_ids(tokens)
     seed = (len(block) ^ (parent * 0xBF58476D1CE4E5B9)) & _M64
     if parent == 0 and scope.salt is not None:
         seed = _mix64(scope.salt, seed)
-    for position, token in enumerate(block):
-        if isinstance(token, bytes):
-            raise ValueError(f"token {position}: a digest token has no v1_block_key form")
+    for token in block:
         seed = _mix32(token, seed)
     if scope.lora_id is not None:
         seed = _mix64(scope.lora_id, seed)

@@ -19,12 +19,8 @@ struct ReuseScope {
 };
 
 // One mask byte (bit 0: lora present, bit 1: salt present), then each present field u64 LE.
-std::vector<std::uint8_t> reuse_scope_bytes(const ReuseScope& scope);
+std::vector<std::uint8_t> reuse_scope_to_bytes(const ReuseScope& scope);
 Digest root_key(const ReuseScope& scope);
-
-inline std::size_t num_blocks(std::size_t num_tokens, std::size_t tokens_per_block) noexcept {
-  return (num_tokens + tokens_per_block - 1) / tokens_per_block;
-}
 
 // Keys of blocks [first, first + count) of `tokens`, chained from `parent` (the key of block
 // first - 1, or the root): writes `parent` then the keys into `out` (32 * (1 + count) bytes).
@@ -32,7 +28,7 @@ inline std::size_t num_blocks(std::size_t num_tokens, std::size_t tokens_per_blo
 void chained_keys(const Digest& parent, const Tokens& tokens, std::size_t first, std::size_t count,
                   std::size_t tokens_per_block, KeyFormat format, std::uint8_t* out) noexcept;
 
-// Writes the root key then one key per block into `out` (32 * (1 + num_blocks) bytes).
+// Writes the root key then one key per block into `out` (32 * (1 + blocks) bytes).
 void block_keys(std::size_t tokens_per_block, const ReuseScope& scope, const Tokens& tokens, KeyFormat format,
                 std::uint8_t* out) noexcept;
 
@@ -41,7 +37,6 @@ class BlockKeyIterator {
  public:
   BlockKeyIterator(std::size_t tokens_per_block, const ReuseScope& scope, Tokens tokens, KeyFormat format);
 
-  bool at_root() const noexcept { return !started_; }
   bool done() const noexcept { return started_ && next_ >= tokens_.count; }
   const Tokens& tokens() const noexcept { return tokens_; }
   // Advances; returns the key of the block [begin, end) (the root first, with begin == end).

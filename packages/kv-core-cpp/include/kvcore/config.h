@@ -45,7 +45,7 @@ struct KVCacheManagerConfig {
   std::optional<BatchDesc> typical_step;
   std::optional<std::vector<double>> initial_pool_ratio;
   bool commit_min_snapshot = false;
-  KeyFormat key_format = KeyFormat::kU32;
+  KeyFormat key_format = kDefaultKeyFormat;
 };
 
 }  // namespace kvcore

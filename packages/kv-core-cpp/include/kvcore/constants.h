@@ -15,4 +15,16 @@ constexpr int kMinPriority = 0;
 constexpr int kDefaultPriority = 35;
 constexpr int kMaxPriority = 100;
 
+// A block-key format (docs/key-format.md): how an int token is encoded and its range.
+enum class KeyFormat : std::uint8_t { kU32, kU64 };
+// Format names, indexed by KeyFormat.
+constexpr const char* kKeyFormatNames[] = {"sha256-u32", "sha256-u64"};
+constexpr KeyFormat kDefaultKeyFormat = KeyFormat::kU32;
+
+// ceil(a / b) for a >= 0, b > 0: the rounding of every block count the contract defines.
+template <typename T>
+constexpr T ceil_div(T a, T b) {
+  return (a + b - 1) / b;
+}
+
 }  // namespace kvcore

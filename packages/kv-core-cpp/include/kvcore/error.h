@@ -16,7 +16,6 @@ enum class ErrorKind {
   kInvalidState,    // kv_api.errors.InvalidStateError
   kOutOfPages,      // kv_api.errors.OutOfPagesError
   kHostOOM,         // kv_api.errors.HostOOMError
-  kDiskOOM,         // kv_api.errors.DiskOOMError
   kCorrupted,       // kv_api.errors.CorruptedError
   kNotImplemented,  // NotImplementedError
 };

@@ -15,7 +15,7 @@
 
 namespace kvcore {
 
-class KVCacheManager;
+class CacheContext;
 
 enum class CacheStatus { kActive = 0, kSuspended = 1, kClosed = 2 };
 enum class CommitState { kAllowed = 0, kUserStop = 1, kVirtualStop = 2 };
@@ -39,7 +39,7 @@ struct IndexBuffer {
 
 class KVCache {
  public:
-  KVCache(KVCacheManager& manager, std::int64_t id, const ReuseScope& scope, const Digest& root_key, TokenList tokens,
+  KVCache(CacheContext& context, std::int64_t id, const ReuseScope& scope, const Digest& root_key, TokenList tokens,
           const MatchPath& path, PriorityCallback priority);
   ~KVCache();
   KVCache(const KVCache&) = delete;
@@ -54,7 +54,8 @@ class KVCache {
   std::int64_t capacity() const { return capacity_; }
   std::int64_t num_blocks() const { return static_cast<std::int64_t>(blocks_.size()); }
   std::int64_t num_reused_tokens() const { return num_reused_; }
-  KVCacheManager& manager() { return manager_; }
+  std::int64_t tokens_per_block() const { return tpb_; }
+  const CacheContext& context() const { return context_; }
 
   // Error(kInvalidState) unless the cache is in `status`; bindings check it before converting
   // arguments, as the Python backend does.
@@ -98,7 +99,7 @@ class KVCache {
   void sync_user_buffers();
   void close_locked();
 
-  KVCacheManager& manager_;
+  CacheContext& context_;  // all the cache uses of its manager's state (the manager owns it)
   std::int64_t id_;
   ReuseScope scope_;
   Digest root_key_;

@@ -17,8 +17,6 @@ struct LifeCycle {
   std::int64_t num_sink_blocks = 0;
 };
 
-inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
-
 // Ids by first appearance in config.layers; layers with the same (window, sink blocks) share
 // one. The id doubles as the layer-group id.
 class LifeCycleRegistry {

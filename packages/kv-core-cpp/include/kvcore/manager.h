@@ -3,10 +3,10 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <vector>
 
+#include "kvcore/cache_context.h"
 #include "kvcore/config.h"
 #include "kvcore/event_manager.h"
 #include "kvcore/kv_cache.h"
@@ -18,32 +18,18 @@
 
 namespace kvcore {
 
-struct CacheStats {
-  std::uint64_t requests = 0;
-  std::uint64_t lookup_tokens = 0;
-  std::uint64_t reused_tokens = 0;
-  std::uint64_t allocated_pages = 0;
-  std::uint64_t evicted_pages = 0;
-  std::uint64_t committed_blocks = 0;
-};
-
 class KVCacheManager {
  public:
   KVCacheManager(const KVCacheManagerConfig& config, KVCacheEventManager* events);
   KVCacheManager(const KVCacheManager&) = delete;
   KVCacheManager& operator=(const KVCacheManager&) = delete;
 
-  // Every public entry point of the manager and its caches takes this lock.
-  std::recursive_mutex& mutex() { return mutex_; }
   const KVCacheManagerConfig& config() const { return config_; }
   std::int64_t tokens_per_block() const { return config_.tokens_per_block; }
   const LifeCycleRegistry& registry() const { return registry_; }
   const StorageConfig& storage_config() const { return storage_config_; }
   const SlotCounts& counts() const { return counts_; }
   Storage& storage() { return storage_; }
-  RadixTree& tree() { return tree_; }
-  KVCacheEventManager* events() { return events_; }
-  bool is_shut_down() const { return shut_down_; }
   void require_live() const;  // Error(kInvalidState) after shutdown
 
   std::unique_ptr<KVCache> create_kv_cache(const ReuseScope& scope, const Tokens& tokens,
@@ -53,12 +39,10 @@ class KVCacheManager {
   std::vector<StorageStatistics> storage_statistics();
   void clear_reusable_blocks();
   void shutdown();
-  std::size_t num_open_kv_caches() const { return caches_.size(); }
+  std::size_t num_open_kv_caches() const { return context_.num_open_caches(); }
 
   CacheStats committed_stats();
   CacheStats take_iteration_stats();
-  void stats_add(const CacheStats& delta);
-  void unregister(KVCache* cache);
 
  private:
   MatchPath match(const Digest& root_key, const Tokens& tokens);
@@ -71,12 +55,8 @@ class KVCacheManager {
   RadixTree tree_;
   KVCacheEventManager* events_;
   Storage storage_;
-  std::recursive_mutex mutex_;
-  std::vector<KVCache*> caches_;  // open, in creation order
+  CacheContext context_;  // the lock, the open caches, the shut-down flag and the statistics, shared with the caches
   std::int64_t next_id_ = 0;
-  bool shut_down_ = false;
-  CacheStats committed_;
-  CacheStats iteration_;
   std::uint64_t evicted_mark_ = 0;
 };
 

@@ -9,25 +9,18 @@ namespace kvcore {
 
 class Block;
 
-enum class PageStatus { kLocked = 0, kHeld = 1, kDroppable = 2 };
-
 struct Page {
   std::uint64_t slot = 0;
   int life_cycle = 0;
   int pool_group = 0;
   int priority = 0;
-  int level = 0;
-  Block* block = nullptr;       // set once committed
-  std::int64_t num_tokens = 0;  // tokens of the block this page is valid for
-  int holders = 0;              // caches keeping the page (held or locked)
-  int locks = 0;                // caches locking it (active)
-  bool queued = false;          // in the eviction queue
-  std::list<Page*>::iterator queue_pos;
+  Block* block = nullptr;                // set once committed
+  std::int64_t num_tokens = 0;           // tokens of the block this page is valid for
+  int holders = 0;                       // caches keeping the page (held or locked)
+  int locks = 0;                         // caches locking it (active)
+  std::list<Page*>::iterator queue_pos;  // its place in the eviction queue, while evictable
 
   bool committed() const { return block != nullptr; }
-  PageStatus status() const {
-    return locks ? PageStatus::kLocked : holders ? PageStatus::kHeld : PageStatus::kDroppable;
-  }
 };
 
 }  // namespace kvcore

@@ -75,9 +75,6 @@ class Block : public Node {
 
 using MatchPath = std::vector<std::pair<Block*, std::int64_t>>;
 
-// SHA-256(parent key || tokens [begin, end)) in `format`.
-Digest chunk_key(const Digest& parent, const TokenList& tokens, std::size_t begin, std::size_t end, KeyFormat format);
-
 class RadixTree {
  public:
   explicit RadixTree(std::size_t num_life_cycles) : num_life_cycles_(num_life_cycles) {}

@@ -20,10 +20,9 @@ class SlotCounts {
  public:
   SlotCounts(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry, const StorageConfig& storage);
 
-  std::uint64_t granularity = 0;
-  std::uint64_t quota = 0;  // effective
-  std::vector<std::uint64_t> min_slots;
-  std::vector<std::uint64_t> slots;  // per pool group
+  std::uint64_t quota = 0;               // effective
+  std::vector<std::uint64_t> min_slots;  // per pool group
+  std::vector<std::uint64_t> slots;      // per pool group
 };
 
 }  // namespace kvcore

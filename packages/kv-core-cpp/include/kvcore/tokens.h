@@ -8,12 +8,10 @@
 #include <string_view>
 #include <vector>
 
+#include "kvcore/constants.h"
 #include "kvcore/sha256.h"
 
 namespace kvcore {
-
-// A block-key format (docs/key-format.md): how an int token is encoded and its range.
-enum class KeyFormat : std::uint8_t { kU32, kU64 };
 
 KeyFormat parse_key_format(std::string_view name);  // throws Error(kValue) for unknown names
 const char* key_format_name(KeyFormat format) noexcept;

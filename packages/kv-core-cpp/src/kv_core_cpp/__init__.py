@@ -6,8 +6,10 @@ import kv_api
 from kv_api import Capabilities
 from kv_core_cpp._core import (
     BAD_PAGE_INDEX,
+    DEFAULT_KEY_FORMAT,
     DEFAULT_PRIORITY,
     GPU_LEVEL,
+    KEY_FORMATS,
     MAX_PRIORITY,
     MIN_PRIORITY,
     KVCache,
@@ -45,8 +47,10 @@ def build_info() -> dict[str, str]:
 
 __all__ = [
     "BAD_PAGE_INDEX",
+    "DEFAULT_KEY_FORMAT",
     "DEFAULT_PRIORITY",
     "GPU_LEVEL",
+    "KEY_FORMATS",
     "MAX_PRIORITY",
     "MIN_PRIORITY",
     "KVCache",

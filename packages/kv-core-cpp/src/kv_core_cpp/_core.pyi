@@ -134,6 +134,10 @@ DEFAULT_PRIORITY: int = 35
 
 MAX_PRIORITY: int = 100
 
+KEY_FORMATS: tuple = ("sha256-u32", "sha256-u64")
+
+DEFAULT_KEY_FORMAT: str = "sha256-u32"
+
 def build_info() -> list[tuple[str, str]]:
     """Compiler, flags, build type and the SHA-256 transform in use."""
 

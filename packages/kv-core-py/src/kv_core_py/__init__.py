@@ -6,18 +6,12 @@ import platform
 import sys
 
 from kv_api import Capabilities
-from kv_api.keys import (
-    block_hash_v1,
-    block_hash_v2_sha256,
-    block_hash_v2_sha256_64,
-    cache_salt_to_id,
-    gen_multimodal_cache_key_tokens,
-    reuse_scope_to_bytes,
-)
-from kv_core_py.block_keys import block_keys, sequence_to_blockchain_keys
+from kv_core_py.block_keys import block_keys, reuse_scope_to_bytes, sequence_to_blockchain_keys
+from kv_core_py.event_hash import block_hash_v1, block_hash_v2_sha256, block_hash_v2_sha256_64, cache_salt_to_id
 from kv_core_py.event_manager import KVCacheEventManager
 from kv_core_py.kv_cache import KVCache
 from kv_core_py.manager import KVCacheManager
+from kv_core_py.tokens import gen_multimodal_cache_key_tokens
 
 name = "py"
 version = "0.1.0"

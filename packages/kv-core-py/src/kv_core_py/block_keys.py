@@ -1,25 +1,67 @@
-"""Block keys (docs/key-format.md) computed by the Python backend: one hashlib call per block."""
+"""Block keys (docs/key-format.md) computed by the Python backend (C++ ``block_keys.h``): one
+hashlib call per block, over a slice of the packed tokens when they are plain ints.
+``chained_keys`` is the one route: the key functions, the radix tree and the manager use it."""
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 from hashlib import sha256
 from typing import Any
 
 from kv_api._check import int_in_range
-from kv_api.keys import DEFAULT_KEY_FORMAT, Token, check_key_format, reuse_scope_to_bytes
+from kv_api.constants import DEFAULT_KEY_FORMAT, ceil_div
+from kv_api.keys import Token, check_key_format, check_reuse_scope
 from kv_api.scope import ReuseScope
-from kv_core_py.hasher import TokenBlocks
+from kv_core_py.tokens import Tokens
 
 # Copying a fresh context skips OpenSSL's per-call algorithm lookup (~10% per block).
 _NEW_SHA256 = sha256().copy
 
 
-def _prepare(tokens_per_block: Any, reuse_scope: Any, tokens: Any, key_format: Any) -> tuple[bytes, TokenBlocks]:
+def reuse_scope_to_bytes(reuse_scope: ReuseScope | None) -> bytes:
+    """One mask byte (bit 0: lora present, bit 1: salt present), then each present field u64 LE."""
+    scope = check_reuse_scope(reuse_scope)
+    fields = [v for v in (scope.lora_id, scope.salt) if v is not None]
+    mask = (scope.lora_id is not None) | (scope.salt is not None) << 1
+    return struct.pack(f"<B{len(fields)}Q", mask, *fields)
+
+
+def root_key(scope: ReuseScope | None) -> bytes:
+    return sha256(reuse_scope_to_bytes(scope)).digest()
+
+
+def chained_keys(parent: bytes, tokens: Tokens, first: int, count: int, tokens_per_block: int) -> list[bytes]:
+    """``parent`` (the key of block ``first - 1``, or the root), then the keys of blocks
+    ``[first, first + count)`` of ``tokens`` (fewer where the tokens end)."""
+    keys = [parent]
+    append = keys.append
+    new = _NEW_SHA256
+    key = parent
+    packed = tokens.packed
+    if packed is not None:
+        step = tokens_per_block * tokens.width
+        # The hot loop, inlined: a generator or a call per block costs more than the hashing.
+        for o in range(first * step, min(len(packed), (first + count) * step), step):
+            h = new()
+            h.update(key + packed[o : o + step])
+            key = h.digest()
+            append(key)
+        return keys
+    tpb = tokens_per_block
+    for start in range(first * tpb, min(len(tokens), (first + count) * tpb), tpb):
+        h = new()
+        h.update(key + tokens.payload(start, start + tpb))
+        key = h.digest()
+        append(key)
+    return keys
+
+
+def _prepare(tokens_per_block: Any, reuse_scope: Any, tokens: Any, key_format: Any) -> tuple[int, bytes, Tokens]:
     tpb = int_in_range("tokens_per_block", tokens_per_block, 1)
-    root = sha256(reuse_scope_to_bytes(reuse_scope)).digest()
+    root = root_key(reuse_scope)
     fmt = check_key_format(key_format)
-    return root, TokenBlocks(tokens, tpb, fmt)
+    return tpb, root, Tokens(tokens, fmt)
 
 
 def block_keys(
@@ -28,36 +70,16 @@ def block_keys(
     tokens: Any,
     key_format: str = DEFAULT_KEY_FORMAT,
 ) -> bytes:
-    key, blocks = _prepare(tokens_per_block, reuse_scope, tokens, key_format)
-    keys = [key]
-    append = keys.append
-    new = _NEW_SHA256
-    packed, step = blocks.packed, blocks.step
-    if packed is not None:
-        # The hot loop, inlined: a generator or a list of slices costs more than the hashing.
-        for o in range(0, len(packed), step):
-            h = new()
-            h.update(key + packed[o : o + step])
-            key = h.digest()
-            append(key)
-        return b"".join(keys)
-    for payload in blocks.payloads():
-        h = new()
-        h.update(key + payload)
-        key = h.digest()
-        append(key)
-    return b"".join(keys)
+    tpb, root, toks = _prepare(tokens_per_block, reuse_scope, tokens, key_format)
+    return b"".join(chained_keys(root, toks, 0, ceil_div(len(toks), tpb), tpb))
 
 
-def _chain(root: bytes, blocks: TokenBlocks) -> Iterator[tuple[list[Token], bytes]]:
+def _pairs(root: bytes, tokens: Tokens, tokens_per_block: int) -> Iterator[tuple[list[Token], bytes]]:
     key = root
     yield [], key
-    new = _NEW_SHA256
-    for block, payload in zip(blocks.blocks(), blocks.payloads(), strict=True):
-        h = new()
-        h.update(key + payload)
-        key = h.digest()
-        yield block, key
+    for block in range(ceil_div(len(tokens), tokens_per_block)):
+        key = chained_keys(key, tokens, block, 1, tokens_per_block)[1]
+        yield tokens.to_list(block * tokens_per_block, (block + 1) * tokens_per_block), key
 
 
 def sequence_to_blockchain_keys(
@@ -67,5 +89,5 @@ def sequence_to_blockchain_keys(
     key_format: str = DEFAULT_KEY_FORMAT,
 ) -> Iterator[tuple[list[Token], bytes]]:
     """Validates everything now; hashes one block per step of the iteration."""
-    root, blocks = _prepare(tokens_per_block, reuse_scope, tokens, key_format)
-    return _chain(root, blocks)
+    tpb, root, toks = _prepare(tokens_per_block, reuse_scope, tokens, key_format)
+    return _pairs(root, toks, tpb)

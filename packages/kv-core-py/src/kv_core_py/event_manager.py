@@ -24,7 +24,7 @@ from kv_api.events import (
     StoredBlock,
     UniqueToken,
 )
-from kv_api.keys import block_hash_v1, block_hash_v2_sha256, block_hash_v2_sha256_64
+from kv_core_py.event_hash import block_hash_v1, block_hash_v2_sha256, block_hash_v2_sha256_64
 from kv_core_py.radix_tree import Block, Node, Root
 
 
@@ -44,8 +44,8 @@ def check_event_args(max_kv_event_entries: Any, hash_algo: Any) -> str:
 
 class KVCacheEventManager(kv_api.KVCacheEventManager):
     def __init__(self, max_kv_event_entries: int = 1000, hash_algo: str = "v2_sha256") -> None:
-        self.hash_algo = check_event_args(max_kv_event_entries, hash_algo)
-        self.max_kv_event_entries = max_kv_event_entries
+        self._hash_algo = check_event_args(max_kv_event_entries, hash_algo)
+        self._max_kv_event_entries = max_kv_event_entries
         self._ring: deque[KVCacheEvent] = deque(maxlen=max(max_kv_event_entries, 1))
         self._pending: list[KVCacheEvent] = []
         self._removed: dict[int, list[BlockHash]] = {}
@@ -57,10 +57,18 @@ class KVCacheEventManager(kv_api.KVCacheEventManager):
 
     # -- public ---------------------------------------------------------------------------
 
+    @property
+    def hash_algo(self) -> str:
+        return self._hash_algo
+
+    @property
+    def max_kv_event_entries(self) -> int:
+        return self._max_kv_event_entries
+
     def flush_iteration_events(self) -> None:
         with self._cond:
             self._flush_removed()
-            if self.max_kv_event_entries > 0:
+            if self._max_kv_event_entries > 0:
                 self._ring.extend(self._pending)
             self._pending.clear()
             self._cond.notify_all()
@@ -104,7 +112,7 @@ class KVCacheEventManager(kv_api.KVCacheEventManager):
             ):
                 merged = Stored(last.data.parent_hash, (*last.data.blocks, new))
                 self._pending[-1] = KVCacheEvent(
-                    last.event_id, merged, last.window_size, self.hash_algo, None, life_cycle
+                    last.event_id, merged, last.window_size, self._hash_algo, None, life_cycle
                 )
                 return
             self._queue(Stored(parent_hash, (new,)), life_cycle)
@@ -122,21 +130,21 @@ class KVCacheEventManager(kv_api.KVCacheEventManager):
         with self._cond:
             self._flush_removed()
             window = self._windows[life_cycle] if life_cycle is not None else None
-            self._pending.append(KVCacheEvent(self._next_id, data, window, self.hash_algo, None, life_cycle))
+            self._pending.append(KVCacheEvent(self._next_id, data, window, self._hash_algo, None, life_cycle))
             self._next_id += 1
 
     def _flush_removed(self) -> None:
         removed, self._removed = self._removed, {}
         for lc, hashes in removed.items():
             self._pending.append(
-                KVCacheEvent(self._next_id, Removed(tuple(hashes)), self._windows[lc], self.hash_algo, None, lc)
+                KVCacheEvent(self._next_id, Removed(tuple(hashes)), self._windows[lc], self._hash_algo, None, lc)
             )
             self._next_id += 1
 
     def _hash(self, block: Block) -> BlockHash:
-        if self.hash_algo == "v2_sha256":
+        if self._hash_algo == "v2_sha256":
             return block_hash_v2_sha256(block.key)
-        if self.hash_algo == "v2_sha256_64":
+        if self._hash_algo == "v2_sha256_64":
             return block_hash_v2_sha256_64(block.key)
         return self._v1(block)
 

@@ -26,9 +26,6 @@ class EvictionQueue:
             del self._buckets[page.priority]
         self._size -= 1
 
-    def __contains__(self, page: Page) -> bool:
-        return id(page) in self._buckets.get(page.priority, {})
-
     def pop(self) -> Page:
         priority = min(self._buckets)
         bucket = self._buckets[priority]

@@ -5,24 +5,20 @@ from __future__ import annotations
 
 import enum
 from array import array
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import kv_api
 from kv_api._check import int_in_range
-from kv_api.constants import BAD_PAGE_INDEX, DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, KVCacheStatus
-from kv_api.descriptors import LifeCycle
+from kv_api.constants import BAD_PAGE_INDEX, DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, KVCacheStatus, ceil_div
+from kv_api.contract import PriorityCallback
 from kv_api.errors import InvalidStateError, LogicError, OutOfPagesError
 from kv_api.keys import Token
 from kv_api.scope import ReuseScope
-from kv_core_py.hasher import tokens_of
+from kv_core_py.block_keys import chained_keys
+from kv_core_py.cache_context import CacheContext
 from kv_core_py.page import Page
-from kv_core_py.radix_tree import Block, Node, chunk_key
-
-if TYPE_CHECKING:
-    from kv_core_py.manager import KVCacheManager
-
-PriorityCallback = Callable[[int, LifeCycle], int]
+from kv_core_py.radix_tree import Block, Node
+from kv_core_py.tokens import Tokens
 
 
 class CommitState(enum.IntEnum):
@@ -43,16 +39,14 @@ class CacheBlock:
         self.copy_on_resume = False  # pages are a reused partial block's, shared with the tree
 
 
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 class KVCache(kv_api.KVCache):
-    """Created SUSPENDED by ``KVCacheManager.create_kv_cache``; see ``kv_api.KVCache``."""
+    """Created SUSPENDED by ``KVCacheManager.create_kv_cache``, with the manager's ``CacheContext``;
+    see ``kv_api.KVCache``."""
 
     def __init__(
         self,
-        manager: KVCacheManager,
+        manager: kv_api.KVCacheManager,
+        context: CacheContext,
         cache_id: int,
         scope: ReuseScope,
         root_key: bytes,
@@ -60,14 +54,12 @@ class KVCache(kv_api.KVCache):
         path: list[tuple[Block, int]],
         priority: PriorityCallback | None,
     ) -> None:
-        self._manager = manager
-        self._lock = manager._lock
-        self._storage = manager._storage
-        self._registry = manager._registry
-        self._tpb = manager.tokens_per_block
-        self._lcs = self._registry.life_cycles
-        self.id = cache_id
-        self.reuse_scope = scope
+        self._manager = manager  # a cache keeps its manager alive
+        self._context = context  # all the cache uses of its manager's state (the manager owns it)
+        self._tpb = context.tokens_per_block
+        self._lcs = context.registry.life_cycles
+        self._id = cache_id
+        self._reuse_scope = scope
         self._root_key = root_key
         self._priority = priority
         self._status = KVCacheStatus.SUSPENDED
@@ -78,7 +70,7 @@ class KVCache(kv_api.KVCache):
         self._index = [array("i") for _ in self._lcs]
         self._user_buffers: dict[int, memoryview] = {}
         self._stale_scan = [0] * len(self._lcs)  # per life cycle: stale blocks below are cleared
-        self.num_reused_tokens = len(tokens)
+        self._num_reused_tokens = len(tokens)
         # Priorities first: a failing callback must leave the tree untouched.
         reused = [
             (o, lc, page, self._priority_of(o, lc))
@@ -97,15 +89,27 @@ class KVCache(kv_api.KVCache):
             for idx in self._index:
                 idx.append(BAD_PAGE_INDEX)
         for o, lc, page, raised in reused:
-            self._storage.hold(page)
+            self._context.storage.hold(page)
             page.priority = max(page.priority, raised)  # reuse may raise a block's priority
             self._blocks[o].pages[lc] = page
 
     # -- lengths and state --------------------------------------------------------------------
 
     @property
-    def manager(self) -> KVCacheManager:
+    def manager(self) -> kv_api.KVCacheManager:
         return self._manager
+
+    @property
+    def id(self) -> int:
+        return self._id
+
+    @property
+    def reuse_scope(self) -> ReuseScope:
+        return self._reuse_scope
+
+    @property
+    def num_reused_tokens(self) -> int:
+        return self._num_reused_tokens
 
     @property
     def status(self) -> KVCacheStatus:
@@ -196,10 +200,10 @@ class KVCache(kv_api.KVCache):
         if page is not None:
             self._unlock_page(ordinal, lc)
             self._blocks[ordinal].pages[lc] = None
-            self._storage.unhold(page)
+            self._context.storage.unhold(page)
 
     def _is_stale(self, lc: int, ordinal: int, history: int) -> bool:
-        begin, end = self._registry.stale_range(lc, history)
+        begin, end = self._context.registry.stale_range(lc, history)
         return begin <= ordinal < end
 
     def _stale_releases(self, history: int) -> list[tuple[int, int, bool]]:
@@ -208,7 +212,7 @@ class KVCache(kv_api.KVCache):
         cleared, so a decode step does not rescan the whole history."""
         out = []
         for lc in range(len(self._lcs)):
-            begin, end = self._registry.stale_range(lc, history)
+            begin, end = self._context.registry.stale_range(lc, history)
             for ordinal in range(max(begin, self._stale_scan[lc]), min(end, len(self._blocks))):
                 cb = self._blocks[ordinal]
                 page = cb.pages[lc]
@@ -225,7 +229,7 @@ class KVCache(kv_api.KVCache):
             else:
                 self._release_page(ordinal, lc)
         for lc in range(len(self._lcs)):
-            begin, end = self._registry.stale_range(lc, history)
+            begin, end = self._context.registry.stale_range(lc, history)
             o = max(begin, self._stale_scan[lc])
             while o < min(end, len(self._blocks)) and self._blocks[o].pages[lc] is None:
                 o += 1
@@ -233,7 +237,7 @@ class KVCache(kv_api.KVCache):
 
     def _fits(self, needs: list[tuple[int, int]], freed: list[Page]) -> bool:
         """Whether every pool group has room for ``needs`` counting pages this call frees."""
-        storage = self._storage
+        storage = self._context.storage
         per_pg = [0] * len(storage.pool_groups)
         for _, lc in needs:
             per_pg[storage.config.life_cycle_pool_group[lc]] += 1
@@ -245,8 +249,8 @@ class KVCache(kv_api.KVCache):
 
     def _new_pages(self, needs: list[tuple[int, int]], priorities: list[int]) -> list[Page]:
         """Pages for ``needs`` (held by this cache, not yet placed); OutOfPagesError if short."""
-        pages = self._storage.new_pages([(lc, p) for (_, lc), p in zip(needs, priorities, strict=True)])
-        self._manager._stats_add(allocated_pages=len(pages))
+        pages = self._context.storage.new_pages([(lc, p) for (_, lc), p in zip(needs, priorities, strict=True)])
+        self._context.add_stats(allocated_pages=len(pages))
         for page in pages:
             page.holders = 1
         return pages
@@ -268,10 +272,10 @@ class KVCache(kv_api.KVCache):
         """SUSPENDED -> ACTIVE. False (nothing changed) when a pool group is above
         ``max_util_for_resume`` or pages run out. The first resume copies a reused partial
         block into private pages, so the tree's pages are never written."""
-        with self._lock:
+        with self._context.lock:
             self._require(KVCacheStatus.SUSPENDED, "resume")
-            limit = self._manager.init_config.max_util_for_resume
-            if any(pg.utilization() > limit for pg in self._storage.pool_groups):
+            limit = self._context.max_util_for_resume
+            if any(pg.utilization() > limit for pg in self._context.storage.pool_groups):
                 return False
             copies = [
                 (o, lc)
@@ -290,8 +294,8 @@ class KVCache(kv_api.KVCache):
                 cb = self._blocks[o]
                 source = cb.pages[lc]
                 if source is not None:  # copy-on-write of a reused partial block
-                    self._storage.copy(source, page)
-                    self._storage.unhold(source)
+                    self._context.storage.copy(source, page)
+                    self._context.storage.unhold(source)
                 cb.pages[lc] = page
             for cb in self._blocks:
                 cb.copy_on_resume = False
@@ -304,7 +308,7 @@ class KVCache(kv_api.KVCache):
 
     def suspend(self) -> None:
         """ACTIVE -> SUSPENDED: pages stay held (so stay reserved) but are unlocked."""
-        with self._lock:
+        with self._context.lock:
             self._require(KVCacheStatus.ACTIVE, "suspend")
             for o in range(len(self._blocks)):
                 for lc in range(len(self._lcs)):
@@ -314,7 +318,7 @@ class KVCache(kv_api.KVCache):
     def resize(self, capacity: int | None = None, history_length: int | None = None) -> bool:
         """Set capacity and/or history (ACTIVE only). History never decreases and capacity never
         drops below it (``ValueError``). False, with nothing changed, when pages run out."""
-        with self._lock:
+        with self._context.lock:
             self._require(KVCacheStatus.ACTIVE, "resize")
             cap = self._capacity if capacity is None else int_in_range("capacity", capacity, 0)
             hist = self._history if history_length is None else int_in_range("history_length", history_length, 0)
@@ -357,11 +361,11 @@ class KVCache(kv_api.KVCache):
     def commit(self, tokens: Any, is_end: bool = False) -> None:
         """Record computed tokens (ACTIVE only); each block they fill enters the radix tree.
         ``is_end`` then calls ``stop_committing()``."""
-        with self._lock:
+        with self._context.lock:
             self._require(KVCacheStatus.ACTIVE, "commit")
             if self._commit_state == CommitState.USER_STOP:
                 raise LogicError("Cannot commit tokens after stop_committing()")
-            new = tokens_of(tokens, self._manager.init_config.key_format)
+            new = Tokens(tokens, self._context.key_format).to_list()
             if len(self._tokens) + len(new) > self._capacity:
                 raise ValueError(
                     f"commit: {len(self._tokens)} committed + {len(new)} new tokens exceed capacity {self._capacity}"
@@ -373,11 +377,11 @@ class KVCache(kv_api.KVCache):
                 self._commit_block(ordinal)
             self._apply_stale_releases(self._stale_releases(self._history), self._history)
             if is_end:
-                self._stop_committing()
+                self._stop_committing_locked()
 
     def _parent_node(self, ordinal: int) -> Node | None:
         if ordinal == 0:
-            return self._manager._tree.root(self._root_key, self.reuse_scope)
+            return self._context.tree.root(self._root_key, self.reuse_scope)
         return self._blocks[ordinal - 1].tree_block
 
     def _commit_block(self, ordinal: int) -> None:
@@ -395,33 +399,33 @@ class KVCache(kv_api.KVCache):
         cb = self._blocks[ordinal]
         tokens = tuple(self._tokens[ordinal * self._tpb : (ordinal + 1) * self._tpb])
         full = len(tokens) == self._tpb
-        key = chunk_key(parent.key, tokens, self._manager.init_config.key_format)
+        key = chained_keys(parent.key, Tokens(tokens, self._context.key_format), 0, 1, self._tpb)[1]
         block = parent.children.get(key)
         if block is None:
-            tree = self._manager._tree
+            tree = self._context.tree
             if not full and tree.covering_sibling(parent, tokens) is not None:
                 return
             shorter = tree.covered_sibling(parent, tokens)
             block = tree.add(parent, key, tokens, ordinal)
-            self._manager._stats_add(committed_blocks=1)
+            self._context.add_stats(committed_blocks=1)
             if shorter is not None:
-                self._storage.adopt(block, shorter)
-        events = self._manager._events
+                self._context.storage.adopt(block, shorter)
+        events = self._context.events
         for lc in range(len(self._lcs)):
             ours, theirs = cb.pages[lc], block.pages[lc]
             if theirs is not None and theirs.num_tokens >= len(tokens):
                 if ours is not None and ours is not theirs and full:
-                    self._storage.hold(theirs)
+                    self._context.storage.hold(theirs)
                     if cb.locked[lc]:
                         self._unlock_page(ordinal, lc)
                         cb.pages[lc] = theirs
                         self._lock_page(ordinal, lc)
                     else:
                         cb.pages[lc] = theirs
-                    self._storage.unhold(ours)
+                    self._context.storage.unhold(ours)
             elif ours is not None and not ours.committed:
                 if theirs is not None:
-                    self._storage.orphan(theirs)  # an adopted page covering only a prefix
+                    self._context.storage.orphan(theirs)  # an adopted page covering only a prefix
                 ours.block = block
                 ours.num_tokens = len(tokens)
                 block.pages[lc] = ours
@@ -434,14 +438,14 @@ class KVCache(kv_api.KVCache):
             cb.tree_block = block
             block.pins += 1
         else:
-            self._manager._tree.prune(block)  # a new partial block none of our pages went into
+            self._context.tree.prune(block)  # a new partial block none of our pages went into
 
     def stop_committing(self) -> None:
         """Commit the partial tail block, then accept no more commits. Idempotent."""
-        with self._lock:
-            self._stop_committing()
+        with self._context.lock:
+            self._stop_committing_locked()
 
-    def _stop_committing(self) -> None:
+    def _stop_committing_locked(self) -> None:
         if self._commit_state == CommitState.USER_STOP or self._status == KVCacheStatus.CLOSED:
             return
         tail = len(self._tokens) % self._tpb
@@ -454,24 +458,24 @@ class KVCache(kv_api.KVCache):
     def close(self) -> None:
         """Commit the partial tail, release every page (last block first; committed pages become
         evictable, the others are freed) and unregister. Idempotent."""
-        with self._lock:
+        with self._context.lock:
             if self._status == KVCacheStatus.CLOSED:
                 return
-            self._stop_committing()
+            self._stop_committing_locked()
             for o in reversed(range(len(self._blocks))):
                 for lc in range(len(self._lcs)):
                     self._release_page(o, lc)
             for cb in reversed(self._blocks):  # blocks left without pages go now
                 if cb.tree_block is not None:
                     cb.tree_block.pins -= 1
-                    self._manager._tree.prune(cb.tree_block)
+                    self._context.tree.prune(cb.tree_block)
                     cb.tree_block = None
             self._status = KVCacheStatus.CLOSED
-            self._manager._caches.pop(id(self), None)
+            self._context.unregister_cache(self)
 
     def __del__(self) -> None:
         try:
-            if self._status != KVCacheStatus.CLOSED and not self._manager._is_shut_down:
+            if self._status != KVCacheStatus.CLOSED and not self._context.is_shut_down:
                 self.close()
         except Exception:  # noqa: BLE001 - never raise from a finaliser
             pass
@@ -489,18 +493,18 @@ class KVCache(kv_api.KVCache):
 
     def get_base_page_indices(self, layer_group: int, beam: int = 0) -> array[int]:
         """One slot id per block of the layer group, ``BAD_PAGE_INDEX`` where no page is locked."""
-        with self._lock:
+        with self._context.lock:
             return array("i", self._index[self._check_group(layer_group, beam)])
 
     def get_aggregated_page_indices(self, layer_group: int, beam: int = 0, valid_only: bool = False) -> array[int]:
-        with self._lock:
+        with self._context.lock:
             idx = self._index[self._check_group(layer_group, beam)]
             return array("i", [i for i in idx if i != BAD_PAGE_INDEX] if valid_only else idx)
 
     def set_base_page_index_buf(self, beam: int, layer_group: int, buf: Any) -> None:
         """Keep ``buf`` (1-D, writable, format 'i', at least ``num_blocks`` long) updated with the
         layer group's page indices; the tail past ``num_blocks`` is -1. ``None`` detaches."""
-        with self._lock:
+        with self._context.lock:
             lg = self._check_group(layer_group, beam)
             if buf is None:
                 self._user_buffers.pop(lg, None)

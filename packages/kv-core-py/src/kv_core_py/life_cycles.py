@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 from kv_api.config import AttentionLayerConfig, KVCacheManagerConfig
+from kv_api.constants import ceil_div
 from kv_api.descriptors import LifeCycle
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class LifeCycleRegistry:
@@ -24,7 +21,7 @@ class LifeCycleRegistry:
                 raise ValueError(f"config.layers[{i}]: SSM layers are not supported by this backend")
             window = layer.sliding_window_size
             # No window means no sinks (a count of 0 is allowed there): a plain full-attention layer.
-            sinks = _ceil_div(layer.num_sink_tokens or 0, self.tokens_per_block) if window is not None else 0
+            sinks = ceil_div(layer.num_sink_tokens or 0, self.tokens_per_block) if window is not None else 0
             key = (window, sinks)
             if key not in index:
                 index[key] = len(self.life_cycles)

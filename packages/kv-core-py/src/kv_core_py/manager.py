@@ -2,30 +2,29 @@
 
 from __future__ import annotations
 
-import builtins
-import threading
-import weakref
 from dataclasses import replace
-from hashlib import sha256
 from typing import Any
 
 import kv_api
 from kv_api._check import as_int, int_in_range
 from kv_api.config import KVCacheManagerConfig
 from kv_api.constants import GPU_LEVEL, PageIndexMode
+from kv_api.contract import PriorityCallback
 from kv_api.descriptors import LifeCycle, PageIndexConverter, PoolDesc, PoolGroupDesc
 from kv_api.errors import InvalidStateError, LogicError
-from kv_api.keys import Token, check_reuse_scope, reuse_scope_to_bytes
+from kv_api.keys import check_reuse_scope
 from kv_api.scope import ReuseScope
 from kv_api.stats import CacheStats, StorageStatistics
+from kv_core_py.block_keys import chained_keys, root_key
+from kv_core_py.cache_context import CacheContext
 from kv_core_py.event_manager import KVCacheEventManager
-from kv_core_py.hasher import tokens_of
-from kv_core_py.kv_cache import KVCache, PriorityCallback
+from kv_core_py.kv_cache import KVCache
 from kv_core_py.life_cycles import LifeCycleRegistry
-from kv_core_py.radix_tree import Block, RadixTree, chunk_key
+from kv_core_py.radix_tree import Block, RadixTree
 from kv_core_py.slot_counts import SlotCounts
 from kv_core_py.storage import Storage
 from kv_core_py.storage_config import BufferPlacement, StorageConfig
+from kv_core_py.tokens import Tokens
 
 
 class KVCacheManager(kv_api.KVCacheManager):
@@ -49,15 +48,10 @@ class KVCacheManager(kv_api.KVCacheManager):
         self._tree = RadixTree(len(self._registry.life_cycles))
         if event_manager is not None:
             event_manager.bind([lc.window for lc in self._registry.life_cycles])
-        self._events = event_manager
         self._storage = Storage(self._storage_config, self._counts, self._registry, self._tree, event_manager)
-        self._lock = threading.RLock()
-        # Weak: a cache nobody references is closed by its finaliser, as the native one is.
-        self._caches: weakref.WeakValueDictionary[int, KVCache] = weakref.WeakValueDictionary()
+        # The lock, the open caches, the shut-down flag and the statistics live there, shared with the caches.
+        self._context = CacheContext(config, self._registry, self._storage, self._tree, event_manager)
         self._next_id = 0
-        self._is_shut_down = False
-        self._committed_stats = CacheStats()
-        self._iteration_stats = CacheStats()
         if event_manager is not None:
             event_manager.created((sum(self._counts.slots),))
 
@@ -92,21 +86,21 @@ class KVCacheManager(kv_api.KVCacheManager):
         return len(self._registry.layer_life_cycle)
 
     def get_layer_group_id(self, layer_id: int) -> int:
-        self._live()
+        self._require_live()
         as_int("layer_id", layer_id)
         try:
             return self._registry.layer_life_cycle[layer_id]
         except KeyError:
             raise KeyError(f"no layer {layer_id!r}") from None
 
-    def _live(self) -> None:
-        if self._is_shut_down:
+    def _require_live(self) -> None:
+        if self._context.is_shut_down:
             raise InvalidStateError("the manager is shut down")
 
     # -- memory layout -----------------------------------------------------------------------------
 
     def _placement(self, layer_id: int, role: str) -> BufferPlacement:
-        self._live()
+        self._require_live()
         as_int("layer_id", layer_id)
         if not isinstance(role, str):
             raise TypeError(f"role: expected a str, got {type(role).__name__}")
@@ -116,7 +110,7 @@ class KVCacheManager(kv_api.KVCacheManager):
         self, layer_id: int, role: str, index_mode: PageIndexMode = PageIndexMode.PER_LAYER
     ) -> int:
         """The pool holding the buffer; in SHARED mode, plus the buffer's offset in a slot."""
-        with self._lock:
+        with self._context.lock:
             p = self._placement(layer_id, role)
             base = (
                 self._storage.pool_groups[self._storage_config.life_cycle_pool_group[p.life_cycle]]
@@ -139,8 +133,8 @@ class KVCacheManager(kv_api.KVCacheManager):
 
     @property
     def pool_group_descs(self) -> list[PoolGroupDesc]:
-        with self._lock:
-            self._live()
+        with self._context.lock:
+            self._require_live()
             return [
                 PoolGroupDesc(
                     pg.index,
@@ -156,8 +150,8 @@ class KVCacheManager(kv_api.KVCacheManager):
 
     def pool_memory(self, pool_group: int, pool: int) -> memoryview:
         """Writable bytes of one pool (slot ``s`` at ``s * slot_size``), for CPU engines and tests."""
-        with self._lock:
-            self._live()
+        with self._context.lock:
+            self._require_live()
             groups = self._storage.pool_groups
             g = int_in_range("pool_group", pool_group, 0)
             if g >= len(groups):
@@ -169,7 +163,7 @@ class KVCacheManager(kv_api.KVCacheManager):
 
     def get_quota(self, level: int = GPU_LEVEL) -> int:
         self._check_level(level)
-        self._live()
+        self._require_live()
         return self._counts.quota
 
     def _check_level(self, level: Any) -> int:
@@ -179,29 +173,21 @@ class KVCacheManager(kv_api.KVCacheManager):
         return lvl
 
     def get_storage_statistics(self, level: int = GPU_LEVEL) -> list[StorageStatistics]:
-        with self._lock:
+        with self._context.lock:
             self._check_level(level)
-            self._live()
+            self._require_live()
             return self._storage.statistics()
 
     # -- statistics ----------------------------------------------------------------------------------
 
-    def _stats_add(self, **counts: int) -> None:
-        self._committed_stats = replace(
-            self._committed_stats, **{k: getattr(self._committed_stats, k) + v for k, v in counts.items()}
-        )
-        self._iteration_stats = replace(
-            self._iteration_stats, **{k: getattr(self._iteration_stats, k) + v for k, v in counts.items()}
-        )
-
     def get_committed_stats(self) -> CacheStats:
-        with self._lock:
-            return replace(self._committed_stats, evicted_pages=self._storage.num_evicted)
+        with self._context.lock:
+            return replace(self._context.committed_stats, evicted_pages=self._storage.num_evicted)
 
     def get_and_reset_iteration_stats(self) -> CacheStats:
-        with self._lock:
-            stats = replace(self._iteration_stats, evicted_pages=self._storage.num_evicted - self._evicted_mark)
-            self._iteration_stats = CacheStats()
+        with self._context.lock:
+            stats = replace(self._context.iteration_stats, evicted_pages=self._storage.num_evicted - self._evicted_mark)
+            self._context.iteration_stats = CacheStats()
             self._evicted_mark = self._storage.num_evicted
             return stats
 
@@ -209,16 +195,15 @@ class KVCacheManager(kv_api.KVCacheManager):
 
     # -- reuse --------------------------------------------------------------------------------------
 
-    def _scope_and_tokens(self, reuse_scope: Any, tokens: Any) -> tuple[ReuseScope, bytes, list[Token]]:
+    def _scope_and_tokens(self, reuse_scope: Any, tokens: Any) -> tuple[ReuseScope, bytes, Tokens]:
         scope = check_reuse_scope(reuse_scope)
-        root_key = sha256(reuse_scope_to_bytes(scope)).digest()
-        return scope, root_key, [] if tokens is None else tokens_of(tokens, self._config.key_format)
+        return scope, root_key(scope), Tokens([] if tokens is None else tokens, self._config.key_format)
 
-    def _match(self, root_key: bytes, tokens: list[Token]) -> list[tuple[Block, int]]:
+    def _match(self, root_key: bytes, tokens: Tokens) -> list[tuple[Block, int]]:
         """The reusable prefix: walk, back off, then cut until every life cycle has, for each
         block it needs at the endpoint, a page covering the matched tokens."""
         config, tpb = self._config, self._config.tokens_per_block
-        path = self._tree.walk(root_key, tokens, tpb, config.key_format, config.enable_partial_reuse)
+        path = self._tree.walk(root_key, tokens, tpb, config.enable_partial_reuse)
         backoff = config.reuse_match_backoff
         while backoff and path:
             block, n = path[-1]
@@ -249,26 +234,23 @@ class KVCacheManager(kv_api.KVCacheManager):
 
     def probe_reuse(self, reuse_scope: ReuseScope | None = None, tokens: Any = None) -> int:
         """Tokens ``create_kv_cache`` would reuse now; changes nothing."""
-        with self._lock:
-            self._live()
+        with self._context.lock:
+            self._require_live()
             _, root_key, toks = self._scope_and_tokens(reuse_scope, tokens)
             return sum(n for _, n in self._match(root_key, toks))
 
     def probe_first_new_block_key(self, reuse_scope: ReuseScope | None, tokens: Any) -> bytes | None:
         """The key of the first block not reusable now, chained over ``tokens``; None when that
         block would be partial or everything is reusable."""
-        with self._lock:
-            self._live()
+        with self._context.lock:
+            self._require_live()
             _, root_key, toks = self._scope_and_tokens(reuse_scope, tokens)
             tpb = self._config.tokens_per_block
             reusable = sum(n for _, n in self._match(root_key, toks))
             k = reusable // tpb
             if reusable >= len(toks) or (k + 1) * tpb > len(toks):
                 return None
-            key = root_key
-            for o in range(k + 1):
-                key = chunk_key(key, toks[o * tpb : (o + 1) * tpb], self._config.key_format)
-            return key
+            return chained_keys(root_key, toks, 0, k + 1, tpb)[-1]
 
     def create_kv_cache(
         self,
@@ -278,41 +260,43 @@ class KVCacheManager(kv_api.KVCacheManager):
         custom_priority_callback: PriorityCallback | None = None,
     ) -> KVCache:
         """A SUSPENDED cache holding the reusable prefix of ``input_tokens``."""
-        with self._lock:
-            self._live()
+        with self._context.lock:
+            self._require_live()
             if custom_priority_callback is not None and not callable(custom_priority_callback):
                 raise TypeError("custom_priority_callback: expected a callable or None")
             scope, root_key, toks = self._scope_and_tokens(reuse_scope, input_tokens)
             cache_id = self._next_id if id is None else int_in_range("id", id, 0)
             path = self._match(root_key, toks)
             reused = sum(n for _, n in path)
-            cache = KVCache(self, cache_id, scope, root_key, toks[:reused], path, custom_priority_callback)
+            cache = KVCache(
+                self, self._context, cache_id, scope, root_key, toks.to_list(0, reused), path, custom_priority_callback
+            )
             self._next_id = max(self._next_id, cache_id) + 1
-            self._caches[builtins.id(cache)] = cache
-            self._stats_add(requests=1, lookup_tokens=len(toks), reused_tokens=reused)
+            self._context.register_cache(cache)
+            self._context.add_stats(requests=1, lookup_tokens=len(toks), reused_tokens=reused)
             return cache
 
     @property
     def num_open_kv_caches(self) -> int:
-        return len(self._caches)
+        return self._context.num_open_caches
 
     def _require_no_open_caches(self, api: str) -> None:
-        if self._caches:
-            raise LogicError(f"{api}() with {len(self._caches)} KV cache(s) still open")
+        if n := self._context.num_open_caches:
+            raise LogicError(f"{api}() with {n} KV cache(s) still open")
 
     def clear_reusable_blocks(self) -> None:
         """Empty the radix tree (every committed page is freed). LogicError while caches are open."""
-        with self._lock:
-            self._live()
+        with self._context.lock:
+            self._require_live()
             self._require_no_open_caches("clear_reusable_blocks")
             self._storage.clear()
 
     def shutdown(self) -> None:
         """Empty the tree; the manager is unusable afterwards (its memory goes with the object).
         LogicError while caches are open. Idempotent."""
-        with self._lock:
-            if self._is_shut_down:
+        with self._context.lock:
+            if self._context.is_shut_down:
                 return
             self._require_no_open_caches("shutdown")
             self._storage.clear()
-            self._is_shut_down = True
+            self._context.is_shut_down = True

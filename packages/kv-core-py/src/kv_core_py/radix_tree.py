@@ -10,14 +10,17 @@ siblings, so every backend picks the same block.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from hashlib import sha256
 
-from kv_api.keys import Token, encode_block
+from kv_api.keys import Token
 from kv_api.scope import ReuseScope
+from kv_core_py.block_keys import chained_keys
 from kv_core_py.page import Page
+from kv_core_py.tokens import Tokens
 
 #: Siblings are scanned for a partial match only when there are fewer than this many.
 PARTIAL_SCAN_LIMIT = 32
+#: Blocks hashed ahead while walking: a miss wastes at most this many.
+KEY_BATCH = 64
 
 
 class Node:
@@ -64,18 +67,12 @@ def is_proper_prefix(a: tuple[Token, ...], b: tuple[Token, ...]) -> bool:
     return len(a) < len(b) and b[: len(a)] == a
 
 
-def chunk_key(parent_key: bytes, chunk: Sequence[Token], key_format: str) -> bytes:
-    return sha256(parent_key + encode_block(list(chunk), key_format)).digest()
-
-
 class RadixTree:
     def __init__(self, num_life_cycles: int) -> None:
         self.roots: dict[bytes, Root] = {}
         self.num_life_cycles = num_life_cycles
 
-    def walk(
-        self, root_key: bytes, tokens: Sequence[Token], tokens_per_block: int, key_format: str, partial: bool
-    ) -> list[tuple[Block, int]]:
+    def walk(self, root_key: bytes, tokens: Tokens, tokens_per_block: int, partial: bool) -> list[tuple[Block, int]]:
         """The longest chain of blocks matching ``tokens``: ``(block, matched tokens)`` per block.
 
         Whole blocks match by key; at the first miss (or the partial tail), with ``partial``,
@@ -86,16 +83,23 @@ class RadixTree:
         path: list[tuple[Block, int]] = []
         if node is None:
             return path
-        for start in range(0, len(tokens), tokens_per_block):
-            chunk = tokens[start : start + tokens_per_block]
-            child = node.children.get(chunk_key(node.key, chunk, key_format))
+        num_tokens = len(tokens)
+        keys: list[bytes] = []  # block ``batch + i``'s key is ``keys[i + 1]``
+        batch = 0
+        for b, start in enumerate(range(0, num_tokens, tokens_per_block)):
+            if b - batch + 1 >= len(keys):  # node.key is block b - 1's key
+                batch = b
+                keys = chained_keys(node.key, tokens, b, KEY_BATCH, tokens_per_block)
+            length = min(tokens_per_block, num_tokens - start)
+            child = node.children.get(keys[b - batch + 1])
             if child is not None:
-                path.append((child, len(chunk)))
-                if len(chunk) == tokens_per_block:
+                path.append((child, length))
+                if length == tokens_per_block:
                     node = child
                     continue
                 break
             if partial and len(node.children) < PARTIAL_SCAN_LIMIT:
+                chunk = tokens.to_list(start, start + length)
                 best, best_len = None, 0
                 for candidate in node.children.values():
                     n = common_prefix(candidate.tokens, chunk)

@@ -10,6 +10,7 @@ import math
 from collections.abc import Sequence
 
 from kv_api.config import BatchDesc, KVCacheDesc, KVCacheManagerConfig
+from kv_api.constants import ceil_div
 from kv_core_py.life_cycles import LifeCycleRegistry
 from kv_core_py.storage_config import PoolGroupConfig, StorageConfig
 
@@ -26,7 +27,7 @@ def gpu_granularity(quota: int) -> int:
 
 def grains_for(slots: int, slot_sizes: Sequence[int], granularity: int) -> int:
     """Grains a pool group of ``slots`` slots occupies: each pool rounds up on its own."""
-    return sum(-(-slots * size // granularity) for size in slot_sizes)
+    return sum(ceil_div(slots * size, granularity) for size in slot_sizes)
 
 
 def max_slots(grains: int, slot_sizes: Sequence[int], granularity: int) -> int:
@@ -49,7 +50,7 @@ def slots_for_batch(registry: LifeCycleRegistry, life_cycle: int, batch: BatchDe
     shared: set[int] = set()
     total = 0
     for desc in batch.kv_caches:
-        num_blocks = -(-desc.capacity // tpb)
+        num_blocks = ceil_div(desc.capacity, tpb)
         begin, end = registry.stale_range(life_cycle, desc.history_length)
         stale = max(0, min(end, num_blocks) - min(begin, num_blocks))
         live_sys = [o for o in range(min(sys_blocks, num_blocks)) if not begin <= o < end]
@@ -58,7 +59,7 @@ def slots_for_batch(registry: LifeCycleRegistry, life_cycle: int, batch: BatchDe
     return total + len(shared)
 
 
-def min_slots(config: KVCacheManagerConfig, registry: LifeCycleRegistry, storage: StorageConfig) -> list[int]:
+def compute_min_slots(config: KVCacheManagerConfig, registry: LifeCycleRegistry, storage: StorageConfig) -> list[int]:
     """Per pool group: the sum over its life cycles of max(structural floor, each constraint
     batch's need scaled by ``1 / max_util_for_resume`` so resume keeps its headroom)."""
     per_lc = []
@@ -144,14 +145,14 @@ def distribute(
 
 
 class SlotCounts:
-    """The device tier's effective quota, granularity and slots per pool group."""
+    """The device tier's effective quota, and its minimum and actual slots per pool group."""
 
     def __init__(self, config: KVCacheManagerConfig, registry: LifeCycleRegistry, storage: StorageConfig) -> None:
         quota = config.cache_tiers[0].quota
-        self.granularity = g = gpu_granularity(quota)
-        self.min_slots = minimum = min_slots(config, registry, storage)
+        g = gpu_granularity(quota)
+        self.min_slots = minimum = compute_min_slots(config, registry, storage)
         groups = storage.pool_groups
         ratio = initial_ratio(config, registry, storage, minimum)
-        min_quota = sum(-(-minimum[pg.index] * size // g) * g for pg in groups for size in pg.slot_sizes)
-        self.quota = max(min_quota, -(-quota // g) * g)
+        min_quota = sum(ceil_div(minimum[pg.index] * size, g) * g for pg in groups for size in pg.slot_sizes)
+        self.quota = max(min_quota, ceil_div(quota, g) * g)
         self.slots = distribute(ratio, minimum, groups, self.quota // g, g)

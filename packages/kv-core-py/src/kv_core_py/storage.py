@@ -137,7 +137,7 @@ class Storage:
         later block unusable, so the block's whole subtree goes; a window page goes alone.
         Then empty, page-less ancestors are pruned."""
         block = page.block
-        assert block is not None
+        assert isinstance(block, Block)
         self._discard(block, page.life_cycle)
         life = self.registry.life_cycles[page.life_cycle]
         if life.window is None or block.ordinal < life.num_sink_blocks:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import math
 import re
 
 from kv_api import AttentionLayerConfig, BufferConfig, GpuCacheTierConfig, KVCacheManagerConfig
+from kv_api.constants import ceil_div
 
 _GROUP = re.compile(r"^(\d{1,9})(?:x(\d{1,12}))?(?:\+(\d{1,12}))?$")
 MAX_LAYERS = 1024
@@ -78,5 +78,5 @@ def unbounded_quota(tokens: int, requests: int, config: KVCacheManagerConfig) ->
     """A device quota that holds every block of ``requests`` requests totalling ``tokens``
     tokens, for each pool group given an equal share of it times the number of groups. Pools
     commit only the memory they touch, so this costs address space, not RAM."""
-    blocks = math.ceil(tokens / config.tokens_per_block) + requests  # a partial tail each
+    blocks = ceil_div(tokens, config.tokens_per_block) + requests  # a partial tail each
     return blocks * sum(b.size for layer in config.layers for b in layer.buffers)

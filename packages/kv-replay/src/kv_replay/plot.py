@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from kv_api.constants import ceil_div
 from kv_replay.replayer import ReplayResult
 from kv_replay.sizes import format_size
 
@@ -113,8 +114,8 @@ def thin(y: Sequence[float]) -> tuple[np.ndarray[Any, np.dtype[np.intp]], np.nda
     n = len(values)
     if n <= MAX_POINTS:
         return np.arange(n), values
-    width = -(-n // (MAX_POINTS // 2))
-    buckets = -(-n // width)
+    width = ceil_div(n, MAX_POINTS // 2)
+    buckets = ceil_div(n, width)
     # Padding repeats the last value after its real index: argmin/argmax, taking the first of
     # equal values, never pick the padding.
     grid = np.concatenate([values, np.full(buckets * width - n, values[-1])]).reshape(buckets, width)

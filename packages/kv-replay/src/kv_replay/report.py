@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kv_api.constants import ceil_div
 from kv_replay.replayer import ReplayResult
 from kv_replay.sizes import format_size
 
@@ -84,7 +85,7 @@ def percentile(values: list[float], q: int) -> float:
     if not values:
         return 0.0
     ordered = sorted(values)
-    rank = max(1, -(-q * len(ordered) // 100))  # ceil(q / 100 * n)
+    rank = max(1, ceil_div(q * len(ordered), 100))
     return ordered[rank - 1]
 
 

@@ -1,4 +1,5 @@
-"""Token packing for block keys: the fastest honest pure-Python route from tokens to key bytes.
+"""Tokens as the key functions and the manager read them (C++ ``tokens.h``): validated once, and
+packed when they can be, the fastest honest pure-Python route from tokens to key bytes.
 
 Int-only inputs are packed once into the key format's little-endian encoding with C-speed
 bytes operations (range checks included), so hashing a block is one ``hashlib`` call over a
@@ -10,10 +11,11 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any, cast
 
-from kv_api.keys import TOKEN_ENCODING, Token, buffer_int_code, encode_block, token_list
+from kv_api._check import int_in_range
+from kv_api.keys import TOKEN_ENCODING, Token, buffer_int_code, check_digest, encode_block, token_list
+from kv_api.scope import MmItemContext
 
 _FAST = sys.byteorder == "little"
 
@@ -80,56 +82,56 @@ def pack_tokens(tokens: Any, key_format: str) -> bytes | None:
     return _pack_buffer(mv, key_format)
 
 
-class TokenBlocks:
-    """Validated tokens cut into blocks: each block's key bytes, and its tokens."""
+class Tokens:
+    """Validated tokens: ``packed`` (every id in the key format's encoding, ``width`` bytes each)
+    when all are plain ints, else None and a list of ints and 32-byte digests."""
 
-    def __init__(self, tokens: Any, tokens_per_block: int, key_format: str) -> None:
-        self._tpb = tokens_per_block
-        self._format = key_format
-        self._packed = pack_tokens(tokens, key_format)
-        self._tokens = token_list(tokens, key_format) if self._packed is None else None
+    __slots__ = ("_list", "key_format", "packed", "width")
 
-    @property
-    def packed(self) -> bytes | None:
-        """All token bytes when every token is a plain int (then block ``i`` is a slice), else None."""
-        return self._packed
+    def __init__(self, tokens: Any, key_format: str) -> None:
+        self.key_format = key_format
+        self.width = TOKEN_ENCODING[key_format][0]
+        self.packed = pack_tokens(tokens, key_format)
+        self._list = token_list(tokens, key_format) if self.packed is None else None
 
-    @property
-    def step(self) -> int:
-        """Bytes of a full block in ``packed``."""
-        return self._tpb * TOKEN_ENCODING[self._format][0]
+    def __len__(self) -> int:
+        if self._list is not None:
+            return len(self._list)
+        assert self.packed is not None
+        return len(self.packed) // self.width
 
-    def payloads(self) -> Iterator[bytes]:
-        """Per block, the bytes its key hashes after the parent key."""
-        tpb, fmt, packed = self._tpb, self._format, self._packed
-        if packed is not None:
-            step = self.step
-            return (packed[o : o + step] for o in range(0, len(packed), step))
-        tokens = self._tokens
-        assert tokens is not None
-        return (encode_block(tokens[o : o + tpb], fmt) for o in range(0, len(tokens), tpb))
+    def to_list(self, begin: int = 0, end: int | None = None) -> list[Token]:
+        """Tokens ``[begin, end)`` as ints and digests; packed ids are unpacked in C."""
+        if self._list is not None:
+            return self._list[begin:end]
+        assert self.packed is not None
+        w = self.width
+        ids = memoryview(self.packed)[begin * w : None if end is None else end * w]
+        return cast(list[Token], ids.cast("I" if w == 4 else "Q").tolist())
 
-    def blocks(self) -> Iterator[list[Token]]:
-        """Per block, its tokens (ints and 32-byte digests)."""
-        tokens: list[Token]
-        if self._tokens is not None:
-            tokens = self._tokens
-        else:
-            assert self._packed is not None
-            tokens = _unpack(self._packed, self._format)
-        tpb = self._tpb
-        return (tokens[o : o + tpb] for o in range(0, len(tokens), tpb))
+    def payload(self, begin: int, end: int) -> bytes:
+        """What tokens ``[begin, end)`` put into a block key after the parent key."""
+        if self._list is not None:
+            return encode_block(self._list[begin:end], self.key_format)
+        assert self.packed is not None
+        return self.packed[begin * self.width : end * self.width]
 
 
-def tokens_of(tokens: Any, key_format: str) -> list[Token]:
-    """``kv_api.keys.token_list`` with the fast path: int-only inputs unpacked in C."""
-    packed = pack_tokens(tokens, key_format)
-    if packed is None:
-        return token_list(tokens, key_format)
-    return _unpack(packed, key_format)
-
-
-def _unpack(packed: bytes, key_format: str) -> list[Token]:
-    """Packed little-endian ids back to a list of ints, in C."""
-    code: Literal["I", "Q"] = "I" if TOKEN_ENCODING[key_format][0] == 4 else "Q"
-    return list(memoryview(packed).cast(code).tolist())
+def gen_multimodal_cache_key_tokens(
+    id_offset: int,
+    digest: bytes,
+    num_tokens: int,
+    token_offset: int = 0,
+    uuid: str | None = None,
+) -> list[Token | MmItemContext]:
+    """Tokens ``token_offset ..`` of one multimodal item (docs/key-format.md): item-local token 0
+    is the digest (an ``MmItemContext`` carrying ``uuid`` when one is given), token ``j`` is
+    ``id_offset + j``."""
+    offset = int_in_range("id_offset", id_offset, 0)
+    check_digest("digest", digest)
+    n = int_in_range("num_tokens", num_tokens, 1)
+    start = int_in_range("token_offset", token_offset, 0)
+    out: list[Token | MmItemContext] = list(range(offset + start, offset + start + n))
+    if start == 0:
+        out[0] = digest if uuid is None else MmItemContext(digest, uuid)
+    return out

@@ -1,0 +1,227 @@
+#include "arguments.h"
+
+#include <nanobind/stl/string.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <iterator>
+
+#include "kvcore/constants.h"
+#include "py_objects.h"
+#include "python_api.h"
+
+namespace kvcore::py {
+
+void fail(PyObject* type, const char* message, std::initializer_list<std::string_view> args) {
+  std::string text;
+  auto next = args.begin();
+  for (const char* p = message; *p; ++p) {
+    if (p[0] == '{' && p[1] == '}' && next != args.end()) {
+      text += *next++;
+      ++p;
+    } else {
+      text += *p;
+    }
+  }
+  raise(type, text);
+}
+
+namespace arg {
+
+namespace {
+
+// kv_api._check.as_int: bool and objects without __index__ are a TypeError.
+nb::object as_int(const char* where, nb::handle value) {
+  if (PyBool_Check(value.ptr()) || !PyIndex_Check(value.ptr())) {
+    fail(PyExc_TypeError, msg::kExpectedInt, {where, py_type_name(value)});
+  }
+  nb::object index = nb::steal(PyNumber_Index(value.ptr()));
+  if (!index.is_valid()) throw nb::python_error();
+  return index;
+}
+
+// kv_api._check.int_in_range with an optional upper bound of 2**64.
+std::uint64_t int_in_range(const char* where, nb::handle value, std::int64_t low, bool below_2_64) {
+  nb::object index = as_int(where, value);
+  auto out_of_range = [&] {
+    const std::string rule =
+        below_2_64 ? "in [" + std::to_string(low) + ", 18446744073709551616)" : ">= " + std::to_string(low);
+    fail(PyExc_ValueError, msg::kMustBe, {where, rule, py::str(index)});
+  };
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (overflow < 0 || (overflow == 0 && v < low)) out_of_range();
+  if (overflow == 0) return static_cast<std::uint64_t>(v);
+  const unsigned long long u = PyLong_AsUnsignedLongLong(index.ptr());
+  if (!PyErr_Occurred()) return u;
+  PyErr_Clear();
+  if (below_2_64) out_of_range();
+  return ULLONG_MAX;
+}
+
+}  // namespace
+
+std::uint64_t int_at_least(const char* where, nb::handle value, std::int64_t low) {
+  return int_in_range(where, value, low, false);
+}
+
+std::uint64_t u64(const char* where, nb::handle value) { return int_in_range(where, value, 0, true); }
+
+std::optional<std::int64_t> optional_count(const char* where, nb::handle value) {
+  if (value.is_none()) return std::nullopt;
+  return static_cast<std::int64_t>(std::min<std::uint64_t>(int_at_least(where, value, 0), LLONG_MAX));
+}
+
+std::uint64_t index_below(const char* where, nb::handle value, std::size_t size) {
+  const std::uint64_t v = int_at_least(where, value, 0);
+  if (v >= size) {
+    fail(PyExc_IndexError, msg::kOutOfRange,
+         {where, py::str(as_int(where, value)), std::to_string(static_cast<long long>(size) - 1)});
+  }
+  return v;
+}
+
+int cache_level(nb::handle level) {
+  if (int_at_least("level", level, 0) != kGpuLevel) {
+    fail(PyExc_IndexError, msg::kLevelOutOfRange, {py::str(as_int("level", level))});
+  }
+  return kGpuLevel;
+}
+
+void beam(nb::handle beam) {
+  if (int_at_least("beam", beam, 0) != 0) fail(PyExc_IndexError, msg::kBeamOutOfRange, {py::str(as_int("beam", beam))});
+}
+
+std::int64_t layer_id(nb::handle value) {
+  nb::object index = as_int("layer_id", value);
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (overflow) fail(PyExc_KeyError, msg::kNoLayer, {py::str(index)});
+  return v;
+}
+
+std::string str(const char* where, nb::handle value) {
+  if (!PyUnicode_Check(value.ptr())) fail(PyExc_TypeError, msg::kExpectedStr, {where, py_type_name(value)});
+  Py_ssize_t size = 0;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(value.ptr(), &size);
+  if (!utf8) throw nb::python_error();
+  return std::string(utf8, static_cast<std::size_t>(size));
+}
+
+bool truthy(nb::handle value) {
+  const int truth = PyObject_IsTrue(value.ptr());
+  if (truth < 0) throw nb::python_error();
+  return truth == 1;
+}
+
+ReuseScope reuse_scope(nb::handle scope) {
+  ReuseScope out;
+  if (scope.is_none()) return out;
+  if (!nb::isinstance(scope, kv_api().reuse_scope)) fail(PyExc_TypeError, msg::kExpectedScope, {py_type_name(scope)});
+  // ReuseScope validated its fields (u64 or None) when it was built.
+  nb::object lora = scope.attr("lora_id"), salt = scope.attr("salt");
+  if (!lora.is_none()) out.lora_id = nb::cast<std::uint64_t>(lora);
+  if (!salt.is_none()) out.salt = nb::cast<std::uint64_t>(salt);
+  return out;
+}
+
+KeyFormat key_format(nb::handle format) {
+  const std::string name = str("key_format", format);
+  if (std::find(std::begin(kKeyFormatNames), std::end(kKeyFormatNames), name) == std::end(kKeyFormatNames)) {
+    fail(PyExc_ValueError, msg::kUnknownKeyFormat, {py_repr(format)});
+  }
+  return parse_key_format(name);
+}
+
+Digest digest(const char* where, nb::handle value) {
+  if (!PyBytes_Check(value.ptr())) fail(PyExc_TypeError, msg::kExpectedBytes, {where, py_type_name(value)});
+  if (PyBytes_GET_SIZE(value.ptr()) != 32) {
+    fail(PyExc_ValueError, msg::kDigestSize, {where, std::to_string(PyBytes_GET_SIZE(value.ptr()))});
+  }
+  Digest d;
+  std::memcpy(d.data(), PyBytes_AS_STRING(value.ptr()), d.size());
+  return d;
+}
+
+bool shared_index_mode(nb::handle mode) {
+  // kv_api's enum converts (and refuses) the value, as kv_core_py's PageIndexMode(index_mode).
+  return nb::cast<int>(api("PageIndexMode")(mode)) == 1;
+}
+
+void manager_config(nb::handle config) {
+  if (!nb::isinstance(config, kv_api().manager_config)) {
+    fail(PyExc_TypeError, msg::kExpectedConfig, {py_type_name(config)});
+  }
+}
+
+KVCacheEventManager* event_manager(nb::handle events) {
+  if (events.is_none()) return nullptr;
+  if (!nb::isinstance<PyEventManager>(events))
+    fail(PyExc_TypeError, msg::kExpectedEventManager, {py_type_name(events)});
+  return nb::cast<PyEventManager&>(events).events.get();
+}
+
+void callable_or_none(nb::handle callback) {
+  if (!callback.is_none() && !PyCallable_Check(callback.ptr())) fail(PyExc_TypeError, msg::kExpectedCallable);
+}
+
+int priority(nb::handle value) {
+  // An int exactly (no __index__), as kv_core_py's isinstance(value, int).
+  if (PyBool_Check(value.ptr()) || !PyLong_Check(value.ptr())) {
+    fail(PyExc_TypeError, msg::kExpectedInt, {"custom_priority_callback", py_type_name(value)});
+  }
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
+  if (overflow || v < kMinPriority || v > kMaxPriority) fail(PyExc_ValueError, msg::kPriorityOutside, {py::str(value)});
+  return static_cast<int>(v);
+}
+
+std::int64_t event_entries(nb::handle value) {
+  if (PyBool_Check(value.ptr()) || !PyLong_Check(value.ptr())) {
+    fail(PyExc_TypeError, msg::kExpectedInt, {"max_kv_event_entries", py_type_name(value)});
+  }
+  int overflow = 0;
+  const long long n = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
+  if (overflow) return overflow > 0 ? LLONG_MAX : LLONG_MIN;
+  return n;
+}
+
+HashAlgo hash_algo(nb::handle name) {
+  const std::string algo = str("hash_algo", name);
+  if (algo != "auto" && algo != "v2_sha256" && algo != "v2_sha256_64" && algo != "v1_block_key") {
+    fail(PyExc_ValueError, msg::kUnsupportedHashAlgo, {py_repr(name)});
+  }
+  return parse_hash_algo(algo);
+}
+
+double timeout_ms(nb::handle value) {
+  if (value.is_none()) return -1;
+  const double timeout = nb::cast<double>(nb::float_(value));
+  return timeout > 0 ? timeout : 0;
+}
+
+Py_buffer index_buffer(nb::handle buf) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(buf.ptr(), &view, PyBUF_FULL_RO) != 0) {
+    PyErr_Clear();
+    fail(PyExc_TypeError, msg::kExpectedIndexBuffer, {py_type_name(buf)});
+  }
+  const char* fmt = view.format ? view.format : "B";
+  const bool int32 =
+      !std::strcmp(fmt, "i") || !std::strcmp(fmt, "@i") || !std::strcmp(fmt, "=i") || !std::strcmp(fmt, "<i");
+  if (view.readonly || view.ndim != 1 || !int32) {
+    const std::string format = py_repr(nb::str(fmt));
+    PyBuffer_Release(&view);
+    fail(PyExc_ValueError, msg::kIndexBufferFormat, {format});
+  }
+  if (!PyBuffer_IsContiguous(&view, 'C')) {
+    PyBuffer_Release(&view);
+    fail(PyExc_ValueError, msg::kIndexBufferContiguous);
+  }
+  return view;
+}
+
+}  // namespace arg
+
+}  // namespace kvcore::py

@@ -1,0 +1,102 @@
+// Every check the binding makes on a Python argument before converting it for the core, and
+// the one table of the messages they raise. The texts are kv_api's and kv_core_py's, byte for
+// byte: the conformance suite compares both backends' messages. The core keeps its own checks
+// for C++ callers; these exist because a Python object must be typed and ranged before it can
+// become a C++ value at all.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "kvcore/block_keys.h"
+#include "kvcore/event_manager.h"
+#include "kvcore/tokens.h"
+
+namespace kvcore::py {
+
+namespace nb = nanobind;
+
+// The message table, grouped by the Python module whose f-strings it mirrors; `{}` stands where
+// the f-string has a field, filled by `fail`'s arguments in order.
+namespace msg {
+// kv_api._check
+inline constexpr char kExpectedInt[] = "{}: expected an int, got {}";
+inline constexpr char kMustBe[] = "{}: must be {} (got {})";
+// kv_api.keys
+inline constexpr char kExpectedStr[] = "{}: expected a str, got {}";
+inline constexpr char kExpectedBytes[] = "{}: expected bytes, got {}";
+inline constexpr char kDigestSize[] = "{}: must be 32 bytes (got {})";
+inline constexpr char kExpectedScope[] = "reuse_scope: expected ReuseScope or None, got {}";
+inline constexpr char kUnknownKeyFormat[] = "key_format: unknown {} (expected one of sha256-u32, sha256-u64)";
+inline constexpr char kExpectedTokens[] = "tokens: expected a buffer or an iterable of tokens, got {}";
+inline constexpr char kTokenBufferDims[] = "tokens: a token buffer must be 1-D (got {} dimensions)";
+inline constexpr char kTokenBufferFormat[] =
+    "tokens: a token buffer must hold 4- or 8-byte integers in native byte order (got format {}, itemsize {})";
+inline constexpr char kDigestTokenSize[] = "token {}: a digest token must be 32 bytes (got {})";
+inline constexpr char kBoolToken[] = "token {}: bool is not a token id";
+inline constexpr char kExpectedToken[] = "token {}: expected an int or a 32-byte digest, got {}";
+inline constexpr char kNoV1Form[] = "token {}: a digest token has no v1_block_key form";
+// kv_core_py.manager
+inline constexpr char kExpectedConfig[] = "config: expected KVCacheManagerConfig, got {}";
+inline constexpr char kExpectedEventManager[] = "event_manager: expected this backend's KVCacheEventManager, got {}";
+inline constexpr char kNoLayer[] = "no layer {}";
+inline constexpr char kOutOfRange[] = "{} {} out of range (0..{})";
+inline constexpr char kLevelOutOfRange[] = "level {} out of range (one cache level)";
+inline constexpr char kExpectedCallable[] = "custom_priority_callback: expected a callable or None";
+// kv_core_py.kv_cache
+inline constexpr char kBeamOutOfRange[] = "beam {} out of range (beam width 1)";
+inline constexpr char kPriorityOutside[] = "custom_priority_callback: {} is outside [0, 100]";
+inline constexpr char kNotEnoughPages[] = "{}: not enough pages";
+inline constexpr char kExpectedIndexBuffer[] = "buf: expected a writable int32 buffer, got {}";
+inline constexpr char kIndexBufferFormat[] = "buf: must be a writable 1-D buffer of format 'i' (got format {})";
+inline constexpr char kIndexBufferContiguous[] = "buf: must be contiguous";
+// kv_core_py.event_manager
+inline constexpr char kUnsupportedHashAlgo[] =
+    "hash_algo: Unsupported V2 KV cache event hash algorithm: {} (expected auto, v2_sha256, v2_sha256_64, "
+    "v1_block_key)";
+}  // namespace msg
+
+// Raises `type` with `message`, its `{}` replaced by `args` in order.
+[[noreturn]] void fail(PyObject* type, const char* message, std::initializer_list<std::string_view> args = {});
+
+// The checkers, named after what they accept; each returns the C++ value.
+namespace arg {
+
+// An int (not bool; anything with __index__) >= low, clamped to 2**64 - 1 (beyond any size).
+std::uint64_t int_at_least(const char* where, nb::handle value, std::int64_t low);
+// An int in [0, 2**64).
+std::uint64_t u64(const char* where, nb::handle value);
+// None, or an int >= 0 clamped to INT64_MAX (ids and lengths).
+std::optional<std::int64_t> optional_count(const char* where, nb::handle value);
+// An int in [0, size): IndexError past the end.
+std::uint64_t index_below(const char* where, nb::handle value, std::size_t size);
+int cache_level(nb::handle level);        // the one cache level, GPU_LEVEL
+void beam(nb::handle beam);               // beam 0, the one beam
+std::int64_t layer_id(nb::handle value);  // any int; KeyError beyond int64 (no such layer)
+
+std::string str(const char* where, nb::handle value);
+bool truthy(nb::handle value);             // Python's `if value:`, errors included
+ReuseScope reuse_scope(nb::handle scope);  // None or kv_api.ReuseScope
+KeyFormat key_format(nb::handle format);
+Digest digest(const char* where, nb::handle value);  // 32 bytes
+bool shared_index_mode(nb::handle mode);             // kv_api.PageIndexMode(mode) is SHARED
+
+void manager_config(nb::handle config);                 // a kv_api.KVCacheManagerConfig
+KVCacheEventManager* event_manager(nb::handle events);  // None or this backend's event manager
+void callable_or_none(nb::handle callback);             // custom_priority_callback
+int priority(nb::handle value);                         // what a priority callback returned
+std::int64_t event_entries(nb::handle value);           // an int (no __index__), clamped to int64
+HashAlgo hash_algo(nb::handle name);
+double timeout_ms(nb::handle value);  // None waits (-1), else float(value), at least 0
+
+// A writable 1-D contiguous int32 export of `buf`; the caller releases it.
+Py_buffer index_buffer(nb::handle buf);
+
+}  // namespace arg
+
+}  // namespace kvcore::py

@@ -1,0 +1,73 @@
+// What a KV cache works through: the part of its manager's state a cache reads and changes (see
+// cache_context.py).
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "kvcore/config.h"
+#include "kvcore/event_manager.h"
+#include "kvcore/life_cycles.h"
+#include "kvcore/radix_tree.h"
+#include "kvcore/storage.h"
+
+namespace kvcore {
+
+class KVCache;
+
+struct CacheStats {
+  std::uint64_t requests = 0;
+  std::uint64_t lookup_tokens = 0;
+  std::uint64_t reused_tokens = 0;
+  std::uint64_t allocated_pages = 0;
+  std::uint64_t evicted_pages = 0;
+  std::uint64_t committed_blocks = 0;
+};
+
+// Built by the manager, which owns it and everything it refers to, and handed to each cache it
+// creates. The manager works through it too for the state they share: the lock, the open caches,
+// the shut-down flag and the statistics.
+class CacheContext {
+ public:
+  CacheContext(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry, Storage& storage, RadixTree& tree,
+               KVCacheEventManager* events);
+  CacheContext(const CacheContext&) = delete;
+  CacheContext& operator=(const CacheContext&) = delete;
+
+  // Taken by every public call of the manager and its caches; held while the guard lives.
+  [[nodiscard]] std::unique_lock<std::recursive_mutex> lock() { return std::unique_lock<std::recursive_mutex>(mutex_); }
+
+  // The config values a cache reads.
+  std::int64_t tokens_per_block() const { return tokens_per_block_; }
+  KeyFormat key_format() const { return key_format_; }
+  double max_util_for_resume() const { return max_util_for_resume_; }
+
+  const LifeCycleRegistry& registry() const { return registry_; }
+  Storage& storage() { return storage_; }
+  RadixTree& tree() { return tree_; }
+  KVCacheEventManager* events() { return events_; }  // nullptr: no event manager
+
+  void add_stats(const CacheStats& delta);  // to the committed and the iteration statistics
+  // A cache is open from its creation until it unregisters itself on close.
+  void register_cache(KVCache* cache);
+  void unregister_cache(KVCache* cache);
+  std::size_t num_open_caches() const { return open_caches_.size(); }
+
+  bool is_shut_down = false;  // set by the manager's shutdown()
+  CacheStats committed_stats;
+  CacheStats iteration_stats;
+
+ private:
+  std::recursive_mutex mutex_;
+  std::int64_t tokens_per_block_;
+  KeyFormat key_format_;
+  double max_util_for_resume_;
+  const LifeCycleRegistry& registry_;
+  Storage& storage_;
+  RadixTree& tree_;
+  KVCacheEventManager* events_;
+  std::vector<KVCache*> open_caches_;  // in creation order
+};
+
+}  // namespace kvcore

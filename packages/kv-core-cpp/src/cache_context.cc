@@ -1,0 +1,41 @@
+#include "kvcore/cache_context.h"
+
+#include <algorithm>
+
+namespace kvcore {
+
+namespace {
+
+void add(CacheStats& to, const CacheStats& d) {
+  to.requests += d.requests;
+  to.lookup_tokens += d.lookup_tokens;
+  to.reused_tokens += d.reused_tokens;
+  to.allocated_pages += d.allocated_pages;
+  to.evicted_pages += d.evicted_pages;
+  to.committed_blocks += d.committed_blocks;
+}
+
+}  // namespace
+
+CacheContext::CacheContext(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry, Storage& storage,
+                           RadixTree& tree, KVCacheEventManager* events)
+    : tokens_per_block_(config.tokens_per_block),
+      key_format_(config.key_format),
+      max_util_for_resume_(config.max_util_for_resume),
+      registry_(registry),
+      storage_(storage),
+      tree_(tree),
+      events_(events) {}
+
+void CacheContext::add_stats(const CacheStats& delta) {
+  add(committed_stats, delta);
+  add(iteration_stats, delta);
+}
+
+void CacheContext::register_cache(KVCache* cache) { open_caches_.push_back(cache); }
+
+void CacheContext::unregister_cache(KVCache* cache) {
+  open_caches_.erase(std::remove(open_caches_.begin(), open_caches_.end(), cache), open_caches_.end());
+}
+
+}  // namespace kvcore

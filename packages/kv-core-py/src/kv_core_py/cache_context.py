@@ -1,0 +1,65 @@
+"""What a KV cache works through: the part of its manager's state a cache reads and changes
+(docs/manager.md, "A cache and its manager")."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import replace
+
+from kv_api.config import KVCacheManagerConfig
+from kv_api.contract import KVCache
+from kv_api.stats import CacheStats
+from kv_core_py.event_manager import KVCacheEventManager
+from kv_core_py.life_cycles import LifeCycleRegistry
+from kv_core_py.radix_tree import RadixTree
+from kv_core_py.storage import Storage
+
+
+class CacheContext:
+    """Built by the manager, which owns it and everything it refers to, and handed to each cache
+    it creates. The manager works through it too for the state they share: the lock, the open
+    caches, the shut-down flag and the statistics."""
+
+    def __init__(
+        self,
+        config: KVCacheManagerConfig,
+        registry: LifeCycleRegistry,
+        storage: Storage,
+        tree: RadixTree,
+        events: KVCacheEventManager | None,
+    ) -> None:
+        self.lock = threading.RLock()  # held by every public call of the manager and its caches
+        # The config values a cache reads.
+        self.tokens_per_block = config.tokens_per_block
+        self.key_format = config.key_format
+        self.max_util_for_resume = config.max_util_for_resume
+        self.registry = registry
+        self.storage = storage
+        self.tree = tree
+        self.events = events  # None: no event manager
+        self.is_shut_down = False  # set by the manager's shutdown()
+        self.committed_stats = CacheStats()
+        self.iteration_stats = CacheStats()
+        # Weak: a cache nobody references is closed by its finaliser, as the native one is.
+        self._open_caches: weakref.WeakValueDictionary[int, KVCache] = weakref.WeakValueDictionary()
+
+    def add_stats(self, **counts: int) -> None:
+        """Add to the committed and the iteration statistics."""
+        self.committed_stats = replace(
+            self.committed_stats, **{k: getattr(self.committed_stats, k) + v for k, v in counts.items()}
+        )
+        self.iteration_stats = replace(
+            self.iteration_stats, **{k: getattr(self.iteration_stats, k) + v for k, v in counts.items()}
+        )
+
+    def register_cache(self, cache: KVCache) -> None:
+        """A cache is open from its creation until it unregisters itself on close."""
+        self._open_caches[id(cache)] = cache
+
+    def unregister_cache(self, cache: KVCache) -> None:
+        self._open_caches.pop(id(cache), None)
+
+    @property
+    def num_open_caches(self) -> int:
+        return len(self._open_caches)
