@@ -129,7 +129,9 @@ ReuseScope reuse_scope(nb::handle scope) {
 KeyFormat key_format(nb::handle format) {
   const std::string name = str("key_format", format);
   if (std::find(std::begin(kKeyFormatNames), std::end(kKeyFormatNames), name) == std::end(kKeyFormatNames)) {
-    fail(PyExc_ValueError, msg::kUnknownKeyFormat, {py_repr(format)});
+    std::string names;
+    for (const char* n : kKeyFormatNames) names += (names.empty() ? "" : ", ") + std::string(n);
+    fail(PyExc_ValueError, msg::kUnknownKeyFormat, {py_repr(format), names});
   }
   return parse_key_format(name);
 }
@@ -173,7 +175,10 @@ int priority(nb::handle value) {
   }
   int overflow = 0;
   const long long v = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
-  if (overflow || v < kMinPriority || v > kMaxPriority) fail(PyExc_ValueError, msg::kPriorityOutside, {py::str(value)});
+  if (overflow || v < kMinPriority || v > kMaxPriority) {
+    fail(PyExc_ValueError, msg::kPriorityOutside,
+         {py::str(value), std::to_string(kMinPriority), std::to_string(kMaxPriority)});
+  }
   return static_cast<int>(v);
 }
 

@@ -32,7 +32,7 @@ inline constexpr char kExpectedStr[] = "{}: expected a str, got {}";
 inline constexpr char kExpectedBytes[] = "{}: expected bytes, got {}";
 inline constexpr char kDigestSize[] = "{}: must be 32 bytes (got {})";
 inline constexpr char kExpectedScope[] = "reuse_scope: expected ReuseScope or None, got {}";
-inline constexpr char kUnknownKeyFormat[] = "key_format: unknown {} (expected one of sha256-u32, sha256-u64)";
+inline constexpr char kUnknownKeyFormat[] = "key_format: unknown {} (expected one of {})";  // kKeyFormatNames
 inline constexpr char kExpectedTokens[] = "tokens: expected a buffer or an iterable of tokens, got {}";
 inline constexpr char kTokenBufferDims[] = "tokens: a token buffer must be 1-D (got {} dimensions)";
 inline constexpr char kTokenBufferFormat[] =
@@ -50,7 +50,7 @@ inline constexpr char kLevelOutOfRange[] = "level {} out of range (one cache lev
 inline constexpr char kExpectedCallable[] = "custom_priority_callback: expected a callable or None";
 // kv_core_py.kv_cache
 inline constexpr char kBeamOutOfRange[] = "beam {} out of range (beam width 1)";
-inline constexpr char kPriorityOutside[] = "custom_priority_callback: {} is outside [0, 100]";
+inline constexpr char kPriorityOutside[] = "custom_priority_callback: {} is outside [{}, {}]";  // the bounds
 inline constexpr char kNotEnoughPages[] = "{}: not enough pages";
 inline constexpr char kExpectedIndexBuffer[] = "buf: expected a writable int32 buffer, got {}";
 inline constexpr char kIndexBufferFormat[] = "buf: must be a writable 1-D buffer of format 'i' (got format {})";

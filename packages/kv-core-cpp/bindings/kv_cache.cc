@@ -66,7 +66,7 @@ void set_buffer(PyKVCache& self, nb::handle beam, nb::handle layer_group, nb::ha
   if (buf.is_none()) {
     {
       nb::gil_scoped_release release;
-      self.cache->set_index_buffer(lg, IndexBuffer{});
+      self.cache->set_base_page_index_buf(lg, IndexBuffer{});
     }
     auto it = self.buffers.find(lg);
     if (it != self.buffers.end()) {
@@ -78,7 +78,7 @@ void set_buffer(PyKVCache& self, nb::handle beam, nb::handle layer_group, nb::ha
   Py_buffer view = arg::index_buffer(buf);
   try {
     nb::gil_scoped_release release;
-    self.cache->set_index_buffer(
+    self.cache->set_base_page_index_buf(
         lg, IndexBuffer{static_cast<std::int32_t*>(view.buf), static_cast<std::size_t>(view.shape[0])});
   } catch (...) {
     PyBuffer_Release(&view);
@@ -134,14 +134,14 @@ void bind_kv_cache(nb::module_& m) {
           "get_base_page_indices",
           [](PyKVCache& self, nb::handle layer_group, nb::handle beam) {
             const int lg = group_arg(self, layer_group, beam);
-            return int_array(unlocked([&] { return self.cache->base_page_indices(lg); }));
+            return int_array(unlocked([&] { return self.cache->get_base_page_indices(lg); }));
           },
           nb::arg("layer_group"), nb::arg("beam") = 0)
       .def(
           "get_aggregated_page_indices",
           [](PyKVCache& self, nb::handle layer_group, nb::handle beam, nb::handle valid_only) {
             const int lg = group_arg(self, layer_group, beam);
-            std::vector<std::int32_t> idx = unlocked([&] { return self.cache->base_page_indices(lg); });
+            std::vector<std::int32_t> idx = unlocked([&] { return self.cache->get_base_page_indices(lg); });
             if (arg::truthy(valid_only)) idx.erase(std::remove(idx.begin(), idx.end(), kBadPageIndex), idx.end());
             return int_array(idx);
           },

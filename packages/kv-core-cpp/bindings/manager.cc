@@ -207,7 +207,7 @@ nb::list storage_statistics(PyManager& self, nb::handle level) {
   std::vector<StorageStatistics> stats;
   {
     nb::gil_scoped_release release;
-    stats = self.manager->storage_statistics();
+    stats = self.manager->get_storage_statistics();
   }
   nb::list out;
   for (const StorageStatistics& s : stats) out.append(api("StorageStatistics")(s.total, s.free, s.evictable));
@@ -304,9 +304,9 @@ void bind_manager(nb::module_& m) {
           },
           nb::arg("level") = 0)
       .def("get_storage_statistics", &storage_statistics, nb::arg("level") = 0)
-      .def("get_committed_stats", [](PyManager& self) { return stats(self, &KVCacheManager::committed_stats); })
+      .def("get_committed_stats", [](PyManager& self) { return stats(self, &KVCacheManager::get_committed_stats); })
       .def("get_and_reset_iteration_stats",
-           [](PyManager& self) { return stats(self, &KVCacheManager::take_iteration_stats); })
+           [](PyManager& self) { return stats(self, &KVCacheManager::get_and_reset_iteration_stats); })
       .def("probe_reuse", &probe_reuse, nb::arg("reuse_scope").none() = nb::none(),
            nb::arg("tokens").none() = nb::none())
       .def("probe_first_new_block_key", &probe_first_new_block_key, nb::arg("reuse_scope").none(),

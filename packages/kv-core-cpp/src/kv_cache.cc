@@ -458,9 +458,9 @@ void KVCache::close_locked() {
   context_.unregister_cache(this);
 }
 
-std::vector<std::int32_t> KVCache::base_page_indices(int layer_group) const { return index_[layer_group]; }
+std::vector<std::int32_t> KVCache::get_base_page_indices(int layer_group) const { return index_[layer_group]; }
 
-void KVCache::set_index_buffer(int layer_group, IndexBuffer buffer) {
+void KVCache::set_base_page_index_buf(int layer_group, IndexBuffer buffer) {
   if (buffer.data == nullptr) {
     user_buffers_.erase(layer_group);
     return;

@@ -139,7 +139,7 @@ std::unique_ptr<KVCache> KVCacheManager::create_kv_cache(const ReuseScope& scope
   return cache;
 }
 
-std::vector<StorageStatistics> KVCacheManager::storage_statistics() {
+std::vector<StorageStatistics> KVCacheManager::get_storage_statistics() {
   const auto lock = context_.lock();
   require_live();
   return storage_.statistics();
@@ -166,14 +166,14 @@ void KVCacheManager::shutdown() {
   context_.is_shut_down = true;
 }
 
-CacheStats KVCacheManager::committed_stats() {
+CacheStats KVCacheManager::get_committed_stats() {
   const auto lock = context_.lock();
   CacheStats s = context_.committed_stats;
   s.evicted_pages = storage_.num_evicted;
   return s;
 }
 
-CacheStats KVCacheManager::take_iteration_stats() {
+CacheStats KVCacheManager::get_and_reset_iteration_stats() {
   const auto lock = context_.lock();
   CacheStats s = context_.iteration_stats;
   s.evicted_pages = storage_.num_evicted - evicted_mark_;

@@ -69,9 +69,9 @@ class KVCache {
   void stop_committing();
   void close();
 
-  std::vector<std::int32_t> base_page_indices(int layer_group) const;
+  std::vector<std::int32_t> get_base_page_indices(int layer_group) const;
   // Validates and attaches (or, with data == nullptr, detaches) a caller's index buffer.
-  void set_index_buffer(int layer_group, IndexBuffer buffer);
+  void set_base_page_index_buf(int layer_group, IndexBuffer buffer);
   int num_layer_groups() const;
 
  private:

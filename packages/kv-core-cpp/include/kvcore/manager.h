@@ -36,13 +36,13 @@ class KVCacheManager {
                                            std::optional<std::int64_t> id, PriorityCallback priority);
   std::int64_t probe_reuse(const ReuseScope& scope, const Tokens& tokens);
   std::optional<Digest> probe_first_new_block_key(const ReuseScope& scope, const Tokens& tokens);
-  std::vector<StorageStatistics> storage_statistics();
+  std::vector<StorageStatistics> get_storage_statistics();
   void clear_reusable_blocks();
   void shutdown();
   std::size_t num_open_kv_caches() const { return context_.num_open_caches(); }
 
-  CacheStats committed_stats();
-  CacheStats take_iteration_stats();
+  CacheStats get_committed_stats();
+  CacheStats get_and_reset_iteration_stats();
 
  private:
   MatchPath match(const Digest& root_key, const Tokens& tokens);

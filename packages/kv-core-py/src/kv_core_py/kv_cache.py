@@ -240,7 +240,7 @@ class KVCache(kv_api.KVCache):
         storage = self._context.storage
         per_pg = [0] * len(storage.pool_groups)
         for _, lc in needs:
-            per_pg[storage.config.life_cycle_pool_group[lc]] += 1
+            per_pg[storage.config.pool_group_of(lc)] += 1
         for page in freed:
             per_pg[page.pool_group] -= 1
         return all(

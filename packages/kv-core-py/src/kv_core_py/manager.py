@@ -113,9 +113,7 @@ class KVCacheManager(kv_api.KVCacheManager):
         with self._context.lock:
             p = self._placement(layer_id, role)
             base = (
-                self._storage.pool_groups[self._storage_config.life_cycle_pool_group[p.life_cycle]]
-                .pools[p.pool]
-                .base_address
+                self._storage.pool_groups[self._storage_config.pool_group_of(p.life_cycle)].pools[p.pool].base_address
             )
             return base + (p.position * p.size if PageIndexMode(index_mode) == PageIndexMode.SHARED else 0)
 
@@ -128,7 +126,7 @@ class KVCacheManager(kv_api.KVCacheManager):
 
     def get_page_index_upper_bound(self, layer_id: int, role: str) -> int:
         p = self._placement(layer_id, role)
-        num_slots = self._counts.slots[self._storage_config.life_cycle_pool_group[p.life_cycle]]
+        num_slots = self._counts.slots[self._storage_config.pool_group_of(p.life_cycle)]
         return (p.scale * num_slots - p.position) * p.expansion
 
     @property

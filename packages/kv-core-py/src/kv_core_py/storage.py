@@ -61,7 +61,7 @@ class Storage:
         that free plus evictable slots cover its share, then evicts what it must."""
         need = [0] * len(self.pool_groups)
         for lc, _ in requests:
-            need[self.config.life_cycle_pool_group[lc]] += 1
+            need[self.config.pool_group_of(lc)] += 1
         for pg, n in zip(self.pool_groups, need, strict=True):
             if n > pg.allocator.num_free + len(pg.evictable):
                 raise OutOfPagesError(
@@ -78,7 +78,7 @@ class Storage:
         return [
             Page(next(handed[p]), lc, p, priority)
             for lc, priority in requests
-            for p in (self.config.life_cycle_pool_group[lc],)
+            for p in (self.config.pool_group_of(lc),)
         ]
 
     def copy(self, src: Page, dst: Page) -> None:

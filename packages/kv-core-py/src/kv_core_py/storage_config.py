@@ -56,7 +56,7 @@ class StorageConfig:
                 group.append((BufferId(layer.layer_id, b.role), expansion))
         self.placements: dict[BufferId, BufferPlacement] = {}
         self.pool_groups: list[PoolGroupConfig] = []
-        self.life_cycle_pool_group: list[int] = []
+        self._life_cycle_pool_group: list[int] = []
         for lc, groups in enumerate(per_lc):
             pools = sorted(groups, key=lambda g: -g[0] * len(g[1]))
             slot_sizes = tuple(size * len(ids) for size, ids in pools)
@@ -71,7 +71,10 @@ class StorageConfig:
                 self.pool_groups.append(match)
             else:
                 self.pool_groups[match.index] = PoolGroupConfig(match.index, (*match.life_cycles, lc), slot_sizes)
-            self.life_cycle_pool_group.append(match.index)
+            self._life_cycle_pool_group.append(match.index)
+
+    def pool_group_of(self, life_cycle: int) -> int:
+        return self._life_cycle_pool_group[life_cycle]
 
     def placement(self, layer_id: int, role: str) -> BufferPlacement:
         try:
