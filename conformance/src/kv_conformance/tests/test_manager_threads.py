@@ -105,17 +105,23 @@ def test_matching_releases_the_gil(backend: kv_api.Backend) -> None:
     manager.probe_reuse(None, tokens)
     alone = time.perf_counter() - start
 
-    done = threading.Event()
+    def longest_stall() -> float:
+        done = threading.Event()
 
-    def work() -> None:
-        manager.probe_reuse(None, tokens)
-        done.set()
+        def work() -> None:
+            manager.probe_reuse(None, tokens)
+            done.set()
 
-    worker = threading.Thread(target=work)
-    last, longest = time.perf_counter(), 0.0
-    worker.start()
-    while not done.is_set():
-        now = time.perf_counter()
-        longest, last = max(longest, now - last), now
-    worker.join()
+        worker = threading.Thread(target=work)
+        last, longest = time.perf_counter(), 0.0
+        worker.start()
+        while not done.is_set():
+            now = time.perf_counter()
+            longest, last = max(longest, now - last), now
+        worker.join()
+        return longest
+
+    # A probe holding the GIL stalls this thread for all of it, every time; a busy machine can
+    # deschedule it once in a while, so the best of three attempts is judged.
+    longest = min(longest_stall() for _ in range(3))
     assert longest < alone / 2, f"main thread stalled {longest:.4f}s of a {alone:.4f}s probe"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from dataclasses import replace
+from dataclasses import fields
 
 from kv_api.config import KVCacheManagerConfig
 from kv_api.contract import KVCache
@@ -14,6 +14,8 @@ from kv_core_py.event_manager import KVCacheEventManager
 from kv_core_py.life_cycles import LifeCycleRegistry
 from kv_core_py.radix_tree import RadixTree
 from kv_core_py.storage import Storage
+
+_COUNTERS = [f.name for f in fields(CacheStats)]
 
 
 class CacheContext:
@@ -39,19 +41,28 @@ class CacheContext:
         self.tree = tree
         self.events = events  # None: no event manager
         self.is_shut_down = False  # set by the manager's shutdown()
-        self.committed_stats = CacheStats()
-        self.iteration_stats = CacheStats()
+        # Plain counters, added to on the hot path (a decode step); CacheStats is built when read.
+        self._committed = dict.fromkeys(_COUNTERS, 0)
+        self._iteration = dict.fromkeys(_COUNTERS, 0)
         # Weak: a cache nobody references is closed by its finaliser, as the native one is.
         self._open_caches: weakref.WeakValueDictionary[int, KVCache] = weakref.WeakValueDictionary()
 
     def add_stats(self, **counts: int) -> None:
         """Add to the committed and the iteration statistics."""
-        self.committed_stats = replace(
-            self.committed_stats, **{k: getattr(self.committed_stats, k) + v for k, v in counts.items()}
-        )
-        self.iteration_stats = replace(
-            self.iteration_stats, **{k: getattr(self.iteration_stats, k) + v for k, v in counts.items()}
-        )
+        for name, value in counts.items():
+            self._committed[name] += value
+            self._iteration[name] += value
+
+    @property
+    def committed_stats(self) -> CacheStats:
+        return CacheStats(**self._committed)
+
+    @property
+    def iteration_stats(self) -> CacheStats:
+        return CacheStats(**self._iteration)
+
+    def reset_iteration_stats(self) -> None:
+        self._iteration = dict.fromkeys(_COUNTERS, 0)
 
     def register_cache(self, cache: KVCache) -> None:
         """A cache is open from its creation until it unregisters itself on close."""

@@ -185,7 +185,7 @@ class KVCacheManager(kv_api.KVCacheManager):
     def get_and_reset_iteration_stats(self) -> CacheStats:
         with self._context.lock:
             stats = replace(self._context.iteration_stats, evicted_pages=self._storage.num_evicted - self._evicted_mark)
-            self._context.iteration_stats = CacheStats()
+            self._context.reset_iteration_stats()
             self._evicted_mark = self._storage.num_evicted
             return stats
 
