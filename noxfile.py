@@ -58,7 +58,8 @@ def run_unit_tests(session: nox.Session) -> None:
 def run_conformance(session: nox.Session, backends: str) -> None:
     """The conformance suite and the replayer's tests, on ``backends`` (KV_BACKEND)."""
     workers = os.environ.get("KV_TEST_WORKERS", "auto")
-    env = {"KV_BACKEND": backends}
+    # The differential state machine's sequences, split into shards over the workers.
+    env = {"KV_BACKEND": backends, "KV_DIFFERENTIAL_EXAMPLES": os.environ.get("KV_DIFFERENTIAL_EXAMPLES", "10000")}
     session.run("pytest", "--pyargs", "kv_conformance.tests", "-n", workers, *session.posargs, env=env)
     session.run("pytest", "packages/kv-replay/tests", "-n", workers, *session.posargs, env=env)
 
@@ -83,6 +84,14 @@ def conformance(session: nox.Session, backend: str) -> None:
     """The conformance suite against one backend (``KV_BACKEND=<name>``)."""
     install(session)
     run_conformance(session, backend)
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """The fuzzer (docs/fuzzing.md) beyond the suite's budget on every backend: ``-- --cases N
+    --seed S``; prints its findings, and fails on a new one only with ``--strict``."""
+    install(session)
+    session.run("python", "-m", "kv_conformance.fuzz", *session.posargs)
 
 
 @nox.session
@@ -148,6 +157,8 @@ def sanitize(session: nox.Session) -> None:
         "LD_PRELOAD": ":".join(runtimes),  # the interpreter is not instrumented
         "ASAN_OPTIONS": "detect_leaks=0",  # CPython's own allocations are not leaks
         "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+        # One process, a Debug build under ASan: fewer differential sequences than `tests` runs.
+        "KV_DIFFERENTIAL_EXAMPLES": os.environ.get("KV_DIFFERENTIAL_EXAMPLES", "500"),
     }
     # --capture=sys: a sanitizer report goes to the real stderr, not into a lost capture.
     session.run(

@@ -12,6 +12,8 @@ hypothesis profiles.
   test is reported with a warning.
 - Hypothesis profiles: ``dev`` (default) and ``ci`` (derandomized; the default when ``CI`` is
   set); ``KV_HYPOTHESIS_PROFILE`` or hypothesis' own ``--hypothesis-profile`` choose.
+- ``KV_DIFFERENTIAL_EXAMPLES``: how many sequences the differential state machine runs (in
+  shards); the terminal summary says how many ran, over every xdist worker.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("KV_HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
 
-ENV_VARS = ("KV_BACKEND", "KV_KNOWN_GAPS", "KV_HYPOTHESIS_PROFILE", "KVCORE_SHA256", "CI")
+ENV_VARS = ("KV_BACKEND", "KV_KNOWN_GAPS", "KV_HYPOTHESIS_PROFILE", "KV_DIFFERENTIAL_EXAMPLES", "KVCORE_SHA256", "CI")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -62,6 +64,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(exc)) from exc
     config.stash[_NAMES] = names
     config.stash[_GAPS] = _load_gaps(config, names)
+    config.pluginmanager.register(_SequenceCounter(), "kv-sequence-counter")
 
 
 _NAMES = pytest.StashKey[list[str]]()
@@ -154,3 +157,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for gap in entries:
             if (name, gap["test"]) not in used:
                 warnings.warn(f"known gap for {name!r} matches no test: {gap['test']}", stacklevel=1)
+
+
+class _SequenceCounter:
+    """Adds up the differential state machine's sequences: each shard reports its count as a user
+    property, which xdist carries from its workers to this process."""
+
+    def __init__(self) -> None:
+        self.counts: list[int] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call":
+            self.counts += [
+                v for k, v in report.user_properties if k == "kv_differential_sequences" and isinstance(v, int)
+            ]
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if self.counts:
+            terminalreporter.write_line(
+                f"differential state machine: {sum(self.counts)} sequences in {len(self.counts)} shard(s)"
+            )

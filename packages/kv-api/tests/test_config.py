@@ -19,6 +19,8 @@ from kv_api import (
     KVCacheManagerConfig,
     SsmLayerConfig,
 )
+from kv_api._check import timeout_ms
+from kv_api.constants import BUFFER_SIZE_LIMIT, LAYER_ID_LIMIT, TOKEN_LIMIT, TOKENS_PER_BLOCK_LIMIT
 
 KV = [BufferConfig("key", 512), BufferConfig("value", 512)]
 GPU = [GpuCacheTierConfig(1 << 20)]
@@ -205,3 +207,52 @@ def test_replace_builds_a_validated_copy() -> None:
     assert config.max_util_for_resume == 0.97
     with pytest.raises(ValueError, match="max_util_for_resume must be in"):
         dataclasses.replace(config, max_util_for_resume=0.0)
+
+
+# Each numeric field at its documented bound (docs/errors.md, "Ranges"): the last valid value
+# builds, the first invalid one is a ValueError naming the field and the range.
+LIMITS: list[tuple[str, Any, int, int]] = [
+    ("tokens_per_block", lambda v: manager_config(tokens_per_block=v), 1, TOKENS_PER_BLOCK_LIMIT),
+    ("tokens_per_block_override", lambda v: BufferConfig("k", 8, v), 1, TOKENS_PER_BLOCK_LIMIT),
+    ("size", lambda v: BufferConfig("k", v), 1, BUFFER_SIZE_LIMIT),
+    ("layer_id", lambda v: AttentionLayerConfig(v, KV), 0, LAYER_ID_LIMIT),
+    ("layer_id", lambda v: SsmLayerConfig(v, KV), 0, LAYER_ID_LIMIT),
+    ("sliding_window_size", lambda v: AttentionLayerConfig(0, KV, v), 1, TOKEN_LIMIT),
+    ("num_sink_tokens", lambda v: AttentionLayerConfig(0, KV, 8, v), 0, TOKEN_LIMIT),
+    ("capacity", lambda v: KVCacheDesc(v, 0), 0, TOKEN_LIMIT),
+    ("system_prompt_length", lambda v: BatchDesc([], v), 0, TOKEN_LIMIT),
+    ("reuse_match_backoff", lambda v: manager_config(reuse_match_backoff=v), 0, TOKEN_LIMIT),
+    ("quota", GpuCacheTierConfig, 1, 1 << 63),
+]
+
+
+@pytest.mark.parametrize(("field", "make", "low", "high"), LIMITS, ids=[f"{x[0]}-{i}" for i, x in enumerate(LIMITS)])
+def test_numeric_fields_at_their_bounds(field: str, make: Any, low: int, high: int) -> None:
+    make(low)
+    make(high - 1)
+    for bad in (low - 1, high, 2**64, 2**100):
+        with pytest.raises(ValueError, match=rf"\.{field}: must be in \[{low}, {high}\) \(got {bad}\)$"):
+            make(bad)
+    with pytest.raises(TypeError, match=rf"\.{field}: expected an int, got bool$"):
+        make(True)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, None), (math.inf, None), (2**2000, None), (0, 0.0), (-3, 0.0), (-(2**2000), 0.0), (1.5, 1.5), (7, 7.0)],
+)
+def test_timeout_accepts_numbers_and_none(value: Any, expected: float | None) -> None:
+    assert timeout_ms("timeout_ms", value) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        ("5", TypeError, "timeout_ms: expected a number or None, got str"),
+        (True, TypeError, "timeout_ms: expected a number or None, got bool"),
+        (math.nan, ValueError, "timeout_ms: must not be NaN"),
+    ],
+)
+def test_timeout_refuses(value: Any, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=f"^{message}$"):
+        timeout_ms("timeout_ms", value)

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstring>
 #include <iterator>
 
@@ -68,9 +69,20 @@ std::uint64_t int_at_least(const char* where, nb::handle value, std::int64_t low
 
 std::uint64_t u64(const char* where, nb::handle value) { return int_in_range(where, value, 0, true); }
 
-std::optional<std::int64_t> optional_count(const char* where, nb::handle value) {
+std::int64_t int_between(const char* where, nb::handle value, std::int64_t low, std::int64_t high) {
+  nb::object index = as_int(where, value);
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (overflow || v < low || v >= high) {
+    const std::string rule = "in [" + std::to_string(low) + ", " + std::to_string(high) + ")";
+    fail(PyExc_ValueError, msg::kMustBe, {where, rule, py::str(index)});
+  }
+  return v;
+}
+
+std::optional<std::int64_t> optional_count(const char* where, nb::handle value, std::int64_t high) {
   if (value.is_none()) return std::nullopt;
-  return static_cast<std::int64_t>(std::min<std::uint64_t>(int_at_least(where, value, 0), LLONG_MAX));
+  return int_between(where, value, 0, high);
 }
 
 std::uint64_t index_below(const char* where, nb::handle value, std::size_t size) {
@@ -183,13 +195,7 @@ int priority(nb::handle value) {
 }
 
 std::int64_t event_entries(nb::handle value) {
-  if (PyBool_Check(value.ptr()) || !PyLong_Check(value.ptr())) {
-    fail(PyExc_TypeError, msg::kExpectedInt, {"max_kv_event_entries", py_type_name(value)});
-  }
-  int overflow = 0;
-  const long long n = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
-  if (overflow) return overflow > 0 ? LLONG_MAX : LLONG_MIN;
-  return n;
+  return int_between("max_kv_event_entries", value, -kEventEntriesLimit, kEventEntriesLimit);
 }
 
 HashAlgo hash_algo(nb::handle name) {
@@ -202,7 +208,19 @@ HashAlgo hash_algo(nb::handle name) {
 
 double timeout_ms(nb::handle value) {
   if (value.is_none()) return -1;
-  const double timeout = nb::cast<double>(nb::float_(value));
+  PyObject* v = value.ptr();
+  if (PyBool_Check(v) || !(PyLong_Check(v) || PyFloat_Check(v))) {
+    fail(PyExc_TypeError, msg::kExpectedNumberOrNone, {"timeout_ms", py_type_name(value)});
+  }
+  double timeout = PyFloat_Check(v) ? PyFloat_AsDouble(v) : PyLong_AsDouble(v);
+  if (timeout == -1.0 && PyErr_Occurred()) {  // an int beyond any double: an endless wait, or none
+    PyErr_Clear();
+    int sign = 0;
+    PyLong_AsLongLongAndOverflow(v, &sign);
+    timeout = sign > 0 ? HUGE_VAL : -HUGE_VAL;
+  }
+  if (std::isnan(timeout)) fail(PyExc_ValueError, msg::kNotNaN, {"timeout_ms"});
+  if (std::isinf(timeout) && timeout > 0) return -1;
   return timeout > 0 ? timeout : 0;
 }
 

@@ -27,6 +27,8 @@ namespace msg {
 // kv_api._check
 inline constexpr char kExpectedInt[] = "{}: expected an int, got {}";
 inline constexpr char kMustBe[] = "{}: must be {} (got {})";
+inline constexpr char kExpectedNumberOrNone[] = "{}: expected a number or None, got {}";
+inline constexpr char kNotNaN[] = "{}: must not be NaN";
 // kv_api.keys
 inline constexpr char kExpectedStr[] = "{}: expected a str, got {}";
 inline constexpr char kExpectedBytes[] = "{}: expected bytes, got {}";
@@ -71,8 +73,10 @@ namespace arg {
 std::uint64_t int_at_least(const char* where, nb::handle value, std::int64_t low);
 // An int in [0, 2**64).
 std::uint64_t u64(const char* where, nb::handle value);
-// None, or an int >= 0 clamped to INT64_MAX (ids and lengths).
-std::optional<std::int64_t> optional_count(const char* where, nb::handle value);
+// An int in [low, high): ValueError outside, never clamped.
+std::int64_t int_between(const char* where, nb::handle value, std::int64_t low, std::int64_t high);
+// None, or an int in [0, high) (ids and lengths).
+std::optional<std::int64_t> optional_count(const char* where, nb::handle value, std::int64_t high);
 // An int in [0, size): IndexError past the end.
 std::uint64_t index_below(const char* where, nb::handle value, std::size_t size);
 int cache_level(nb::handle level);        // the one cache level, GPU_LEVEL
@@ -90,9 +94,9 @@ void manager_config(nb::handle config);                 // a kv_api.KVCacheManag
 KVCacheEventManager* event_manager(nb::handle events);  // None or this backend's event manager
 void callable_or_none(nb::handle callback);             // custom_priority_callback
 int priority(nb::handle value);                         // what a priority callback returned
-std::int64_t event_entries(nb::handle value);           // an int (no __index__), clamped to int64
+std::int64_t event_entries(nb::handle value);           // an int in [-kEventEntriesLimit, kEventEntriesLimit)
 HashAlgo hash_algo(nb::handle name);
-double timeout_ms(nb::handle value);  // None waits (-1), else float(value), at least 0
+double timeout_ms(nb::handle value);  // kv_api._check.timeout_ms; None and +inf wait (-1), else at least 0
 
 // A writable 1-D contiguous int32 export of `buf`; the caller releases it.
 Py_buffer index_buffer(nb::handle buf);

@@ -45,14 +45,16 @@ int group_arg(PyKVCache& self, nb::handle layer_group, nb::handle beam) {
 }
 
 bool resize(PyKVCache& self, nb::handle capacity, nb::handle history_length) {
+  const ManagerLock lock(self.cache->context());
   self.cache->require(CacheStatus::kActive, "resize");
-  const auto cap = arg::optional_count("capacity", capacity);
-  const auto hist = arg::optional_count("history_length", history_length);
+  const auto cap = arg::optional_count("capacity", capacity, kTokenLimit);
+  const auto hist = arg::optional_count("history_length", history_length, kTokenLimit);
   nb::gil_scoped_release release;
   return self.cache->resize(cap, hist);
 }
 
 void commit(PyKVCache& self, nb::handle tokens, nb::handle is_end) {
+  const ManagerLock lock(self.cache->context());
   self.cache->require(CacheStatus::kActive, "commit");
   self.cache->require_commit_allowed();
   const TokenList list = token_list(tokens, nb::cast<PyManager&>(self.manager).manager->config().key_format);
@@ -62,6 +64,9 @@ void commit(PyKVCache& self, nb::handle tokens, nb::handle is_end) {
 }
 
 void set_buffer(PyKVCache& self, nb::handle beam, nb::handle layer_group, nb::handle buf) {
+  // Held to the end: the exported view must change with the core's buffer, or a racing call could
+  // release the view the core still writes through.
+  const ManagerLock lock(self.cache->context());
   const int lg = group_arg(self, layer_group, beam);
   if (buf.is_none()) {
     {
@@ -97,31 +102,39 @@ auto unlocked(F&& f) {
   return f();
 }
 
+// A property read under the manager's lock (another thread may be changing the cache).
+template <typename F>
+auto getter(F f) {
+  return [f](PyKVCache& self) {
+    const ManagerLock lock(self.cache->context());
+    return f(*self.cache);
+  };
+}
+
 }  // namespace
 
 void bind_kv_cache(nb::module_& m) {
   nb::class_<PyKVCache>(m, "KVCache")
       .def_prop_ro("manager", [](PyKVCache& self) { return self.manager; })
-      .def_prop_ro("id", [](PyKVCache& self) { return self.cache->id(); })
-      .def_prop_ro("status", [](PyKVCache& self) { return status_object(self.cache->status()); })
-      .def_prop_ro("is_active", [](PyKVCache& self) { return self.cache->status() == CacheStatus::kActive; })
-      .def_prop_ro("tokens_per_block", [](PyKVCache& self) { return self.cache->tokens_per_block(); })
+      .def_prop_ro("id", getter([](const KVCache& c) { return c.id(); }))
+      .def_prop_ro("status", getter([](const KVCache& c) { return status_object(c.status()); }))
+      .def_prop_ro("is_active", getter([](const KVCache& c) { return c.status() == CacheStatus::kActive; }))
+      .def_prop_ro("tokens_per_block", getter([](const KVCache& c) { return c.tokens_per_block(); }))
       .def_prop_ro("beam_width", [](PyKVCache&) { return 1; })
-      .def_prop_ro("reuse_scope", [](PyKVCache& self) { return scope_object(self.cache->reuse_scope()); })
-      .def_prop_ro("num_committed_tokens", [](PyKVCache& self) { return self.cache->num_committed_tokens(); })
-      .def_prop_ro("committed_tokens", [](PyKVCache& self) { return token_objects(self.cache->committed_tokens()); })
-      .def_prop_ro("num_reused_tokens", [](PyKVCache& self) { return self.cache->num_reused_tokens(); })
-      .def_prop_ro("num_blocks", [](PyKVCache& self) { return self.cache->num_blocks(); })
-      .def_prop_rw(
-          "history_length", [](PyKVCache& self) { return self.cache->history_length(); },
-          [](PyKVCache& self, nb::handle value) {
-            if (!resize(self, nb::none(), value)) fail(out_of_pages(), msg::kNotEnoughPages, {"history_length"});
-          })
-      .def_prop_rw(
-          "capacity", [](PyKVCache& self) { return self.cache->capacity(); },
-          [](PyKVCache& self, nb::handle value) {
-            if (!resize(self, value, nb::none())) fail(out_of_pages(), msg::kNotEnoughPages, {"capacity"});
-          })
+      .def_prop_ro("reuse_scope", getter([](const KVCache& c) { return scope_object(c.reuse_scope()); }))
+      .def_prop_ro("num_committed_tokens", getter([](const KVCache& c) { return c.num_committed_tokens(); }))
+      .def_prop_ro("committed_tokens", getter([](const KVCache& c) { return token_objects(c.committed_tokens()); }))
+      .def_prop_ro("num_reused_tokens", getter([](const KVCache& c) { return c.num_reused_tokens(); }))
+      .def_prop_ro("num_blocks", getter([](const KVCache& c) { return c.num_blocks(); }))
+      .def_prop_rw("history_length", getter([](const KVCache& c) { return c.history_length(); }),
+                   [](PyKVCache& self, nb::handle value) {
+                     if (!resize(self, nb::none(), value))
+                       fail(out_of_pages(), msg::kNotEnoughPages, {"history_length"});
+                   })
+      .def_prop_rw("capacity", getter([](const KVCache& c) { return c.capacity(); }),
+                   [](PyKVCache& self, nb::handle value) {
+                     if (!resize(self, value, nb::none())) fail(out_of_pages(), msg::kNotEnoughPages, {"capacity"});
+                   })
       .def(
           "resume", [](PyKVCache& self, nb::handle) { return unlocked([&] { return self.cache->resume(); }); },
           nb::arg("stream").none() = nb::none())
@@ -133,6 +146,7 @@ void bind_kv_cache(nb::module_& m) {
       .def(
           "get_base_page_indices",
           [](PyKVCache& self, nb::handle layer_group, nb::handle beam) {
+            const ManagerLock lock(self.cache->context());
             const int lg = group_arg(self, layer_group, beam);
             return int_array(unlocked([&] { return self.cache->get_base_page_indices(lg); }));
           },
@@ -140,6 +154,7 @@ void bind_kv_cache(nb::module_& m) {
       .def(
           "get_aggregated_page_indices",
           [](PyKVCache& self, nb::handle layer_group, nb::handle beam, nb::handle valid_only) {
+            const ManagerLock lock(self.cache->context());
             const int lg = group_arg(self, layer_group, beam);
             std::vector<std::int32_t> idx = unlocked([&] { return self.cache->get_base_page_indices(lg); });
             if (arg::truthy(valid_only)) idx.erase(std::remove(idx.begin(), idx.end(), kBadPageIndex), idx.end());

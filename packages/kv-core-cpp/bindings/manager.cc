@@ -9,6 +9,7 @@
 
 #include "arguments.h"
 #include "bind.h"
+#include "kvcore/constants.h"
 #include "py_objects.h"
 #include "python_api.h"
 #include "token_input.h"
@@ -92,6 +93,7 @@ void init(PyManager* self, nb::handle config, nb::handle event_manager) {
 
 // --- layers --------------------------------------------------------------------------------
 
+// The caller holds the manager's lock.
 const BufferPlacement& placement(PyManager& self, nb::handle layer_id, nb::handle role) {
   self.manager->require_live();
   const std::int64_t layer = arg::layer_id(layer_id);
@@ -116,6 +118,7 @@ PyType_Slot pool_buffer_slots[] = {{Py_bf_getbuffer, reinterpret_cast<void*>(poo
 
 nb::object pool_memory(nb::handle self_handle, nb::handle pool_group, nb::handle pool) {
   PyManager& self = nb::cast<PyManager&>(self_handle);
+  const ManagerLock lock(self.manager->context());
   self.manager->require_live();
   auto& groups = self.manager->storage().pool_groups();
   const std::uint64_t g = arg::index_below("pool_group", pool_group, groups.size());
@@ -149,11 +152,12 @@ PriorityCallback priority_callback(nb::handle callback, PyManager& self) {
 nb::object create_kv_cache(nb::handle self_handle, nb::handle reuse_scope_arg, nb::handle input_tokens, nb::handle id,
                            nb::handle callback) {
   PyManager& self = nb::cast<PyManager&>(self_handle);
+  const ManagerLock lock(self.manager->context());
   self.manager->require_live();
   arg::callable_or_none(callback);
   const ReuseScope scope = arg::reuse_scope(reuse_scope_arg);
   const auto input = tokens_arg(self, input_tokens);
-  const std::optional<std::int64_t> cache_id = arg::optional_count("id", id);
+  const std::optional<std::int64_t> cache_id = arg::optional_count("id", id, kCacheIdLimit);
   PriorityCallback priority = priority_callback(callback, self);
   std::unique_ptr<KVCache> cache;
   {
@@ -165,6 +169,7 @@ nb::object create_kv_cache(nb::handle self_handle, nb::handle reuse_scope_arg, n
 }
 
 std::int64_t probe_reuse(PyManager& self, nb::handle reuse_scope_arg, nb::handle tokens) {
+  const ManagerLock lock(self.manager->context());
   self.manager->require_live();
   const ReuseScope scope = arg::reuse_scope(reuse_scope_arg);
   const auto input = tokens_arg(self, tokens);
@@ -173,6 +178,7 @@ std::int64_t probe_reuse(PyManager& self, nb::handle reuse_scope_arg, nb::handle
 }
 
 nb::object probe_first_new_block_key(PyManager& self, nb::handle reuse_scope_arg, nb::handle tokens) {
+  const ManagerLock lock(self.manager->context());
   self.manager->require_live();
   const ReuseScope scope = arg::reuse_scope(reuse_scope_arg);
   const auto input = tokens_arg(self, tokens);
@@ -215,6 +221,7 @@ nb::list storage_statistics(PyManager& self, nb::handle level) {
 }
 
 nb::list pool_group_descs(PyManager& self) {
+  const ManagerLock lock(self.manager->context());
   self.manager->require_live();
   nb::list out;
   auto& groups = self.manager->storage().pool_groups();
@@ -238,6 +245,7 @@ void bind_manager(nb::module_& m) {
   nb::class_<PyManager>(m, "KVCacheManager")
       .def("__init__", &init, nb::arg("config").none(), nb::arg("event_manager").none() = nb::none())
       .def_prop_ro("init_config", [](PyManager& self) { return self.config; })
+      // The config and the layer registry are fixed when the manager is built: read without the lock.
       .def_prop_ro("tokens_per_block", [](PyManager& self) { return self.manager->tokens_per_block(); })
       .def_prop_ro("life_cycles", [](PyManager& self) { return nb::list(self.life_cycles); })
       .def_prop_ro("layer_grouping",
@@ -256,6 +264,7 @@ void bind_manager(nb::module_& m) {
       .def(
           "get_layer_group_id",
           [](PyManager& self, nb::handle layer_id) {
+            const ManagerLock lock(self.manager->context());
             self.manager->require_live();
             return self.manager->registry().life_cycle_of(arg::layer_id(layer_id));
           },
@@ -263,6 +272,7 @@ void bind_manager(nb::module_& m) {
       .def(
           "get_mem_pool_base_address",
           [](PyManager& self, nb::handle layer_id, nb::handle role, nb::handle index_mode) {
+            const ManagerLock lock(self.manager->context());
             const BufferPlacement& p = placement(self, layer_id, role);
             const bool shared = arg::shared_index_mode(index_mode);
             const int pg = self.manager->storage_config().pool_group_of(p.life_cycle);
@@ -274,12 +284,14 @@ void bind_manager(nb::module_& m) {
       .def(
           "get_page_stride",
           [](PyManager& self, nb::handle layer_id, nb::handle role) {
+            const ManagerLock lock(self.manager->context());
             return placement(self, layer_id, role).page_size;
           },
           nb::arg("layer_id"), nb::arg("role"))
       .def(
           "get_page_index_converter",
           [](PyManager& self, nb::handle layer_id, nb::handle role) {
+            const ManagerLock lock(self.manager->context());
             const BufferPlacement& p = placement(self, layer_id, role);
             return api("PageIndexConverter")(p.scale, p.expansion, p.position);
           },
@@ -287,6 +299,7 @@ void bind_manager(nb::module_& m) {
       .def(
           "get_page_index_upper_bound",
           [](PyManager& self, nb::handle layer_id, nb::handle role) {
+            const ManagerLock lock(self.manager->context());
             const BufferPlacement& p = placement(self, layer_id, role);
             const auto slots = static_cast<std::int64_t>(
                 self.manager->counts().slots[self.manager->storage_config().pool_group_of(p.life_cycle)]);
@@ -298,6 +311,7 @@ void bind_manager(nb::module_& m) {
       .def(
           "get_quota",
           [](PyManager& self, nb::handle level) {
+            const ManagerLock lock(self.manager->context());
             arg::cache_level(level);
             self.manager->require_live();
             return self.manager->counts().quota;
@@ -314,7 +328,11 @@ void bind_manager(nb::module_& m) {
       .def("create_kv_cache", &create_kv_cache, nb::arg("reuse_scope").none() = nb::none(),
            nb::arg("input_tokens").none() = nb::none(), nb::arg("id").none() = nb::none(),
            nb::arg("custom_priority_callback").none() = nb::none())
-      .def_prop_ro("num_open_kv_caches", [](PyManager& self) { return self.manager->num_open_kv_caches(); })
+      .def_prop_ro("num_open_kv_caches",
+                   [](PyManager& self) {
+                     const ManagerLock lock(self.manager->context());
+                     return self.manager->num_open_kv_caches();
+                   })
       .def("clear_reusable_blocks",
            [](PyManager& self) {
              nb::gil_scoped_release release;

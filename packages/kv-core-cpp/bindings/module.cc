@@ -31,6 +31,9 @@ NB_MODULE(_core, m) {
   m.attr("MIN_PRIORITY") = kvcore::kMinPriority;
   m.attr("DEFAULT_PRIORITY") = kvcore::kDefaultPriority;
   m.attr("MAX_PRIORITY") = kvcore::kMaxPriority;
+  m.attr("TOKEN_LIMIT") = kvcore::kTokenLimit;
+  m.attr("CACHE_ID_LIMIT") = kvcore::kCacheIdLimit;
+  m.attr("EVENT_ENTRIES_LIMIT") = kvcore::kEventEntriesLimit;
   nb::list formats;
   for (const char* name : kvcore::kKeyFormatNames) formats.append(name);
   m.attr("KEY_FORMATS") = nb::steal(PyList_AsTuple(formats.ptr()));

@@ -14,6 +14,23 @@ namespace kvcore::py {
 
 namespace nb = nanobind;
 
+// The manager's lock (its CacheContext's), held for a whole binding call so that state checks,
+// argument conversion, the core call and the binding's own state (a cache's exported buffers) see
+// one state. It never waits holding the GIL: a thread holding the lock may be waiting for the GIL
+// (a priority callback), so it tries first and otherwise waits with the GIL released.
+class ManagerLock {
+ public:
+  explicit ManagerLock(CacheContext& context) : lock_(context.try_lock()) {
+    if (!lock_.owns_lock()) {
+      nb::gil_scoped_release release;
+      lock_.lock();
+    }
+  }
+
+ private:
+  std::unique_lock<std::recursive_mutex> lock_;
+};
+
 struct PyEventManager {
   std::unique_ptr<KVCacheEventManager> events;
 };

@@ -200,18 +200,43 @@ std::vector<Page*> KVCache::new_pages(const std::vector<std::pair<std::int64_t, 
   return pages;
 }
 
+std::array<std::pair<std::int64_t, std::int64_t>, 2> KVCache::live_ranges(int lc, std::int64_t first,
+                                                                          std::int64_t num_blocks,
+                                                                          std::int64_t history) const {
+  // A window's stale range spans most of a long history: skipped, not scanned.
+  const auto [begin, end] = context_.registry().stale_range(lc, history);
+  return {{{first, std::min(begin, num_blocks)}, {std::max(end, first), num_blocks}}};
+}
+
 std::vector<std::pair<std::int64_t, int>> KVCache::missing(std::int64_t first, std::int64_t num_blocks,
                                                            std::int64_t history) const {
   // Non-stale blocks in [first, num_blocks) without a page, by ordinal then life cycle. (Every
   // non-stale block of an open cache has its pages, so a resize only looks at those it adds.)
   std::vector<std::pair<std::int64_t, int>> out;
-  for (std::int64_t o = first; o < num_blocks; ++o) {
-    for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
-      const bool has = o < this->num_blocks() && blocks_[o].pages[lc] != nullptr;
-      if (!has && !is_stale(lc, o, history)) out.emplace_back(o, lc);
+  for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
+    for (const auto& [lo, hi] : live_ranges(lc, first, num_blocks, history)) {
+      for (std::int64_t o = lo; o < hi; ++o) {
+        if (o >= this->num_blocks() || blocks_[o].pages[lc] == nullptr) out.emplace_back(o, lc);
+      }
     }
   }
+  std::sort(out.begin(), out.end());
   return out;
+}
+
+bool KVCache::may_fit(std::int64_t first, std::int64_t num_blocks, std::int64_t history) const {
+  // Counted, not listed: a request beyond a pool group's slots is refused in constant time.
+  Storage& storage = context_.storage();
+  std::vector<std::uint64_t> per_pg(storage.pool_groups().size(), 0);
+  for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
+    for (const auto& [lo, hi] : live_ranges(lc, first, num_blocks, history)) {
+      if (hi > lo) per_pg[storage.config().pool_group_of(lc)] += static_cast<std::uint64_t>(hi - lo);
+    }
+  }
+  for (const PoolGroup& pg : storage.pool_groups()) {
+    if (per_pg[pg.index] > pg.allocator.num_slots()) return false;
+  }
+  return true;
 }
 
 bool KVCache::resume() {
@@ -273,6 +298,12 @@ bool KVCache::resize(std::optional<std::int64_t> capacity, std::optional<std::in
   require(CacheStatus::kActive, "resize");
   const std::int64_t cap = capacity.value_or(capacity_);
   const std::int64_t hist = history_length.value_or(history_);
+  for (const auto& [name, v] : {std::pair{"capacity", cap}, std::pair{"history_length", hist}}) {
+    if (v < 0 || v >= kTokenLimit) {  // the binding checks first; C++ callers meet this
+      throw Error(ErrorKind::kValue, std::string(name) + ": must be in [0, " + std::to_string(kTokenLimit) + ") (got " +
+                                         std::to_string(v) + ")");
+    }
+  }
   if (hist < history_) {
     throw Error(ErrorKind::kValue,
                 "history_length: cannot decrease (" + std::to_string(history_) + " -> " + std::to_string(hist) + ")");
@@ -288,6 +319,7 @@ bool KVCache::resize(std::optional<std::int64_t> capacity, std::optional<std::in
                                          std::to_string(buf.size) + " < " + std::to_string(new_blocks));
     }
   }
+  if (!may_fit(num_blocks(), new_blocks, hist)) return false;
   const std::vector<Release> releases = stale_releases(hist);
   std::vector<std::pair<std::int64_t, int>> shrink;
   for (std::int64_t o = new_blocks; o < num_blocks(); ++o) {
@@ -306,6 +338,13 @@ bool KVCache::resize(std::optional<std::int64_t> capacity, std::optional<std::in
     if (!r.keep && p != nullptr && p->holders == 1) freed.push_back(p);
   }
   if (!fits(needs, freed)) return false;
+  try {  // room for the block table before anything changes: one the host cannot hold changes nothing
+    blocks_.reserve(static_cast<std::size_t>(new_blocks));
+    for (auto& idx : index_) idx.reserve(static_cast<std::size_t>(new_blocks));
+  } catch (const std::exception&) {  // std::bad_alloc, or std::length_error beyond max_size()
+    throw Error(ErrorKind::kHostOOM,
+                "resize: cannot allocate " + std::to_string(new_blocks - num_blocks()) + " blocks");
+  }
   for (auto it = shrink.rbegin(); it != shrink.rend(); ++it) release_page(it->first, it->second);
   std::vector<Release> kept;
   for (const Release& r : releases) {
@@ -458,9 +497,13 @@ void KVCache::close_locked() {
   context_.unregister_cache(this);
 }
 
-std::vector<std::int32_t> KVCache::get_base_page_indices(int layer_group) const { return index_[layer_group]; }
+std::vector<std::int32_t> KVCache::get_base_page_indices(int layer_group) const {
+  const auto lock = context_.lock();
+  return index_[layer_group];
+}
 
 void KVCache::set_base_page_index_buf(int layer_group, IndexBuffer buffer) {
+  const auto lock = context_.lock();  // resize and close write through the buffers it changes
   if (buffer.data == nullptr) {
     user_buffers_.erase(layer_group);
     return;

@@ -162,7 +162,7 @@ std::uint64_t max_slots(std::uint64_t grains, const std::vector<std::uint64_t>& 
   const std::uint64_t largest = *std::max_element(slot_sizes.begin(), slot_sizes.end());
   std::uint64_t lo = 0, hi = grains * granularity / largest;  // the largest pool alone bounds it
   while (lo < hi) {
-    const std::uint64_t mid = (lo + hi + 1) / 2;
+    const std::uint64_t mid = lo + (hi - lo + 1) / 2;  // lo + hi + 1 wraps when hi is near 2**64
     if (grains_for(mid, slot_sizes, granularity) <= grains) {
       lo = mid;
     } else {

@@ -5,11 +5,12 @@ Invariants are checked on each backend after every step as well."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -31,6 +32,14 @@ from kv_api import (
 )
 
 from ._manager import check_indices, check_lengths
+
+#: Sequences (examples) per run, split into shards of at most SHARD_SIZE that xdist spreads over
+#: its workers; ``nox -s tests`` asks for 10,000 (noxfile.py), a plain pytest run for 200.
+EXAMPLES = int(os.environ.get("KV_DIFFERENTIAL_EXAMPLES") or 200)
+SHARD_SIZE = 500
+SHARDS = max(1, -(-EXAMPLES // SHARD_SIZE))
+#: The ``user_properties`` key a shard reports its count under; the plugin adds them up.
+SEQUENCES_PROPERTY = "kv_differential_sequences"
 
 SCOPES = [None, ReuseScope(1, None), ReuseScope(None, 0)]
 # Tokens of a tail or a commit: mostly ids, sometimes a multimodal digest.
@@ -64,12 +73,14 @@ def config_for(
     )
 
 
-def make_machine(backends: list[kv_api.Backend]) -> type[RuleBasedStateMachine]:
+def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBasedStateMachine]:
+    """The machine class; ``ran[0]`` counts the machines (sequences) it builds."""
     n = len(backends)
 
     class Differential(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
+            ran[0] += 1
             self.caches: list[list[Any]] = []  # one entry per cache: its object on each backend
 
         @initialize(
@@ -295,15 +306,24 @@ def make_machine(backends: list[kv_api.Backend]) -> type[RuleBasedStateMachine]:
     return Differential
 
 
-def test_backends_agree(backends: list[kv_api.Backend]) -> None:
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_backends_agree(backends: list[kv_api.Backend], shard: int, request: pytest.FixtureRequest) -> None:
     if len(backends) < 2:
         pytest.skip("needs two backends (KV_BACKEND=all or a comma list)")
-    # More examples than the profile's default: each is cheap, and divergences hide in rare paths.
-    run_state_machine_as_test(
-        make_machine(backends),
-        settings=settings(
-            max_examples=max(200, settings().max_examples),  # the active profile's, if larger
-            stateful_step_count=50,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-        ),
-    )
+    ran = [0]
+    machine = make_machine(backends, ran)
+    if settings().derandomize:
+        # Derandomized runs seed from the test's code, the same in every shard: give each its own.
+        machine = seed(shard)(machine)
+    # Many examples: each is cheap, and divergences hide in rare paths.
+    try:
+        run_state_machine_as_test(
+            machine,
+            settings=settings(
+                max_examples=min(SHARD_SIZE, EXAMPLES - shard * SHARD_SIZE),
+                stateful_step_count=50,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+            ),
+        )
+    finally:
+        request.node.user_properties.append((SEQUENCES_PROPERTY, ran[0]))

@@ -188,6 +188,9 @@ MIN_SLOT_CASES: dict[str, tuple[KVCacheManagerConfig, int]] = {
     "sink blocks": (hybrid_config(TPB, slots=2, window=32, sinks=5), 22),
     # Two 10-block requests: ceil(20 / 0.97) = 21 slots of 1 MiB, rounded up to 11 grains.
     "constraint": (make_config(TPB, slots=2, constraints=[BATCH]), 22),
+    # A capacity of 41 is 11 blocks (a partial last block needs its page): ceil(22 / 0.97) = 23,
+    # rounded up to 12 grains.
+    "partial block": (make_config(TPB, slots=2, constraints=[BatchDesc([KVCacheDesc(41, 39)] * 2)]), 24),
     # A 4-block system prompt is shared: ceil((4 + 2 * 6) / 0.97) = 17, rounded up to 9 grains.
     "system prompt": (make_config(TPB, slots=2, constraints=[BatchDesc(BATCH.kv_caches, 16)]), 18),
     "max util": (make_config(TPB, slots=2, constraints=[BATCH], max_util_for_resume=0.5), 40),

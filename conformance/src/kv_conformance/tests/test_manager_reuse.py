@@ -143,6 +143,32 @@ def test_each_scope_has_its_own_pages(backend: kv_api.Backend) -> None:
         assert manager.probe_reuse(scope, toks(8)) == 8
 
 
+#: Each field absent, 0 (not the same as absent), small, or the largest u64.
+SCOPE_FIELDS = st.one_of(st.none(), st.sampled_from([0, 1, 2, 2**64 - 1]))
+SCOPE_DRAWS = st.one_of(st.none(), st.builds(ReuseScope, SCOPE_FIELDS, SCOPE_FIELDS))
+
+
+@pytest.mark.parametrize("key_format", kv_api.constants.KEY_FORMATS)
+@given(writer=SCOPE_DRAWS, reader=SCOPE_DRAWS, tokens=st.lists(st.integers(0, 50), min_size=1, max_size=14))
+def test_scope_isolation_property(
+    backend: kv_api.Backend,
+    key_format: str,
+    writer: ReuseScope | None,
+    reader: ReuseScope | None,
+    tokens: list[int],
+) -> None:
+    """Under either key format, tokens committed under one scope are reused under it (whole) and
+    never under another: the root key takes both fields, and None differs from 0."""
+    manager = make_manager(backend, make_config(TPB, slots=16, key_format=key_format))
+    committed(manager, tokens, scope=writer)
+    expected = len(tokens) if scope_class(reader) == scope_class(writer) else 0
+    assert manager.probe_reuse(writer, tokens) == len(tokens)
+    assert manager.probe_reuse(reader, tokens) == expected
+    cache = manager.create_kv_cache(reader, tokens)
+    assert cache.num_committed_tokens == expected
+    cache.close()
+
+
 @pytest.mark.parametrize(
     ("query", "with_partial", "without"),
     [
@@ -179,6 +205,22 @@ def test_reuse_match_backoff(backend: kv_api.Backend, backoff: int, query_len: i
     assert manager.probe_reuse(None, query) == expected
     cache = manager.create_kv_cache(None, query)
     assert cache.num_committed_tokens == expected
+    cache.close()
+
+
+@pytest.mark.parametrize("backoff", [4, 8])
+def test_reuse_match_backoff_drops_whole_blocks(backend: kv_api.Backend, backoff: int) -> None:
+    """A backoff that ends on a block boundary drops the blocks it covers: the cache holds none of
+    their pages (they stay evictable), and its blocks match its length."""
+    manager = make_manager(backend, make_config(TPB, slots=16, reuse_match_backoff=backoff))
+    committed(manager, toks(12))  # three evictable pages
+    cache = manager.create_kv_cache(None, toks(12))
+    assert cache.num_committed_tokens == 12 - backoff
+    check_lengths(cache)
+    [stats] = manager.get_storage_statistics()
+    assert (stats.free, stats.evictable) == (16 - 3, backoff // TPB)  # held pages are not evictable
+    assert cache.resume()
+    assert cache.get_base_page_indices(0).count(-1) == 0
     cache.close()
 
 

@@ -3,6 +3,7 @@ page indices, and failing calls that change nothing."""
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -201,6 +202,36 @@ def test_stale_window_blocks_have_no_page(backend: kv_api.Backend, sinks: int | 
     # At history 21 the window needs blocks from (22 - 8) // 4 = 3 on; sink blocks are kept.
     sink_blocks = ceil_div(sinks or 0, TPB)
     assert [i == BAD_PAGE_INDEX for i in window] == [not o < sink_blocks and o < 3 for o in range(6)]
+
+
+def test_index_buffers_follow_the_indices_with_a_bad_tail(backend: kv_api.Backend) -> None:
+    """A caller's buffer longer than the cache's blocks holds the layer group's indices, then
+    BAD_PAGE_INDEX to its end, after every call that changes them."""
+    manager = make_manager(backend, hybrid_config(TPB, slots=16, window=8))
+    cache = manager.create_kv_cache(None, [])
+    buffers = [array("i", [12345] * 10) for _ in manager.life_cycles]
+
+    def check() -> None:
+        for lg, buf in enumerate(buffers):
+            indices = list(cache.get_base_page_indices(lg))
+            assert list(buf) == indices + [BAD_PAGE_INDEX] * (len(buf) - len(indices)), lg
+
+    for lg, buf in enumerate(buffers):
+        cache.set_base_page_index_buf(0, lg, buf)
+    check()  # no blocks yet: all of it is the tail
+    assert cache.resume()
+    assert cache.resize(22)
+    check()
+    cache.commit(toks(20))  # window blocks turn stale
+    check()
+    assert cache.resize(20)  # shrinking lengthens the tail
+    check()
+    cache.suspend()
+    check()
+    assert cache.resume()
+    check()
+    cache.close()
+    check()
 
 
 def test_resume_refused_above_max_util(backend: kv_api.Backend) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from array import array
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 import kv_api
-from kv_api import KVCacheStatus
+from kv_api import BAD_PAGE_INDEX, KVCacheStatus
 
 from ._manager import (
     check_accounting,
@@ -125,3 +126,74 @@ def test_matching_releases_the_gil(backend: kv_api.Backend) -> None:
     # deschedule it once in a while, so the best of three attempts is judged.
     longest = min(longest_stall() for _ in range(3))
     assert longest < alone / 2, f"main thread stalled {longest:.4f}s of a {alone:.4f}s probe"
+
+
+def test_index_buffers_race_resize_and_close(backend: kv_api.Backend) -> None:
+    """Threads attach, detach and read index buffers while others resize and close the same caches
+    (a regression: attaching changed the buffers a resize or close was writing through, without the
+    manager's lock; the native backend crashed within 0.2 s). Only the documented refusals may be
+    raised, and the manager's accounting and the buffers stay consistent."""
+    manager = make_manager(backend, hybrid_config(TPB, slots=64, window=8, max_util_for_resume=1.0))
+    groups = len(manager.life_cycles)
+    caches: list[Any] = [None] * 4
+    replace = threading.Lock()  # swaps a closed cache for a new one; the manager's calls race freely
+    errors: list[BaseException] = []
+    deadline = time.monotonic() + 1.5
+    calls = [0] * 6
+
+    def fresh(i: int) -> None:
+        cache = manager.create_kv_cache(None, [])
+        assert cache.resume()
+        with replace:
+            if caches[i] is None or caches[i].status == KVCacheStatus.CLOSED:
+                caches[i] = cache
+                return
+        cache.close()
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            while time.monotonic() < deadline:
+                i = rng.randrange(len(caches))
+                cache, lg = caches[i], rng.randrange(groups)
+                action = rng.randrange(6)
+                calls[action] += 1
+                try:
+                    if action == 0:  # a buffer longer or shorter than the cache's blocks
+                        cache.set_base_page_index_buf(0, lg, array("i", [12345] * rng.randrange(48)))
+                    elif action == 1:
+                        cache.set_base_page_index_buf(0, lg, None)
+                    elif action == 2:
+                        indices = cache.get_base_page_indices(lg)
+                        assert all(-1 <= x < 64 for x in indices), list(indices)
+                    elif action == 3:
+                        cache.resize(rng.randrange(cache.history_length, 48) if rng.random() < 0.9 else 200)
+                    elif action == 4:
+                        cache.close()
+                        fresh(i)
+                    else:
+                        cache.commit(toks(rng.randrange(3), 10 * seed))
+                except (kv_api.errors.InvalidStateError, ValueError):
+                    pass  # closed or suspended meanwhile, a buffer too short, a stale length
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    for i in range(len(caches)):
+        fresh(i)
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert min(calls) > 0, calls
+    check_accounting(manager)
+    for cache in caches:  # quiet now: an attached buffer is the indices, then -1
+        if cache.status != KVCacheStatus.ACTIVE:
+            continue
+        check_indices(manager, cache)
+        buf = array("i", [7] * (cache.num_blocks + 3))
+        cache.set_base_page_index_buf(0, 0, buf)
+        assert list(buf) == [*cache.get_base_page_indices(0), BAD_PAGE_INDEX, BAD_PAGE_INDEX, BAD_PAGE_INDEX]
+        cache.close()
+    check_accounting(manager, open_caches=False)

@@ -37,6 +37,22 @@ def optional_u64(where: str, value: Any) -> int | None:
     return int_in_range(where, value, 0, U64_LIMIT)
 
 
+def timeout_ms(where: str, value: Any) -> float | None:
+    """None (wait without limit) or a real number that is not NaN; values <= 0 do not wait and
+    +inf waits as None does."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{where}: expected a number or None, got {type(value).__name__}")
+    try:
+        v = float(value)
+    except OverflowError:  # an int beyond any float: an endless wait, or none
+        v = math.inf if value > 0 else -math.inf
+    if math.isnan(v):
+        raise ValueError(f"{where}: must not be NaN")
+    return None if v == math.inf else max(v, 0.0)
+
+
 def unit_interval(where: str, value: Any) -> float:
     """A real number in (0, 1]; NaN is rejected."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from kv_api._check import as_str, int_in_range, unit_interval
-from kv_api.constants import DEFAULT_KEY_FORMAT, KEY_FORMATS, CacheTier
+from kv_api.constants import (
+    BUFFER_SIZE_LIMIT,
+    DEFAULT_KEY_FORMAT,
+    KEY_FORMATS,
+    LAYER_ID_LIMIT,
+    TOKEN_LIMIT,
+    TOKENS_PER_BLOCK_LIMIT,
+    CacheTier,
+)
 
 __all__ = [
     "AttentionLayerConfig",
@@ -110,12 +118,14 @@ class BufferConfig:
     def __post_init__(self) -> None:
         if not as_str("BufferConfig.role", self.role):
             raise ValueError("BufferConfig.role: must be non-empty")
-        _set(self, "size", int_in_range("BufferConfig.size", self.size, 1))
+        _set(self, "size", int_in_range("BufferConfig.size", self.size, 1, BUFFER_SIZE_LIMIT))
         if self.tokens_per_block_override is not None:
             _set(
                 self,
                 "tokens_per_block_override",
-                int_in_range("BufferConfig.tokens_per_block_override", self.tokens_per_block_override, 1),
+                int_in_range(
+                    "BufferConfig.tokens_per_block_override", self.tokens_per_block_override, 1, TOKENS_PER_BLOCK_LIMIT
+                ),
             )
 
 
@@ -142,16 +152,16 @@ class AttentionLayerConfig:
     num_sink_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        _set(self, "layer_id", int_in_range("AttentionLayerConfig.layer_id", self.layer_id, 0))
+        _set(self, "layer_id", int_in_range("AttentionLayerConfig.layer_id", self.layer_id, 0, LAYER_ID_LIMIT))
         _set(self, "buffers", _buffers("AttentionLayerConfig", self.buffers))
         if self.sliding_window_size is not None:
             _set(
                 self,
                 "sliding_window_size",
-                int_in_range("AttentionLayerConfig.sliding_window_size", self.sliding_window_size, 1),
+                int_in_range("AttentionLayerConfig.sliding_window_size", self.sliding_window_size, 1, TOKEN_LIMIT),
             )
         if self.num_sink_tokens is not None:
-            sinks = int_in_range("AttentionLayerConfig.num_sink_tokens", self.num_sink_tokens, 0)
+            sinks = int_in_range("AttentionLayerConfig.num_sink_tokens", self.num_sink_tokens, 0, TOKEN_LIMIT)
             # Zero sinks are no sinks (the same life cycle as leaving them out), so only a
             # positive count needs a window.
             if sinks and self.sliding_window_size is None:
@@ -167,7 +177,7 @@ class SsmLayerConfig:
     buffers: Sequence[BufferConfig]
 
     def __post_init__(self) -> None:
-        _set(self, "layer_id", int_in_range("SsmLayerConfig.layer_id", self.layer_id, 0))
+        _set(self, "layer_id", int_in_range("SsmLayerConfig.layer_id", self.layer_id, 0, LAYER_ID_LIMIT))
         _set(self, "buffers", _buffers("SsmLayerConfig", self.buffers))
         for b in self.buffers:
             if b.tokens_per_block_override is not None:
@@ -185,7 +195,7 @@ class KVCacheDesc:
     history_length: int
 
     def __post_init__(self) -> None:
-        _set(self, "capacity", int_in_range("KVCacheDesc.capacity", self.capacity, 0))
+        _set(self, "capacity", int_in_range("KVCacheDesc.capacity", self.capacity, 0, TOKEN_LIMIT))
         _set(
             self,
             "history_length",
@@ -205,7 +215,7 @@ class BatchDesc:
         _set(
             self,
             "system_prompt_length",
-            int_in_range("BatchDesc.system_prompt_length", self.system_prompt_length, 0),
+            int_in_range("BatchDesc.system_prompt_length", self.system_prompt_length, 0, TOKEN_LIMIT),
         )
 
 
@@ -232,7 +242,7 @@ class KVCacheManagerConfig:
 
     def __post_init__(self) -> None:
         w = "KVCacheManagerConfig"
-        tpb = int_in_range(f"{w}.tokens_per_block", self.tokens_per_block, 1)
+        tpb = int_in_range(f"{w}.tokens_per_block", self.tokens_per_block, 1, TOKENS_PER_BLOCK_LIMIT)
         _set(self, "tokens_per_block", tpb)
 
         tiers = _tuple_of(
@@ -270,7 +280,11 @@ class KVCacheManagerConfig:
                 raise TypeError(f"{w}.{flag}: expected a bool, got {type(getattr(self, flag)).__name__}")
         if as_str(f"{w}.key_format", self.key_format) not in KEY_FORMATS:
             raise ValueError(f"{w}.key_format: unknown {self.key_format!r} (expected one of {', '.join(KEY_FORMATS)})")
-        _set(self, "reuse_match_backoff", int_in_range(f"{w}.reuse_match_backoff", self.reuse_match_backoff, 0))
+        _set(
+            self,
+            "reuse_match_backoff",
+            int_in_range(f"{w}.reuse_match_backoff", self.reuse_match_backoff, 0, TOKEN_LIMIT),
+        )
         _set(self, "constraints", _tuple_of(f"{w}.constraints", self.constraints, BatchDesc))
         if self.typical_step is not None and not isinstance(self.typical_step, BatchDesc):
             raise TypeError(f"{w}.typical_step: expected a BatchDesc or None")

@@ -6,14 +6,20 @@ import enum
 
 __all__ = [
     "BAD_PAGE_INDEX",
+    "BUFFER_SIZE_LIMIT",
+    "CACHE_ID_LIMIT",
     "DEFAULT_KEY_FORMAT",
     "DEFAULT_PRIORITY",
+    "EVENT_ENTRIES_LIMIT",
     "GPU_LEVEL",
     "KEY_FORMATS",
+    "LAYER_ID_LIMIT",
     "MAX_PRIORITY",
     "MIN_PRIORITY",
     "SHA256_U32",
     "SHA256_U64",
+    "TOKENS_PER_BLOCK_LIMIT",
+    "TOKEN_LIMIT",
     "CacheTier",
     "KVCacheStatus",
     "PageIndexMode",
@@ -33,6 +39,23 @@ SHA256_U32 = "sha256-u32"
 SHA256_U64 = "sha256-u64"
 KEY_FORMATS = (SHA256_U32, SHA256_U64)
 DEFAULT_KEY_FORMAT = SHA256_U32
+
+# Exclusive upper bounds of the contract's ints (docs/errors.md, "Ranges"). Each is far above what
+# a deployment needs and low enough that every product a backend forms from them (block ordinal
+# times tokens_per_block, a buffer's size times its expansion) stays below 2**63 in int64.
+#: Token counts: capacities, history lengths, windows, sinks, backoff, system prompts.
+TOKEN_LIMIT = 1 << 40
+#: ``tokens_per_block`` and ``tokens_per_block_override``.
+TOKENS_PER_BLOCK_LIMIT = 1 << 20
+#: Bytes of one buffer per block (``BufferConfig.size``).
+BUFFER_SIZE_LIMIT = 1 << 40
+#: Layer ids in a config (any int may be looked up: an unknown one is a ``KeyError``).
+LAYER_ID_LIMIT = 1 << 31
+#: Ids given to ``create_kv_cache``; automatic ids count on above the largest id given, so they
+#: stay below 2**63 for any number of caches a process can create.
+CACHE_ID_LIMIT = 1 << 62
+#: ``max_kv_event_entries`` lies in ``[-EVENT_ENTRIES_LIMIT, EVENT_ENTRIES_LIMIT)`` (<= 0 publishes nothing).
+EVENT_ENTRIES_LIMIT = 1 << 31
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -37,6 +37,11 @@ class CacheContext {
 
   // Taken by every public call of the manager and its caches; held while the guard lives.
   [[nodiscard]] std::unique_lock<std::recursive_mutex> lock() { return std::unique_lock<std::recursive_mutex>(mutex_); }
+  // The same lock without waiting (owns_lock() says whether it was taken): the binding tries it
+  // holding the GIL and waits for it only after releasing the GIL.
+  [[nodiscard]] std::unique_lock<std::recursive_mutex> try_lock() {
+    return std::unique_lock<std::recursive_mutex>(mutex_, std::try_to_lock);
+  }
 
   // The config values a cache reads.
   std::int64_t tokens_per_block() const { return tokens_per_block_; }

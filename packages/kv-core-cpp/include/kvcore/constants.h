@@ -14,6 +14,12 @@ constexpr int kGpuLevel = 0;
 constexpr int kMinPriority = 0;
 constexpr int kDefaultPriority = 35;
 constexpr int kMaxPriority = 100;
+// Exclusive upper bounds of the contract's ints the binding checks (kv_api.constants, where the
+// config's bounds are checked too): token counts, ids given to create_kv_cache, and
+// max_kv_event_entries in [-kEventEntriesLimit, kEventEntriesLimit).
+constexpr std::int64_t kTokenLimit = std::int64_t{1} << 40;
+constexpr std::int64_t kCacheIdLimit = std::int64_t{1} << 62;
+constexpr std::int64_t kEventEntriesLimit = std::int64_t{1} << 31;
 
 // A block-key format (docs/key-format.md): how an int token is encoded and its range.
 enum class KeyFormat : std::uint8_t { kU32, kU64 };

@@ -2,6 +2,7 @@
 // (see kv_cache.py; the two must stay step-for-step alike).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -56,6 +57,7 @@ class KVCache {
   std::int64_t num_reused_tokens() const { return num_reused_; }
   std::int64_t tokens_per_block() const { return tpb_; }
   const CacheContext& context() const { return context_; }
+  CacheContext& context() { return context_; }
 
   // Error(kInvalidState) unless the cache is in `status`; bindings check it before converting
   // arguments, as the Python backend does.
@@ -93,6 +95,10 @@ class KVCache {
                                const std::vector<int>& priorities);
   std::vector<std::pair<std::int64_t, int>> missing(std::int64_t first, std::int64_t num_blocks,
                                                     std::int64_t history) const;
+  // The non-stale ordinals of [first, num_blocks) in a life cycle: below and above its stale range.
+  std::array<std::pair<std::int64_t, std::int64_t>, 2> live_ranges(int lc, std::int64_t first, std::int64_t num_blocks,
+                                                                   std::int64_t history) const;
+  bool may_fit(std::int64_t first, std::int64_t num_blocks, std::int64_t history) const;
   Node* parent_node(std::int64_t ordinal);
   void commit_block(std::int64_t ordinal);
   void stop_committing_locked();

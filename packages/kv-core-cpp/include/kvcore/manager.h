@@ -30,6 +30,8 @@ class KVCacheManager {
   const StorageConfig& storage_config() const { return storage_config_; }
   const SlotCounts& counts() const { return counts_; }
   Storage& storage() { return storage_; }
+  // Its lock is the one every public call takes.
+  CacheContext& context() { return context_; }
   void require_live() const;  // Error(kInvalidState) after shutdown
 
   std::unique_ptr<KVCache> create_kv_cache(const ReuseScope& scope, const Tokens& tokens,

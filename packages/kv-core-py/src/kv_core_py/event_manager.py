@@ -14,6 +14,9 @@ from collections import deque
 from typing import Any, cast
 
 import kv_api
+from kv_api._check import int_in_range
+from kv_api._check import timeout_ms as check_timeout
+from kv_api.constants import EVENT_ENTRIES_LIMIT
 from kv_api.events import (
     HASH_ALGOS,
     BlockHash,
@@ -28,9 +31,9 @@ from kv_core_py.event_hash import block_hash_v1, block_hash_v2_sha256, block_has
 from kv_core_py.radix_tree import Block, Node, Root
 
 
-def check_event_args(max_kv_event_entries: Any, hash_algo: Any) -> str:
-    if isinstance(max_kv_event_entries, bool) or not isinstance(max_kv_event_entries, int):
-        raise TypeError(f"max_kv_event_entries: expected an int, got {type(max_kv_event_entries).__name__}")
+def check_event_args(max_kv_event_entries: Any, hash_algo: Any) -> tuple[int, str]:
+    """The ring size and the hash algorithm, checked left to right."""
+    entries = int_in_range("max_kv_event_entries", max_kv_event_entries, -EVENT_ENTRIES_LIMIT, EVENT_ENTRIES_LIMIT)
     if not isinstance(hash_algo, str):
         raise TypeError(f"hash_algo: expected a str, got {type(hash_algo).__name__}")
     algo = "v1_block_key" if hash_algo == "auto" else hash_algo
@@ -39,14 +42,14 @@ def check_event_args(max_kv_event_entries: Any, hash_algo: Any) -> str:
             f"hash_algo: Unsupported V2 KV cache event hash algorithm: {hash_algo!r} "
             f"(expected auto, {', '.join(HASH_ALGOS)})"
         )
-    return algo
+    return entries, algo
 
 
 class KVCacheEventManager(kv_api.KVCacheEventManager):
     def __init__(self, max_kv_event_entries: int = 1000, hash_algo: str = "v2_sha256") -> None:
-        self._hash_algo = check_event_args(max_kv_event_entries, hash_algo)
-        self._max_kv_event_entries = max_kv_event_entries
-        self._ring: deque[KVCacheEvent] = deque(maxlen=max(max_kv_event_entries, 1))
+        entries, self._hash_algo = check_event_args(max_kv_event_entries, hash_algo)
+        self._max_kv_event_entries = entries
+        self._ring: deque[KVCacheEvent] = deque(maxlen=max(entries, 1))
         self._pending: list[KVCacheEvent] = []
         self._removed: dict[int, list[BlockHash]] = {}
         self._stored: set[tuple[bytes, int]] = set()
@@ -75,9 +78,10 @@ class KVCacheEventManager(kv_api.KVCacheEventManager):
 
     def get_latest_events(self, timeout_ms: float | None = 0) -> list[KVCacheEvent]:
         """Drain the published events; ``None`` waits for some, ``> 0`` waits that long at most."""
+        timeout = check_timeout("timeout_ms", timeout_ms)
         with self._cond:
-            if not self._ring and (timeout_ms is None or timeout_ms > 0):
-                self._cond.wait_for(lambda: bool(self._ring), None if timeout_ms is None else timeout_ms / 1000)
+            if not self._ring and (timeout is None or timeout > 0):
+                self._cond.wait_for(lambda: bool(self._ring), None if timeout is None else timeout / 1000)
             events = list(self._ring)
             self._ring.clear()
             return events

@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import enum
 from array import array
-from typing import Any
+from typing import Any, cast
 
 import kv_api
 from kv_api._check import int_in_range
-from kv_api.constants import BAD_PAGE_INDEX, DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY, KVCacheStatus, ceil_div
+from kv_api.constants import (
+    BAD_PAGE_INDEX,
+    DEFAULT_PRIORITY,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    TOKEN_LIMIT,
+    KVCacheStatus,
+    ceil_div,
+)
 from kv_api.contract import PriorityCallback
-from kv_api.errors import InvalidStateError, LogicError, OutOfPagesError
+from kv_api.errors import HostOOMError, InvalidStateError, LogicError, OutOfPagesError
 from kv_api.keys import Token
 from kv_api.scope import ReuseScope
 from kv_core_py.block_keys import chained_keys
@@ -133,7 +141,8 @@ class KVCache(kv_api.KVCache):
 
     @property
     def committed_tokens(self) -> list[Token]:
-        return list(self._tokens)
+        with self._context.lock:  # a copy of a list a commit on another thread may be extending
+            return list(self._tokens)
 
     @property
     def history_length(self) -> int:
@@ -255,16 +264,49 @@ class KVCache(kv_api.KVCache):
             page.holders = 1
         return pages
 
+    def _live_ranges(self, lc: int, first: int, num_blocks: int, history: int) -> tuple[range, range]:
+        """The non-stale ordinals of ``[first, num_blocks)`` in a life cycle: below and above its
+        stale range (a window's stale range spans most of a long history)."""
+        begin, end = self._context.registry.stale_range(lc, history)
+        return range(first, min(begin, num_blocks)), range(max(end, first), num_blocks)
+
     def _missing(self, first: int, num_blocks: int, history: int) -> list[tuple[int, int]]:
         """Non-stale blocks in ``[first, num_blocks)`` without a page, by ordinal then life cycle.
         (Every non-stale block below ``num_blocks`` of an open cache has its pages, so a resize
         only needs to look at the blocks it adds.)"""
-        return [
+        out = [
             (o, lc)
-            for o in range(first, num_blocks)
             for lc in range(len(self._lcs))
-            if (o >= len(self._blocks) or self._blocks[o].pages[lc] is None) and not self._is_stale(lc, o, history)
+            for live in self._live_ranges(lc, first, num_blocks, history)
+            for o in live
+            if o >= len(self._blocks) or self._blocks[o].pages[lc] is None
         ]
+        out.sort()
+        return out
+
+    def _may_fit(self, first: int, num_blocks: int, history: int) -> bool:
+        """False when the pages blocks ``[first, num_blocks)`` need exceed a pool group's slots:
+        counted, not listed, so a request too large for the pool is refused in constant time."""
+        storage = self._context.storage
+        per_pg = [0] * len(storage.pool_groups)
+        for lc in range(len(self._lcs)):
+            per_pg[storage.config.pool_group_of(lc)] += sum(
+                len(r) for r in self._live_ranges(lc, first, num_blocks, history)
+            )
+        return all(n <= pg.num_slots for pg, n in zip(storage.pool_groups, per_pg, strict=True))
+
+    def _new_blocks(self, n: int) -> tuple[list[CacheBlock], array[int]] | None:
+        """``n`` empty blocks and their page indices, made before a resize changes anything: a
+        block table the host cannot hold is a ``HostOOMError`` with the cache unchanged."""
+        if n <= 0:
+            return None
+        try:
+            blocks: list[CacheBlock | None] = [None] * n  # sized at once: a table beyond memory fails here
+            for i in range(n):
+                blocks[i] = CacheBlock(len(self._lcs))
+            return cast(list[CacheBlock], blocks), array("i", [BAD_PAGE_INDEX]) * n
+        except MemoryError:
+            raise HostOOMError(f"resize: cannot allocate {n} blocks") from None
 
     # -- state machine ------------------------------------------------------------------------------
 
@@ -320,8 +362,12 @@ class KVCache(kv_api.KVCache):
         drops below it (``ValueError``). False, with nothing changed, when pages run out."""
         with self._context.lock:
             self._require(KVCacheStatus.ACTIVE, "resize")
-            cap = self._capacity if capacity is None else int_in_range("capacity", capacity, 0)
-            hist = self._history if history_length is None else int_in_range("history_length", history_length, 0)
+            cap = self._capacity if capacity is None else int_in_range("capacity", capacity, 0, TOKEN_LIMIT)
+            hist = (
+                self._history
+                if history_length is None
+                else int_in_range("history_length", history_length, 0, TOKEN_LIMIT)
+            )
             if hist < self._history:
                 raise ValueError(f"history_length: cannot decrease ({self._history} -> {hist})")
             if cap < hist:
@@ -330,6 +376,8 @@ class KVCache(kv_api.KVCache):
             for lc, buf in self._user_buffers.items():
                 if len(buf) < num_blocks:
                     raise ValueError(f"base page index buffer of layer group {lc} too short: {len(buf)} < {num_blocks}")
+            if not self._may_fit(len(self._blocks), num_blocks, hist):
+                return False
             releases = self._stale_releases(hist)
             shrink = [(o, lc) for o in range(num_blocks, len(self._blocks)) for lc in range(len(self._lcs))]
             needs = self._missing(len(self._blocks), num_blocks, hist)
@@ -341,16 +389,18 @@ class KVCache(kv_api.KVCache):
             ]
             if not self._fits(needs, freed):
                 return False
+            grown = self._new_blocks(num_blocks - len(self._blocks))
             for o, lc in reversed(shrink):
                 self._release_page(o, lc)
             self._apply_stale_releases([r for r in releases if r[0] < num_blocks], hist)
             del self._blocks[num_blocks:]
             for idx in self._index:
                 del idx[num_blocks:]
-            while len(self._blocks) < num_blocks:
-                self._blocks.append(CacheBlock(len(self._lcs)))
+            if grown is not None:
+                blocks, indices = grown
+                self._blocks.extend(blocks)
                 for idx in self._index:
-                    idx.append(BAD_PAGE_INDEX)
+                    idx.extend(indices)
             self._capacity, self._history = cap, hist
             for (o, lc), page in zip(needs, self._new_pages(needs, priorities), strict=True):
                 self._blocks[o].pages[lc] = page
@@ -366,6 +416,7 @@ class KVCache(kv_api.KVCache):
             if self._commit_state == CommitState.USER_STOP:
                 raise LogicError("Cannot commit tokens after stop_committing()")
             new = Tokens(tokens, self._context.key_format).to_list()
+            end = bool(is_end)  # converted before anything changes: a failing __bool__ commits nothing
             if len(self._tokens) + len(new) > self._capacity:
                 raise ValueError(
                     f"commit: {len(self._tokens)} committed + {len(new)} new tokens exceed capacity {self._capacity}"
@@ -376,7 +427,7 @@ class KVCache(kv_api.KVCache):
             for ordinal in range(first, len(self._tokens) // self._tpb):
                 self._commit_block(ordinal)
             self._apply_stale_releases(self._stale_releases(self._history), self._history)
-            if is_end:
+            if end:
                 self._stop_committing_locked()
 
     def _parent_node(self, ordinal: int) -> Node | None:

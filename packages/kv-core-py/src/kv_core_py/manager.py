@@ -8,7 +8,7 @@ from typing import Any
 import kv_api
 from kv_api._check import as_int, int_in_range
 from kv_api.config import KVCacheManagerConfig
-from kv_api.constants import GPU_LEVEL, PageIndexMode
+from kv_api.constants import CACHE_ID_LIMIT, GPU_LEVEL, PageIndexMode
 from kv_api.contract import PriorityCallback
 from kv_api.descriptors import LifeCycle, PageIndexConverter, PoolDesc, PoolGroupDesc
 from kv_api.errors import InvalidStateError, LogicError
@@ -86,12 +86,13 @@ class KVCacheManager(kv_api.KVCacheManager):
         return len(self._registry.layer_life_cycle)
 
     def get_layer_group_id(self, layer_id: int) -> int:
-        self._require_live()
-        as_int("layer_id", layer_id)
-        try:
-            return self._registry.layer_life_cycle[layer_id]
-        except KeyError:
-            raise KeyError(f"no layer {layer_id!r}") from None
+        with self._context.lock:
+            self._require_live()
+            as_int("layer_id", layer_id)
+            try:
+                return self._registry.layer_life_cycle[layer_id]
+            except KeyError:
+                raise KeyError(f"no layer {layer_id!r}") from None
 
     def _require_live(self) -> None:
         if self._context.is_shut_down:
@@ -100,6 +101,7 @@ class KVCacheManager(kv_api.KVCacheManager):
     # -- memory layout -----------------------------------------------------------------------------
 
     def _placement(self, layer_id: int, role: str) -> BufferPlacement:
+        """The caller holds the lock."""
         self._require_live()
         as_int("layer_id", layer_id)
         if not isinstance(role, str):
@@ -118,16 +120,19 @@ class KVCacheManager(kv_api.KVCacheManager):
             return base + (p.position * p.size if PageIndexMode(index_mode) == PageIndexMode.SHARED else 0)
 
     def get_page_stride(self, layer_id: int, role: str) -> int:
-        return self._placement(layer_id, role).page_size
+        with self._context.lock:
+            return self._placement(layer_id, role).page_size
 
     def get_page_index_converter(self, layer_id: int, role: str) -> PageIndexConverter:
-        p = self._placement(layer_id, role)
-        return PageIndexConverter(p.scale, p.expansion, p.position)
+        with self._context.lock:
+            p = self._placement(layer_id, role)
+            return PageIndexConverter(p.scale, p.expansion, p.position)
 
     def get_page_index_upper_bound(self, layer_id: int, role: str) -> int:
-        p = self._placement(layer_id, role)
-        num_slots = self._counts.slots[self._storage_config.pool_group_of(p.life_cycle)]
-        return (p.scale * num_slots - p.position) * p.expansion
+        with self._context.lock:
+            p = self._placement(layer_id, role)
+            num_slots = self._counts.slots[self._storage_config.pool_group_of(p.life_cycle)]
+            return (p.scale * num_slots - p.position) * p.expansion
 
     @property
     def pool_group_descs(self) -> list[PoolGroupDesc]:
@@ -160,9 +165,10 @@ class KVCacheManager(kv_api.KVCacheManager):
             return groups[g].pools[p].view()
 
     def get_quota(self, level: int = GPU_LEVEL) -> int:
-        self._check_level(level)
-        self._require_live()
-        return self._counts.quota
+        with self._context.lock:
+            self._check_level(level)
+            self._require_live()
+            return self._counts.quota
 
     def _check_level(self, level: Any) -> int:
         lvl = int_in_range("level", level, 0)
@@ -263,7 +269,7 @@ class KVCacheManager(kv_api.KVCacheManager):
             if custom_priority_callback is not None and not callable(custom_priority_callback):
                 raise TypeError("custom_priority_callback: expected a callable or None")
             scope, root_key, toks = self._scope_and_tokens(reuse_scope, input_tokens)
-            cache_id = self._next_id if id is None else int_in_range("id", id, 0)
+            cache_id = self._next_id if id is None else int_in_range("id", id, 0, CACHE_ID_LIMIT)
             path = self._match(root_key, toks)
             reused = sum(n for _, n in path)
             cache = KVCache(
@@ -276,7 +282,8 @@ class KVCacheManager(kv_api.KVCacheManager):
 
     @property
     def num_open_kv_caches(self) -> int:
-        return self._context.num_open_caches
+        with self._context.lock:
+            return self._context.num_open_caches
 
     def _require_no_open_caches(self, api: str) -> None:
         if n := self._context.num_open_caches:
