@@ -121,6 +121,16 @@ std::string str(const char* where, nb::handle value) {
   return std::string(utf8, static_cast<std::size_t>(size));
 }
 
+std::optional<std::string> name(const char* where, nb::handle value) {
+  if (!PyUnicode_Check(value.ptr())) fail(PyExc_TypeError, msg::kExpectedStr, {where, py_type_name(value)});
+  Py_ssize_t size = 0;
+  const char* utf8 = PyUnicode_AsUTF8AndSize(value.ptr(), &size);
+  if (utf8) return std::string(utf8, static_cast<std::size_t>(size));
+  if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) throw nb::python_error();
+  PyErr_Clear();
+  return std::nullopt;
+}
+
 bool truthy(nb::handle value) {
   const int truth = PyObject_IsTrue(value.ptr());
   if (truth < 0) throw nb::python_error();
@@ -131,21 +141,23 @@ ReuseScope reuse_scope(nb::handle scope) {
   ReuseScope out;
   if (scope.is_none()) return out;
   if (!nb::isinstance(scope, kv_api().reuse_scope)) fail(PyExc_TypeError, msg::kExpectedScope, {py_type_name(scope)});
-  // ReuseScope validated its fields (u64 or None) when it was built.
-  nb::object lora = scope.attr("lora_id"), salt = scope.attr("salt");
-  if (!lora.is_none()) out.lora_id = nb::cast<std::uint64_t>(lora);
-  if (!salt.is_none()) out.salt = nb::cast<std::uint64_t>(salt);
+  // Checked again as ReuseScope.__post_init__ checks them (kv_api.keys.check_reuse_scope does
+  // the same): a scope built past it (object.__new__, object.__setattr__) may hold anything.
+  nb::object lora = scope.attr("lora_id");
+  if (!lora.is_none()) out.lora_id = u64(msg::kScopeLoraId, lora);
+  nb::object salt = scope.attr("salt");
+  if (!salt.is_none()) out.salt = u64(msg::kScopeSalt, salt);
   return out;
 }
 
 KeyFormat key_format(nb::handle format) {
-  const std::string name = str("key_format", format);
-  if (std::find(std::begin(kKeyFormatNames), std::end(kKeyFormatNames), name) == std::end(kKeyFormatNames)) {
+  const std::optional<std::string> name = arg::name("key_format", format);
+  if (!name || std::find(std::begin(kKeyFormatNames), std::end(kKeyFormatNames), *name) == std::end(kKeyFormatNames)) {
     std::string names;
     for (const char* n : kKeyFormatNames) names += (names.empty() ? "" : ", ") + std::string(n);
     fail(PyExc_ValueError, msg::kUnknownKeyFormat, {py_repr(format), names});
   }
-  return parse_key_format(name);
+  return parse_key_format(*name);
 }
 
 Digest digest(const char* where, nb::handle value) {
@@ -199,11 +211,11 @@ std::int64_t event_entries(nb::handle value) {
 }
 
 HashAlgo hash_algo(nb::handle name) {
-  const std::string algo = str("hash_algo", name);
-  if (algo != "auto" && algo != "v2_sha256" && algo != "v2_sha256_64" && algo != "v1_block_key") {
+  const std::optional<std::string> algo = arg::name("hash_algo", name);
+  if (!algo || (*algo != "auto" && *algo != "v2_sha256" && *algo != "v2_sha256_64" && *algo != "v1_block_key")) {
     fail(PyExc_ValueError, msg::kUnsupportedHashAlgo, {py_repr(name)});
   }
-  return parse_hash_algo(algo);
+  return parse_hash_algo(*algo);
 }
 
 double timeout_ms(nb::handle value) {

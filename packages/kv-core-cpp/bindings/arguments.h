@@ -34,6 +34,9 @@ inline constexpr char kExpectedStr[] = "{}: expected a str, got {}";
 inline constexpr char kExpectedBytes[] = "{}: expected bytes, got {}";
 inline constexpr char kDigestSize[] = "{}: must be 32 bytes (got {})";
 inline constexpr char kExpectedScope[] = "reuse_scope: expected ReuseScope or None, got {}";
+// kv_api.scope: a scope's fields, checked again where it is used (see arg::reuse_scope).
+inline constexpr char kScopeLoraId[] = "ReuseScope.lora_id";
+inline constexpr char kScopeSalt[] = "ReuseScope.salt";
 inline constexpr char kUnknownKeyFormat[] = "key_format: unknown {} (expected one of {})";  // kKeyFormatNames
 inline constexpr char kExpectedTokens[] = "tokens: expected a buffer or an iterable of tokens, got {}";
 inline constexpr char kTokenBufferDims[] = "tokens: a token buffer must be 1-D (got {} dimensions)";
@@ -47,6 +50,7 @@ inline constexpr char kNoV1Form[] = "token {}: a digest token has no v1_block_ke
 inline constexpr char kExpectedConfig[] = "config: expected KVCacheManagerConfig, got {}";
 inline constexpr char kExpectedEventManager[] = "event_manager: expected this backend's KVCacheEventManager, got {}";
 inline constexpr char kNoLayer[] = "no layer {}";
+inline constexpr char kNoBuffer[] = "no buffer {} in layer {}";  // the role's repr
 inline constexpr char kOutOfRange[] = "{} {} out of range (0..{})";
 inline constexpr char kLevelOutOfRange[] = "level {} out of range (one cache level)";
 inline constexpr char kExpectedCallable[] = "custom_priority_callback: expected a callable or None";
@@ -84,8 +88,12 @@ void beam(nb::handle beam);               // beam 0, the one beam
 std::int64_t layer_id(nb::handle value);  // any int; KeyError beyond int64 (no such layer)
 
 std::string str(const char* where, nb::handle value);
+// A str to look up among known names (a role, a hash algorithm, a key format); nullopt for one
+// that is no UTF-8 (a lone surrogate): it names nothing, so the caller raises its usual "unknown"
+// error, as kv_core_py's lookup does, instead of the UnicodeEncodeError of converting it.
+std::optional<std::string> name(const char* where, nb::handle value);
 bool truthy(nb::handle value);             // Python's `if value:`, errors included
-ReuseScope reuse_scope(nb::handle scope);  // None or kv_api.ReuseScope
+ReuseScope reuse_scope(nb::handle scope);  // None or kv_api.ReuseScope, its fields checked again
 KeyFormat key_format(nb::handle format);
 Digest digest(const char* where, nb::handle value);  // 32 bytes
 bool shared_index_mode(nb::handle mode);             // kv_api.PageIndexMode(mode) is SHARED

@@ -85,7 +85,7 @@ nb::list latest(PyEventManager& self, nb::handle timeout_ms) {
 
 void bind_event_manager(nb::module_& m) {
   nb::class_<PyEventManager>(m, "KVCacheEventManager")
-      .def("__init__", &init, nb::arg("max_kv_event_entries") = 1000, nb::arg("hash_algo") = "v2_sha256")
+      .def("__init__", &init, nb::arg("max_kv_event_entries").none() = 1000, nb::arg("hash_algo").none() = "v2_sha256")
       .def_prop_ro("hash_algo",
                    [](PyEventManager& self) { return std::string(hash_algo_name(self.events->hash_algo())); })
       .def_prop_ro("max_kv_event_entries", [](PyEventManager& self) { return self.events->max_kv_event_entries(); })

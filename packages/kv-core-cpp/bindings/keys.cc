@@ -89,22 +89,25 @@ nb::bytes py_reuse_scope_to_bytes(nb::handle scope) {
 
 nb::list py_gen_multimodal_cache_key_tokens(nb::handle id_offset, nb::handle digest, nb::handle num_tokens,
                                             nb::handle token_offset, nb::handle uuid) {
-  arg::int_at_least("id_offset", id_offset, 0);
+  // kv_api.keys.check_mm_item's ranges, left to right, before any work: a count beyond
+  // TOKEN_LIMIT is refused, not built.
+  const std::uint64_t offset = arg::u64("id_offset", id_offset);
   arg::digest("digest", digest);
-  const std::uint64_t n = arg::int_at_least("num_tokens", num_tokens, 1);
-  arg::int_at_least("token_offset", token_offset, 0);
-  // Python ints, so offsets of any size give the reference's values.
-  nb::object offset = nb::steal(PyNumber_Index(id_offset.ptr()));
-  nb::object start = nb::steal(PyNumber_Index(token_offset.ptr()));
-  nb::object base = nb::steal(PyNumber_Add(offset.ptr(), start.ptr()));
-  const bool at_zero = start.equal(nb::int_(0));
+  const std::int64_t n = arg::int_between("num_tokens", num_tokens, 1, kTokenLimit);
+  const std::int64_t start = arg::int_between("token_offset", token_offset, 0, kTokenLimit);
+  // Built whether or not token_offset leaves the digest out, so a bad uuid always fails.
   nb::object first = uuid.is_none() ? nb::borrow(digest) : kv_api().mm_item_context(digest, uuid);
+  // Python ints: id_offset + token_offset + i may pass 2**64, and the reference's values are ints.
+  nb::object base = nb::steal(PyNumber_Add(nb::int_(offset).ptr(), nb::int_(start).ptr()));
+  if (!base.is_valid()) throw nb::python_error();
   nb::list out;
-  for (std::uint64_t i = 0; i < n; ++i) {
-    if (i == 0 && at_zero) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (i == 0 && start == 0) {
       out.append(first);
     } else {
-      out.append(nb::steal(PyNumber_Add(base.ptr(), nb::int_(i).ptr())));
+      nb::object id = nb::steal(PyNumber_Add(base.ptr(), nb::int_(i).ptr()));
+      if (!id.is_valid()) throw nb::python_error();
+      out.append(id);
     }
   }
   return out;
@@ -112,29 +115,32 @@ nb::list py_gen_multimodal_cache_key_tokens(nb::handle id_offset, nb::handle dig
 
 }  // namespace
 
+// Every argument of the contract's functions is declared .none(), so that None meets the
+// checkers (arguments.h) in kv_api.keys' order rather than nanobind's own TypeError.
 void bind_keys(nb::module_& m) {
   const auto default_format = nb::str(key_format_name(kDefaultKeyFormat));
-  m.def("block_keys", &py_block_keys, nb::arg("tokens_per_block"), nb::arg("reuse_scope").none(),
-        nb::arg("tokens").none(), nb::arg("key_format") = default_format,
+  m.def("block_keys", &py_block_keys, nb::arg("tokens_per_block").none(), nb::arg("reuse_scope").none(),
+        nb::arg("tokens").none(), nb::arg("key_format").none() = default_format,
         "The chained keys of ``tokens``, root first, concatenated (32 bytes each).");
   nb::class_<PyBlockKeyIterator>(m, "BlockKeyIterator")
       .def("__iter__", [](nb::handle self) { return self; })
       .def("__next__", &PyBlockKeyIterator::next);
-  m.def("sequence_to_blockchain_keys", &py_sequence_to_blockchain_keys, nb::arg("tokens_per_block"),
-        nb::arg("reuse_scope").none(), nb::arg("tokens").none(), nb::arg("key_format") = default_format,
+  m.def("sequence_to_blockchain_keys", &py_sequence_to_blockchain_keys, nb::arg("tokens_per_block").none(),
+        nb::arg("reuse_scope").none(), nb::arg("tokens").none(), nb::arg("key_format").none() = default_format,
         "Yield ``([], root_key)`` then ``(block_tokens, block_key)`` per block; validates now, hashes lazily.");
   m.def("reuse_scope_to_bytes", &py_reuse_scope_to_bytes, nb::arg("reuse_scope").none());
-  m.def("gen_multimodal_cache_key_tokens", &py_gen_multimodal_cache_key_tokens, nb::arg("id_offset"), nb::arg("digest"),
-        nb::arg("num_tokens"), nb::arg("token_offset") = 0, nb::arg("uuid").none() = nb::none());
+  m.def("gen_multimodal_cache_key_tokens", &py_gen_multimodal_cache_key_tokens, nb::arg("id_offset").none(),
+        nb::arg("digest").none(), nb::arg("num_tokens").none(), nb::arg("token_offset").none() = 0,
+        nb::arg("uuid").none() = nb::none());
   m.def(
       "cache_salt_to_id", [](nb::handle salt) { return cache_salt_to_id(arg::str("cache_salt", salt)); },
-      nb::arg("cache_salt"));
+      nb::arg("cache_salt").none());
   m.def(
       "block_hash_v2_sha256", [](nb::handle key) { return block_hash_v2_sha256(arg::digest("key", key)); },
-      nb::arg("key"));
+      nb::arg("key").none());
   m.def(
       "block_hash_v2_sha256_64", [](nb::handle key) { return block_hash_v2_sha256_64(arg::digest("key", key)); },
-      nb::arg("key"));
+      nb::arg("key").none());
   m.def(
       "block_hash_v1",
       [](nb::handle tokens, nb::handle parent_hash, nb::handle scope) {
@@ -146,7 +152,7 @@ void bind_keys(nb::module_& m) {
         }
         return block_hash_v1(input.tokens(), parent, s);
       },
-      nb::arg("tokens"), nb::arg("parent_hash"), nb::arg("reuse_scope").none() = nb::none());
+      nb::arg("tokens").none(), nb::arg("parent_hash").none(), nb::arg("reuse_scope").none() = nb::none());
   m.def(
       "sha256",
       [](nb::bytes data) {

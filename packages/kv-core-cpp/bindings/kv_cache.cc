@@ -53,6 +53,18 @@ bool resize(PyKVCache& self, nb::handle capacity, nb::handle history_length) {
   return self.cache->resize(cap, hist);
 }
 
+// The `capacity` and `history_length` setters: resize with one length, an int. None is refused
+// (after the state check, as resize orders them), since resize would take it as "unchanged" and an
+// assignment of None would silently do nothing.
+void set_length(PyKVCache& self, const char* name, nb::handle value, bool is_capacity) {
+  const ManagerLock lock(self.cache->context());  // recursive: resize takes it again
+  self.cache->require(CacheStatus::kActive, "resize");
+  if (value.is_none()) fail(PyExc_TypeError, msg::kExpectedInt, {name, py_type_name(value)});
+  if (!(is_capacity ? resize(self, value, nb::none()) : resize(self, nb::none(), value))) {
+    fail(kv_api().errors.attr("OutOfPagesError").ptr(), msg::kNotEnoughPages, {name});
+  }
+}
+
 void commit(PyKVCache& self, nb::handle tokens, nb::handle is_end) {
   const ManagerLock lock(self.cache->context());
   self.cache->require(CacheStatus::kActive, "commit");
@@ -94,8 +106,6 @@ void set_buffer(PyKVCache& self, nb::handle beam, nb::handle layer_group, nb::ha
   self.buffers[lg] = view;
 }
 
-PyObject* out_of_pages() { return kv_api().errors.attr("OutOfPagesError").ptr(); }
-
 template <typename F>
 auto unlocked(F&& f) {
   nb::gil_scoped_release release;
@@ -126,21 +136,22 @@ void bind_kv_cache(nb::module_& m) {
       .def_prop_ro("committed_tokens", getter([](const KVCache& c) { return token_objects(c.committed_tokens()); }))
       .def_prop_ro("num_reused_tokens", getter([](const KVCache& c) { return c.num_reused_tokens(); }))
       .def_prop_ro("num_blocks", getter([](const KVCache& c) { return c.num_blocks(); }))
-      .def_prop_rw("history_length", getter([](const KVCache& c) { return c.history_length(); }),
-                   [](PyKVCache& self, nb::handle value) {
-                     if (!resize(self, nb::none(), value))
-                       fail(out_of_pages(), msg::kNotEnoughPages, {"history_length"});
-                   })
-      .def_prop_rw("capacity", getter([](const KVCache& c) { return c.capacity(); }),
-                   [](PyKVCache& self, nb::handle value) {
-                     if (!resize(self, value, nb::none())) fail(out_of_pages(), msg::kNotEnoughPages, {"capacity"});
-                   })
+      // The setters' values, like every argument, are declared .none(): nanobind would refuse None
+      // with its own TypeError before the state is checked.
+      .def_prop_rw(
+          "history_length", getter([](const KVCache& c) { return c.history_length(); }),
+          [](PyKVCache& self, nb::handle value) { set_length(self, "history_length", value, false); },
+          nb::for_setter(nb::arg("value").none()))
+      .def_prop_rw(
+          "capacity", getter([](const KVCache& c) { return c.capacity(); }),
+          [](PyKVCache& self, nb::handle value) { set_length(self, "capacity", value, true); },
+          nb::for_setter(nb::arg("value").none()))
       .def(
           "resume", [](PyKVCache& self, nb::handle) { return unlocked([&] { return self.cache->resume(); }); },
           nb::arg("stream").none() = nb::none())
       .def("suspend", [](PyKVCache& self) { unlocked([&] { self.cache->suspend(); }); })
       .def("resize", &resize, nb::arg("capacity").none() = nb::none(), nb::arg("history_length").none() = nb::none())
-      .def("commit", &commit, nb::arg("tokens").none(), nb::arg("is_end") = false)
+      .def("commit", &commit, nb::arg("tokens").none(), nb::arg("is_end").none() = false)
       .def("stop_committing", [](PyKVCache& self) { unlocked([&] { self.cache->stop_committing(); }); })
       .def("close", [](PyKVCache& self) { unlocked([&] { self.cache->close(); }); })
       .def(
@@ -150,7 +161,7 @@ void bind_kv_cache(nb::module_& m) {
             const int lg = group_arg(self, layer_group, beam);
             return int_array(unlocked([&] { return self.cache->get_base_page_indices(lg); }));
           },
-          nb::arg("layer_group"), nb::arg("beam") = 0)
+          nb::arg("layer_group").none(), nb::arg("beam").none() = 0)
       .def(
           "get_aggregated_page_indices",
           [](PyKVCache& self, nb::handle layer_group, nb::handle beam, nb::handle valid_only) {
@@ -160,8 +171,9 @@ void bind_kv_cache(nb::module_& m) {
             if (arg::truthy(valid_only)) idx.erase(std::remove(idx.begin(), idx.end(), kBadPageIndex), idx.end());
             return int_array(idx);
           },
-          nb::arg("layer_group"), nb::arg("beam") = 0, nb::arg("valid_only") = false)
-      .def("set_base_page_index_buf", &set_buffer, nb::arg("beam"), nb::arg("layer_group"), nb::arg("buf").none());
+          nb::arg("layer_group").none(), nb::arg("beam").none() = 0, nb::arg("valid_only").none() = false)
+      .def("set_base_page_index_buf", &set_buffer, nb::arg("beam").none(), nb::arg("layer_group").none(),
+           nb::arg("buf").none());
 }
 
 }  // namespace kvcore::py

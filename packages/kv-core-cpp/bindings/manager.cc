@@ -10,6 +10,7 @@
 #include "arguments.h"
 #include "bind.h"
 #include "kvcore/constants.h"
+#include "kvcore/error.h"
 #include "py_objects.h"
 #include "python_api.h"
 #include "token_input.h"
@@ -93,11 +94,22 @@ void init(PyManager* self, nb::handle config, nb::handle event_manager) {
 
 // --- layers --------------------------------------------------------------------------------
 
-// The caller holds the manager's lock.
+// The caller holds the manager's lock. Left to right, type before value (docs/errors.md): the
+// layer id (an int, then a known layer), then the role (a str, then one of the layer's buffers).
 const BufferPlacement& placement(PyManager& self, nb::handle layer_id, nb::handle role) {
   self.manager->require_live();
   const std::int64_t layer = arg::layer_id(layer_id);
-  return self.manager->storage_config().placement(layer, arg::str("role", role));
+  self.manager->registry().life_cycle_of(layer);  // KeyError "no layer L"
+  // A role that is no UTF-8 names no buffer: the same KeyError as any unknown role.
+  const std::optional<std::string> name = arg::name("role", role);
+  try {
+    if (!name) fail(PyExc_KeyError, msg::kNoBuffer, {py_repr(role), std::to_string(layer)});
+    return self.manager->storage_config().placement(layer, *name);
+  } catch (const Error& e) {
+    // The core quotes the role itself; the message shows Python's repr, as kv_core_py's does.
+    if (e.kind() != ErrorKind::kKey) throw;
+    fail(PyExc_KeyError, msg::kNoBuffer, {py_repr(role), std::to_string(layer)});
+  }
 }
 
 // --- memory ----------------------------------------------------------------------------------
@@ -240,6 +252,8 @@ nb::list pool_group_descs(PyManager& self) {
 
 }  // namespace
 
+// Every argument is declared .none(): nanobind would refuse None with its own TypeError before
+// the state and the earlier arguments are checked, so None goes to the checkers (arguments.h).
 void bind_manager(nb::module_& m) {
   nb::class_<PoolBuffer>(m, "PoolBuffer", nb::type_slots(pool_buffer_slots));
   nb::class_<PyManager>(m, "KVCacheManager")
@@ -268,7 +282,7 @@ void bind_manager(nb::module_& m) {
             self.manager->require_live();
             return self.manager->registry().life_cycle_of(arg::layer_id(layer_id));
           },
-          nb::arg("layer_id"))
+          nb::arg("layer_id").none())
       .def(
           "get_mem_pool_base_address",
           [](PyManager& self, nb::handle layer_id, nb::handle role, nb::handle index_mode) {
@@ -280,14 +294,14 @@ void bind_manager(nb::module_& m) {
                 reinterpret_cast<std::uintptr_t>(self.manager->storage().pool_groups()[pg].pools[p.pool].data());
             return base + (shared ? static_cast<std::uint64_t>(p.position) * p.size : 0);
           },
-          nb::arg("layer_id"), nb::arg("role"), nb::arg("index_mode") = 0)
+          nb::arg("layer_id").none(), nb::arg("role").none(), nb::arg("index_mode").none() = 0)
       .def(
           "get_page_stride",
           [](PyManager& self, nb::handle layer_id, nb::handle role) {
             const ManagerLock lock(self.manager->context());
             return placement(self, layer_id, role).page_size;
           },
-          nb::arg("layer_id"), nb::arg("role"))
+          nb::arg("layer_id").none(), nb::arg("role").none())
       .def(
           "get_page_index_converter",
           [](PyManager& self, nb::handle layer_id, nb::handle role) {
@@ -295,7 +309,7 @@ void bind_manager(nb::module_& m) {
             const BufferPlacement& p = placement(self, layer_id, role);
             return api("PageIndexConverter")(p.scale, p.expansion, p.position);
           },
-          nb::arg("layer_id"), nb::arg("role"))
+          nb::arg("layer_id").none(), nb::arg("role").none())
       .def(
           "get_page_index_upper_bound",
           [](PyManager& self, nb::handle layer_id, nb::handle role) {
@@ -305,9 +319,9 @@ void bind_manager(nb::module_& m) {
                 self.manager->counts().slots[self.manager->storage_config().pool_group_of(p.life_cycle)]);
             return (p.scale * slots - p.position) * p.expansion;
           },
-          nb::arg("layer_id"), nb::arg("role"))
+          nb::arg("layer_id").none(), nb::arg("role").none())
       .def_prop_ro("pool_group_descs", &pool_group_descs)
-      .def("pool_memory", &pool_memory, nb::arg("pool_group"), nb::arg("pool"))
+      .def("pool_memory", &pool_memory, nb::arg("pool_group").none(), nb::arg("pool").none())
       .def(
           "get_quota",
           [](PyManager& self, nb::handle level) {
@@ -316,8 +330,8 @@ void bind_manager(nb::module_& m) {
             self.manager->require_live();
             return self.manager->counts().quota;
           },
-          nb::arg("level") = 0)
-      .def("get_storage_statistics", &storage_statistics, nb::arg("level") = 0)
+          nb::arg("level").none() = 0)
+      .def("get_storage_statistics", &storage_statistics, nb::arg("level").none() = 0)
       .def("get_committed_stats", [](PyManager& self) { return stats(self, &KVCacheManager::get_committed_stats); })
       .def("get_and_reset_iteration_stats",
            [](PyManager& self) { return stats(self, &KVCacheManager::get_and_reset_iteration_stats); })

@@ -23,7 +23,7 @@ void init_kv_api() {
   g_module = new nb::module_(api);
   // Kept for the life of the process: the module may be used until interpreter exit.
   g_api = new KvApi{api.attr("ReuseScope"), api.attr("MmItemContext"), api.attr("KVCacheManagerConfig"),
-                    nb::module_::import_("kv_api.errors")};
+                    nb::module_::import_("kv_api.errors"), nb::module_::import_("collections.abc").attr("Iterable")};
 }
 
 void raise(PyObject* type, const std::string& message) {
@@ -38,7 +38,6 @@ std::string str(nb::handle obj) { return nb::cast<std::string>(nb::str(obj)); }
 std::string py_repr(nb::handle obj) { return nb::cast<std::string>(nb::repr(obj)); }
 
 TokenList token_list(nb::handle tokens, KeyFormat format) {
-  if (tokens.is_none()) return TokenList{};
   TokenInput input(tokens, format);
   return TokenList::from(input.tokens(), 0, input.tokens().count);
 }

@@ -20,6 +20,7 @@ struct KvApi {
   nb::object mm_item_context;  // kv_api.MmItemContext
   nb::object manager_config;   // kv_api.KVCacheManagerConfig
   nb::object errors;           // kv_api.errors
+  nb::object iterable;         // collections.abc.Iterable, kv_api.keys.token_list's test
 };
 
 const KvApi& kv_api();
@@ -31,7 +32,9 @@ std::string py_type_name(nb::handle obj);  // type(obj).__name__
 std::string str(nb::handle obj);
 std::string py_repr(nb::handle obj);  // repr(obj)
 
-TokenList token_list(nb::handle tokens, KeyFormat format);      // kv_api.keys.token_list; None is empty
+// kv_api.keys.token_list; None is refused (TypeError) like any other non-iterable, as the
+// contract types commit's tokens (calls whose tokens may be None handle it themselves).
+TokenList token_list(nb::handle tokens, KeyFormat format);
 nb::object token_objects(const TokenList& tokens);              // a list of ints and 32-byte bytes
 nb::object scope_object(const ReuseScope& scope);               // a kv_api.ReuseScope
 nb::object optional_int(const std::optional<std::int64_t>& v);  // an int or None

@@ -110,11 +110,14 @@ void TokenInput::pack_sequence(nb::handle seq, KeyFormat format) {
 }
 
 void TokenInput::pack_iterable(nb::handle obj, KeyFormat format) {
+  // kv_api.keys.token_list's test, isinstance(tokens, Iterable): a type without __iter__ (None
+  // included) is our TypeError. One with __iter__ is iterated, and what its __iter__ raises
+  // propagates unchanged, as Python's own iteration does (docs/errors.md, "Tokens").
+  const int is_iterable = PyObject_IsInstance(obj.ptr(), kv_api().iterable.ptr());
+  if (is_iterable < 0) throw nb::python_error();
+  if (!is_iterable) fail(PyExc_TypeError, msg::kExpectedTokens, {py_type_name(obj)});
   nb::object it = nb::steal(PyObject_GetIter(obj.ptr()));
-  if (!it.is_valid()) {
-    PyErr_Clear();
-    fail(PyExc_TypeError, msg::kExpectedTokens, {py_type_name(obj)});
-  }
+  if (!it.is_valid()) throw nb::python_error();
   tokens_.width = static_cast<std::uint8_t>(token_width(format));
   tokens_.stride = tokens_.width;
   std::size_t position = 0;

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <set>
 #include <string>
+#include <utility>
 
 #include "kvcore/constants.h"
 #include "kvcore/error.h"
@@ -25,6 +25,29 @@ int bit_length(std::uint64_t v) {
   return n;
 }
 
+// Quotas are below 2**63 (kv_api.config.QUOTA_LIMIT); a minimum beyond is slot_counts.py's
+// min_quota_error, raised before anything is allocated.
+constexpr std::uint64_t kQuotaLimit = std::uint64_t{1} << 63;
+constexpr double kQuotaLimitDouble = 9223372036854775808.0;  // 2**63, exact
+
+[[noreturn]] void throw_min_quota_error() {
+  throw Error(ErrorKind::kHostOOM, "device tier: the minimum slots need 2**63 bytes or more");
+}
+
+// The number of ints in the union of the half-open ranges (each non-empty).
+std::int64_t union_length(std::vector<std::pair<std::int64_t, std::int64_t>> ranges) {
+  std::sort(ranges.begin(), ranges.end());
+  std::int64_t count = 0, reach = 0;
+  for (const auto& [lo, hi] : ranges) {
+    const std::int64_t from = std::max(lo, reach);  // the part below reach is counted already
+    if (hi > from) {
+      count += hi - from;
+      reach = hi;
+    }
+  }
+  return count;
+}
+
 // Python's round(): to nearest, ties to even (the default rounding mode of nearbyint).
 double round_half_even(double v) { return std::nearbyint(v); }
 
@@ -34,18 +57,42 @@ std::vector<std::uint64_t> compute_min_slots(const KVCacheManagerConfig& config,
   for (int lc = 0; lc < static_cast<int>(registry.size()); ++lc) {
     std::int64_t floor = registry.min_slots_floor(lc);
     for (const BatchDesc& batch : config.constraints) {
-      const double need = static_cast<double>(slots_for_batch(registry, lc, batch));
-      floor = std::max(floor, static_cast<std::int64_t>(std::ceil(need / config.max_util_for_resume)));
+      // The same float division as slot_counts.py; checked before the cast, which would be
+      // undefined for inf or anything beyond int64.
+      const double need = static_cast<double>(slots_for_batch(registry, lc, batch)) / config.max_util_for_resume;
+      if (!(need < kQuotaLimitDouble)) throw_min_quota_error();
+      floor = std::max(floor, static_cast<std::int64_t>(std::ceil(need)));
     }
     per_lc.push_back(static_cast<std::uint64_t>(floor));
   }
   std::vector<std::uint64_t> out;
   for (const PoolGroupConfig& pg : storage.pool_groups()) {
     std::uint64_t sum = 0;
-    for (int lc : pg.life_cycles) sum += per_lc[lc];
+    // Each term is below 2**63, so a sum of two never wraps; at 2**63 slots the bytes are too.
+    for (int lc : pg.life_cycles) {
+      sum += per_lc[lc];
+      if (sum >= kQuotaLimit) throw_min_quota_error();
+    }
     out.push_back(sum);
   }
   return out;
+}
+
+// slot_counts.py's min_quota: the bytes the minimum slots occupy, each pool rounded up to grains.
+// Every step is checked against 2**63, so nothing wraps: each term only grows the total, so the
+// first step to reach 2**63 means the exact total does too (where the Python backend raises).
+std::uint64_t min_quota(const std::vector<std::uint64_t>& minimum, const std::vector<PoolGroupConfig>& groups,
+                        std::uint64_t g) {
+  std::uint64_t total = 0;
+  for (const PoolGroupConfig& pg : groups) {
+    for (std::uint64_t size : pg.slot_sizes) {
+      std::uint64_t bytes = 0;
+      if (__builtin_mul_overflow(minimum[pg.index], size, &bytes) || bytes >= kQuotaLimit) throw_min_quota_error();
+      total += ceil_div(bytes, g) * g;  // < 2**63 + g and total < 2**63 before: no wrap
+      if (total >= kQuotaLimit) throw_min_quota_error();
+    }
+  }
+  return total;
 }
 
 // Per pool group, the sum of its layer groups' entries (one per layer group), added in
@@ -175,22 +222,30 @@ std::uint64_t max_slots(std::uint64_t grains, const std::vector<std::uint64_t>& 
 std::int64_t slots_for_batch(const LifeCycleRegistry& registry, int life_cycle, const BatchDesc& batch) {
   const std::int64_t tpb = registry.tokens_per_block();
   const std::int64_t sys_blocks = batch.system_prompt_length / tpb;
-  std::set<std::int64_t> shared;
+  // Counted as ranges, never block by block: a system prompt may span 2**40 blocks. A request's
+  // live system-prompt blocks are [0, m) less its stale range [begin, end): at most two ranges.
+  std::vector<std::pair<std::int64_t, std::int64_t>> shared;
   std::int64_t total = 0;
   for (const KVCacheDesc& desc : batch.kv_caches) {
     const std::int64_t num_blocks = ceil_div(desc.capacity, tpb);
     const auto [begin, end] = registry.stale_range(life_cycle, desc.history_length);
     const std::int64_t stale = std::max<std::int64_t>(0, std::min(end, num_blocks) - std::min(begin, num_blocks));
+    const std::int64_t m = std::min(sys_blocks, num_blocks);
     std::int64_t live_sys = 0;
-    for (std::int64_t o = 0; o < std::min(sys_blocks, num_blocks); ++o) {
-      if (!(begin <= o && o < end)) {
-        shared.insert(o);
-        ++live_sys;
-      }
+    auto live = [&](std::int64_t lo, std::int64_t hi) {
+      if (lo >= hi) return;
+      shared.emplace_back(lo, hi);
+      live_sys += hi - lo;
+    };
+    if (begin >= end) {
+      live(0, m);
+    } else {
+      live(0, std::min(m, begin));
+      live(std::max<std::int64_t>(end, 0), m);
     }
     total += num_blocks - stale - live_sys;
   }
-  return total + static_cast<std::int64_t>(shared.size());
+  return total + union_length(std::move(shared));
 }
 
 SlotCounts::SlotCounts(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry,
@@ -198,12 +253,9 @@ SlotCounts::SlotCounts(const KVCacheManagerConfig& config, const LifeCycleRegist
   const std::uint64_t requested = config.tier_quotas.at(0);
   const std::uint64_t g = gpu_granularity(requested);
   min_slots = compute_min_slots(config, registry, storage);
+  const std::uint64_t least = min_quota(min_slots, storage.pool_groups(), g);  // before the ratio, as in Python
   const std::vector<double> ratio = initial_ratio(config, registry, storage, min_slots);
-  std::uint64_t min_quota = 0;
-  for (const PoolGroupConfig& pg : storage.pool_groups()) {
-    for (std::uint64_t size : pg.slot_sizes) min_quota += ceil_div(min_slots[pg.index] * size, g) * g;
-  }
-  quota = std::max(min_quota, ceil_div(requested, g) * g);
+  quota = std::max(least, ceil_div(requested, g) * g);
   slots = distribute(ratio, min_slots, storage.pool_groups(), quota / g, g);
 }
 

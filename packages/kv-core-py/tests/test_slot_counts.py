@@ -3,11 +3,15 @@ granularity", invariant 13): granularity, grains, min slots, the ratio split."""
 
 from __future__ import annotations
 
+import random
+import time
 from typing import Any
 
 import pytest
 
 from kv_api import AttentionLayerConfig, BatchDesc, BufferConfig, GpuCacheTierConfig, KVCacheDesc, KVCacheManagerConfig
+from kv_api.constants import TOKEN_LIMIT
+from kv_api.errors import HostOOMError
 from kv_core_py.life_cycles import LifeCycleRegistry
 from kv_core_py.slot_counts import (
     GIB,
@@ -18,7 +22,9 @@ from kv_core_py.slot_counts import (
     gpu_granularity,
     grains_for,
     max_slots,
+    min_quota,
     pool_group_ratio,
+    slots_for_batch,
 )
 from kv_core_py.storage_config import PoolGroupConfig, StorageConfig
 
@@ -157,3 +163,58 @@ def test_ratio_of_layer_groups_sharing_a_pool_group() -> None:
     """Two layer groups in one pool group take ``[0.25, 0.75]``: the pool group gets everything."""
     layers = [layer(0, MIB), layer(1, MIB, 8)]
     assert counts(4, 8 * 2 * MIB, layers, initial_pool_ratio=[0.25, 0.75]).slots == [16]
+
+
+def slots_for_batch_by_block(registry: LifeCycleRegistry, life_cycle: int, batch: BatchDesc) -> int:
+    """The definition, block by block (the former implementation): the oracle for small batches."""
+    tpb = registry.tokens_per_block
+    sys_blocks = batch.system_prompt_length // tpb
+    shared: set[int] = set()
+    total = 0
+    for desc in batch.kv_caches:
+        num_blocks = -(-desc.capacity // tpb)
+        begin, end = registry.stale_range(life_cycle, desc.history_length)
+        stale = max(0, min(end, num_blocks) - min(begin, num_blocks))
+        live_sys = [o for o in range(min(sys_blocks, num_blocks)) if not begin <= o < end]
+        shared.update(live_sys)
+        total += num_blocks - stale - len(live_sys)
+    return total + len(shared)
+
+
+@pytest.mark.parametrize("tpb", [1, 3, 4])
+def test_slots_for_batch_counts_ranges_as_the_definition_counts_blocks(tpb: int) -> None:
+    """Random small batches on full attention, windows and sinks: the range arithmetic gives the
+    block-by-block count exactly (shared system-prompt blocks once, stale ones not at all)."""
+    rng = random.Random(tpb)
+    layers = [layer(0, 4096), layer(1, 4096, 8), layer(2, 4096, 5, 3), layer(3, 4096, 1)]
+    registry = LifeCycleRegistry(KVCacheManagerConfig(tpb, [GpuCacheTierConfig(GIB)], layers))
+    for _ in range(400):
+        descs = []
+        for _ in range(rng.randint(1, 4)):
+            capacity = rng.randint(0, 60)
+            descs.append(KVCacheDesc(capacity, rng.randint(0, capacity)))
+        batch = BatchDesc(descs, system_prompt_length=rng.randint(0, 70))
+        for lc in range(len(registry.life_cycles)):
+            assert slots_for_batch(registry, lc, batch) == slots_for_batch_by_block(registry, lc, batch), (lc, batch)
+
+
+def test_slots_for_batch_time_does_not_depend_on_the_system_prompt() -> None:
+    layers = [layer(0, 4096, 8)]
+    registry = LifeCycleRegistry(KVCacheManagerConfig(1, [GpuCacheTierConfig(GIB)], layers))
+    # Window 8, tpb 1: both requests keep the same last blocks of the shared prompt, as many at
+    # 2**40 tokens as at 1,000 (the block-by-block oracle counts the latter).
+    small = BatchDesc([KVCacheDesc(1000, 1000)] * 2, system_prompt_length=1000)
+    expected = slots_for_batch_by_block(registry, 0, small)
+    n = TOKEN_LIMIT - 1
+    start = time.perf_counter()
+    assert slots_for_batch(registry, 0, BatchDesc([KVCacheDesc(n, n)] * 2, system_prompt_length=n)) == expected
+    assert time.perf_counter() - start < 0.5
+
+
+def test_min_quota_refuses_2_63_bytes_exactly() -> None:
+    """Below 2**63 bytes the minimum is returned; at 2**63 (here 2**40 slots of 2**23 bytes,
+    already a multiple of the grain) it is a HostOOMError."""
+    group = PoolGroupConfig(0, (0,), (2**23,))
+    assert min_quota([2**40 - 1], [group], 2 * MIB) == (2**40 - 1) * 2**23
+    with pytest.raises(HostOOMError, match=r"^device tier: the minimum slots need 2\*\*63 bytes or more$"):
+        min_quota([2**40], [group], 2 * MIB)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import kv_api
+from kv_api import ReuseScope
 from kv_api import keys as ref
 
 BIG = 2**64
@@ -96,6 +97,14 @@ def test_index_protocol_ints_are_accepted(backend: kv_api.Backend) -> None:
     assert outcome(lambda: backend.block_keys(2, None, [Id(-1)])) == outcome(lambda: ref.block_keys(2, None, [Id(-1)]))
 
 
+def forged(lora_id: Any, salt: Any) -> ReuseScope:
+    """A ``ReuseScope`` whose fields skipped ``__post_init__``: backends check them again at use."""
+    scope = object.__new__(ReuseScope)
+    object.__setattr__(scope, "lora_id", lora_id)
+    object.__setattr__(scope, "salt", salt)
+    return scope
+
+
 BAD_OTHER: list[tuple[str, Any]] = [
     ("v2 key short", lambda b: b.block_hash_v2_sha256(b"abc")),
     ("v2 key str", lambda b: b.block_hash_v2_sha256("ab" * 32)),
@@ -111,6 +120,29 @@ BAD_OTHER: list[tuple[str, Any]] = [
     ("mm offset negative", lambda b: b.gen_multimodal_cache_key_tokens(10, bytes(32), 2, -1)),
     ("mm id_offset negative", lambda b: b.gen_multimodal_cache_key_tokens(-10, bytes(32), 2)),
     ("scope bytes bad", lambda b: b.reuse_scope_to_bytes(3)),
+    # block_hash_v1 reads its tokens as the key functions do: no str, no bytes of ids.
+    ("v1 bytes tokens", lambda b: b.block_hash_v1(b"x" * 31, 2)),
+    ("v1 str tokens", lambda b: b.block_hash_v1("123", 0)),
+    ("v1 int tokens", lambda b: b.block_hash_v1(5, 0)),
+    ("v1 dict tokens", lambda b: b.block_hash_v1({1: 2}, 0)),
+    ("v1 int16 buffer", lambda b: b.block_hash_v1(array("h", [1]), 0)),
+    # None for a plain parameter: the same check as any other wrong type.
+    ("v1 None tokens", lambda b: b.block_hash_v1(None, 0)),
+    ("v1 None parent", lambda b: b.block_hash_v1([1], None)),
+    ("tpb None", lambda b: b.block_keys(None, None, [1])),
+    ("format None", lambda b: b.block_keys(4, None, [1], None)),
+    ("chain tpb None", lambda b: b.sequence_to_blockchain_keys(None, None, [1])),
+    ("v2 key None", lambda b: b.block_hash_v2_sha256(None)),
+    ("v2_64 key None", lambda b: b.block_hash_v2_sha256_64(None)),
+    ("salt None", lambda b: b.cache_salt_to_id(None)),
+    ("mm id_offset None", lambda b: b.gen_multimodal_cache_key_tokens(None, bytes(32), 2)),
+    ("mm num_tokens None", lambda b: b.gen_multimodal_cache_key_tokens(10, bytes(32), None)),
+    # A scope whose fields skipped validation is checked again (ReuseScope's own messages).
+    ("forged scope negative lora", lambda b: b.reuse_scope_to_bytes(forged(-1, 0))),
+    ("forged scope float salt", lambda b: b.block_keys(4, forged(None, 1.5), [1])),
+    ("forged scope str lora", lambda b: b.sequence_to_blockchain_keys(4, forged("1", None), [1])),
+    ("forged scope bool salt", lambda b: b.block_hash_v1([1], 0, forged(None, True))),
+    ("forged scope lora 2**64", lambda b: b.block_hash_v1([1], 0, forged(2**64, None))),
 ]
 
 
@@ -119,3 +151,17 @@ def test_bad_input_to_helpers(backend: kv_api.Backend, call: Any) -> None:
     expected = outcome(lambda: call(ref))
     assert expected is not None
     assert outcome(lambda: call(backend)) == expected
+
+
+def test_v1_tokens_read_as_the_key_functions_read_them(backend: kv_api.Backend) -> None:
+    expected = ref.block_hash_v1([1, 2, 3], 7)
+    for tokens in ([1, 2, 3], (1, 2, 3), iter([1, 2, 3]), array("I", [1, 2, 3]), np.array([1, 2, 3], np.uint64)):
+        assert backend.block_hash_v1(tokens, 7) == expected, tokens
+
+
+def test_a_forged_scope_with_valid_fields_reads_as_built(backend: kv_api.Backend) -> None:
+    # The fields are converted as ReuseScope's own checks convert them (numpy ints included).
+    scope = forged(np.uint64(3), None)
+    assert backend.reuse_scope_to_bytes(scope) == ref.reuse_scope_to_bytes(ReuseScope(3))
+    assert backend.block_keys(4, scope, [1, 2, 3, 4]) == ref.block_keys(4, ReuseScope(3), [1, 2, 3, 4])
+    assert backend.block_hash_v1([1], 0, forged(None, np.int64(9))) == ref.block_hash_v1([1], 0, ReuseScope(None, 9))

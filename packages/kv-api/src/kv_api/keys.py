@@ -15,8 +15,8 @@ import struct
 from collections.abc import Iterable, Iterator
 from typing import Any, Literal, TypeAlias, cast
 
-from kv_api._check import as_int, as_str, int_in_range
-from kv_api.constants import DEFAULT_KEY_FORMAT, KEY_FORMATS, SHA256_U32, SHA256_U64
+from kv_api._check import U64_LIMIT, as_int, as_str, int_in_range, optional_u64
+from kv_api.constants import DEFAULT_KEY_FORMAT, KEY_FORMATS, SHA256_U32, SHA256_U64, TOKEN_LIMIT
 from kv_api.scope import DIGEST_SIZE, MmItemContext, ReuseScope
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "cache_salt_to_id",
     "check_digest",
     "check_key_format",
+    "check_mm_item",
     "check_reuse_scope",
     "gen_multimodal_cache_key_tokens",
     "reuse_scope_to_bytes",
@@ -73,7 +74,13 @@ def check_reuse_scope(reuse_scope: Any) -> ReuseScope:
         return ReuseScope()
     if not isinstance(reuse_scope, ReuseScope):
         raise TypeError(f"reuse_scope: expected ReuseScope or None, got {type(reuse_scope).__name__}")
-    return reuse_scope
+    # Checked again as __post_init__ checks them: a scope built past it (object.__new__,
+    # object.__setattr__) may hold anything, and every backend must refuse it alike.
+    lora_id = optional_u64("ReuseScope.lora_id", reuse_scope.lora_id)
+    salt = optional_u64("ReuseScope.salt", reuse_scope.salt)
+    if lora_id is reuse_scope.lora_id and salt is reuse_scope.salt:
+        return reuse_scope
+    return ReuseScope(lora_id, salt)
 
 
 def token_out_of_range(position: int, value: int, key_format: str) -> ValueError:
@@ -201,6 +208,17 @@ def block_keys(
     return b"".join(key for _, key in sequence_to_blockchain_keys(tokens_per_block, reuse_scope, tokens, key_format))
 
 
+def check_mm_item(id_offset: Any, digest: Any, num_tokens: Any, token_offset: Any) -> tuple[int, int, int]:
+    """``gen_multimodal_cache_key_tokens``' ints, in order: ``id_offset`` a u64 token id,
+    ``num_tokens`` in [1, TOKEN_LIMIT) and ``token_offset`` in [0, TOKEN_LIMIT) (positions in one
+    item, as token counts), so that an absurd count is refused at once rather than built."""
+    offset = int_in_range("id_offset", id_offset, 0, U64_LIMIT)
+    check_digest("digest", digest)
+    n = int_in_range("num_tokens", num_tokens, 1, TOKEN_LIMIT)
+    start = int_in_range("token_offset", token_offset, 0, TOKEN_LIMIT)
+    return offset, n, start
+
+
 def gen_multimodal_cache_key_tokens(
     id_offset: int,
     digest: bytes,
@@ -211,11 +229,10 @@ def gen_multimodal_cache_key_tokens(
     """Tokens of one multimodal item: item-local token 0 is the digest, token j is id_offset + j.
 
     With a ``uuid`` the digest token is an ``MmItemContext`` carrying it (it is never hashed).
+    Arguments are checked left to right before any work (``check_mm_item``).
     """
-    offset = int_in_range("id_offset", id_offset, 0)
-    check_digest("digest", digest)
-    n = int_in_range("num_tokens", num_tokens, 1)
-    start = int_in_range("token_offset", token_offset, 0)
+    offset, n, start = check_mm_item(id_offset, digest, num_tokens, token_offset)
+    # Built whether or not token_offset leaves the digest out, so a bad uuid always fails.
     first: Token | MmItemContext = digest if uuid is None else MmItemContext(digest, uuid)
     return [first if start + i == 0 else offset + start + i for i in range(n)]
 
@@ -238,9 +255,10 @@ def block_hash_v2_sha256_64(key: bytes) -> int:
     return int.from_bytes(check_digest("key", key)[:8], "big")
 
 
-def v1_token_ids(tokens: Iterable[int]) -> list[int]:
-    """``block_hash_v1``'s tokens checked as u64 ids; a digest token has no v1 form (ValueError)."""
-    block = token_list(list(tokens), SHA256_U64)
+def v1_token_ids(tokens: Any) -> list[int]:
+    """``block_hash_v1``'s tokens checked as u64 ids; a digest token has no v1 form (ValueError).
+    Read as every key function reads tokens (a buffer or an iterable, not a str), as they come."""
+    block = token_list(tokens, SHA256_U64)
     for position, token in enumerate(block):
         if isinstance(token, bytes):
             raise ValueError(f"token {position}: a digest token has no v1_block_key form")
@@ -267,7 +285,7 @@ def _mix64(value: int, seed: int) -> int:
     return (seed ^ (v + 0x9E3779B9 + (seed << 6) + (seed >> 2))) & _M64
 
 
-def block_hash_v1(tokens: Iterable[int], parent_hash: int, reuse_scope: ReuseScope | None = None) -> int:
+def block_hash_v1(tokens: Any, parent_hash: int, reuse_scope: ReuseScope | None = None) -> int:
     """``v1_block_key``: the legacy 64-bit mix of a block of int tokens under ``parent_hash``.
 
     ``parent_hash`` is 0 for a block under the root; the salt enters only there, the LoRA id

@@ -150,8 +150,7 @@ class KVCache(kv_api.KVCache):
 
     @history_length.setter
     def history_length(self, value: int) -> None:
-        if not self.resize(None, value):
-            raise OutOfPagesError("history_length: not enough pages")
+        self._set_length("history_length", value)
 
     @property
     def capacity(self) -> int:
@@ -159,8 +158,17 @@ class KVCache(kv_api.KVCache):
 
     @capacity.setter
     def capacity(self, value: int) -> None:
-        if not self.resize(value, None):
-            raise OutOfPagesError("capacity: not enough pages")
+        self._set_length("capacity", value)
+
+    def _set_length(self, name: str, value: Any) -> None:
+        """``resize`` with one length, an int: None is refused (after the state check, as resize
+        orders them), since resize takes it as "unchanged" and the assignment would do nothing."""
+        with self._context.lock:
+            self._require(KVCacheStatus.ACTIVE, "resize")
+            if value is None:
+                raise TypeError(f"{name}: expected an int, got NoneType")
+            if not (self.resize(value, None) if name == "capacity" else self.resize(None, value)):
+                raise OutOfPagesError(f"{name}: not enough pages")
 
     @property
     def num_blocks(self) -> int:

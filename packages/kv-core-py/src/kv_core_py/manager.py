@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 import kv_api
-from kv_api._check import as_int, int_in_range
+from kv_api._check import as_int, as_str, int_in_range
 from kv_api.config import KVCacheManagerConfig
 from kv_api.constants import CACHE_ID_LIMIT, GPU_LEVEL, PageIndexMode
 from kv_api.contract import PriorityCallback
@@ -88,11 +88,11 @@ class KVCacheManager(kv_api.KVCacheManager):
     def get_layer_group_id(self, layer_id: int) -> int:
         with self._context.lock:
             self._require_live()
-            as_int("layer_id", layer_id)
+            layer = as_int("layer_id", layer_id)  # looked up as __index__ gives it (numpy scalars too)
             try:
-                return self._registry.layer_life_cycle[layer_id]
+                return self._registry.layer_life_cycle[layer]
             except KeyError:
-                raise KeyError(f"no layer {layer_id!r}") from None
+                raise KeyError(f"no layer {layer}") from None
 
     def _require_live(self) -> None:
         if self._context.is_shut_down:
@@ -101,12 +101,13 @@ class KVCacheManager(kv_api.KVCacheManager):
     # -- memory layout -----------------------------------------------------------------------------
 
     def _placement(self, layer_id: int, role: str) -> BufferPlacement:
-        """The caller holds the lock."""
+        """The caller holds the lock. Left to right, type before value (docs/errors.md): the layer
+        id (an int, then a known layer), then the role (a str, then one of the layer's buffers)."""
         self._require_live()
-        as_int("layer_id", layer_id)
-        if not isinstance(role, str):
-            raise TypeError(f"role: expected a str, got {type(role).__name__}")
-        return self._storage_config.placement(layer_id, role)
+        layer = as_int("layer_id", layer_id)
+        if layer not in self._registry.layer_life_cycle:
+            raise KeyError(f"no layer {layer}")
+        return self._storage_config.placement(layer, as_str("role", role))
 
     def get_mem_pool_base_address(
         self, layer_id: int, role: str, index_mode: PageIndexMode = PageIndexMode.PER_LAYER

@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from kv_api.config import BatchDesc, KVCacheDesc, KVCacheManagerConfig
+from kv_api.config import QUOTA_LIMIT, BatchDesc, KVCacheDesc, KVCacheManagerConfig
 from kv_api.constants import ceil_div
+from kv_api.errors import HostOOMError
 from kv_core_py.life_cycles import LifeCycleRegistry
 from kv_core_py.storage_config import PoolGroupConfig, StorageConfig
 
@@ -47,16 +48,48 @@ def slots_for_batch(registry: LifeCycleRegistry, life_cycle: int, batch: BatchDe
     with system-prompt blocks shared (counted once, unless stale for every request)."""
     tpb = registry.tokens_per_block
     sys_blocks = batch.system_prompt_length // tpb
-    shared: set[int] = set()
+    # Counted as ranges, never block by block: a system prompt may span 2**40 blocks. A request's
+    # live system-prompt blocks are [0, m) less its stale range [begin, end): at most two ranges.
+    shared: list[tuple[int, int]] = []
     total = 0
     for desc in batch.kv_caches:
         num_blocks = ceil_div(desc.capacity, tpb)
         begin, end = registry.stale_range(life_cycle, desc.history_length)
         stale = max(0, min(end, num_blocks) - min(begin, num_blocks))
-        live_sys = [o for o in range(min(sys_blocks, num_blocks)) if not begin <= o < end]
-        shared.update(live_sys)
-        total += num_blocks - stale - len(live_sys)
-    return total + len(shared)
+        m = min(sys_blocks, num_blocks)
+        live = [(0, m)] if begin >= end else [(0, min(m, begin)), (max(end, 0), m)]
+        live = [(lo, hi) for lo, hi in live if lo < hi]
+        shared.extend(live)
+        total += num_blocks - stale - sum(hi - lo for lo, hi in live)
+    return total + union_length(shared)
+
+
+def union_length(ranges: list[tuple[int, int]]) -> int:
+    """The number of ints in the union of the half-open ``ranges`` (each non-empty)."""
+    count, reach = 0, 0
+    for lo, hi in sorted(ranges):
+        lo = max(lo, reach)  # the part below reach is counted already
+        if hi > lo:
+            count += hi - lo
+            reach = hi
+    return count
+
+
+def min_quota_error() -> HostOOMError:
+    """The device tier's minimum (its slot floors times their sizes, rounded to grains) is 2**63
+    bytes or more: more than any quota may be (``QUOTA_LIMIT``) or a pool can map. Raised before
+    anything is allocated; the message names no number, which only Python could hold exactly."""
+    return HostOOMError("device tier: the minimum slots need 2**63 bytes or more")
+
+
+def min_quota(minimum: list[int], groups: Sequence[PoolGroupConfig], granularity: int) -> int:
+    """The bytes the minimum slots occupy, each pool rounded up to grains; below 2**63 or raises."""
+    total = sum(
+        ceil_div(minimum[pg.index] * size, granularity) * granularity for pg in groups for size in pg.slot_sizes
+    )
+    if total >= QUOTA_LIMIT:
+        raise min_quota_error()
+    return total
 
 
 def compute_min_slots(config: KVCacheManagerConfig, registry: LifeCycleRegistry, storage: StorageConfig) -> list[int]:
@@ -66,8 +99,10 @@ def compute_min_slots(config: KVCacheManagerConfig, registry: LifeCycleRegistry,
     for lc in range(len(registry.life_cycles)):
         floor = registry.min_slots_floor(lc)
         for batch in config.constraints:
-            need = slots_for_batch(registry, lc, batch)
-            floor = max(floor, math.ceil(need / config.max_util_for_resume))
+            need = slots_for_batch(registry, lc, batch) / config.max_util_for_resume
+            if not need < QUOTA_LIMIT:  # inf included: so many slots need 2**63 bytes or more
+                raise min_quota_error()
+            floor = max(floor, math.ceil(need))
         per_lc.append(floor)
     return [sum(per_lc[lc] for lc in pg.life_cycles) for pg in storage.pool_groups]
 
@@ -152,7 +187,7 @@ class SlotCounts:
         g = gpu_granularity(quota)
         self.min_slots = minimum = compute_min_slots(config, registry, storage)
         groups = storage.pool_groups
+        least = min_quota(minimum, groups, g)  # checked before the ratio, as the native backend does
         ratio = initial_ratio(config, registry, storage, minimum)
-        min_quota = sum(ceil_div(minimum[pg.index] * size, g) * g for pg in groups for size in pg.slot_sizes)
-        self.quota = max(min_quota, ceil_div(quota, g) * g)
+        self.quota = max(least, ceil_div(quota, g) * g)
         self.slots = distribute(ratio, minimum, groups, self.quota // g, g)

@@ -13,8 +13,7 @@ import sys
 from array import array
 from typing import Any, cast
 
-from kv_api._check import int_in_range
-from kv_api.keys import TOKEN_ENCODING, Token, buffer_int_code, check_digest, encode_block, token_list
+from kv_api.keys import TOKEN_ENCODING, Token, buffer_int_code, check_mm_item, encode_block, token_list
 from kv_api.scope import MmItemContext
 
 _FAST = sys.byteorder == "little"
@@ -127,11 +126,11 @@ def gen_multimodal_cache_key_tokens(
     """Tokens ``token_offset ..`` of one multimodal item (docs/key-format.md): item-local token 0
     is the digest (an ``MmItemContext`` carrying ``uuid`` when one is given), token ``j`` is
     ``id_offset + j``."""
-    offset = int_in_range("id_offset", id_offset, 0)
-    check_digest("digest", digest)
-    n = int_in_range("num_tokens", num_tokens, 1)
-    start = int_in_range("token_offset", token_offset, 0)
+    offset, n, start = check_mm_item(id_offset, digest, num_tokens, token_offset)
+    # Built whether or not token_offset leaves the digest out: arguments are checked left to
+    # right whatever their use, so a bad uuid always fails (docs/errors.md, "Order").
+    first: Token | MmItemContext = digest if uuid is None else MmItemContext(digest, uuid)
     out: list[Token | MmItemContext] = list(range(offset + start, offset + start + n))
     if start == 0:
-        out[0] = digest if uuid is None else MmItemContext(digest, uuid)
+        out[0] = first
     return out
