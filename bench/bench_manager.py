@@ -15,15 +15,28 @@ from typing import Any
 import numpy as np
 
 import kv_api
-from kv_api import AttentionLayerConfig, BufferConfig, GpuCacheTierConfig, KVCacheManagerConfig
+from kv_api import (
+    AttentionLayerConfig,
+    BufferConfig,
+    CacheTierConfig,
+    DiskCacheTierConfig,
+    GpuCacheTierConfig,
+    HostCacheTierConfig,
+    KVCacheManagerConfig,
+)
 
 
-def config(tokens: int, tpb: int) -> KVCacheManagerConfig:
+def config(tokens: int, tpb: int, tiers_in: str | None = None) -> KVCacheManagerConfig:
+    """Room for two prompts with headroom; with ``tiers_in``, a host and a disk tier (in that
+    directory) of the device's size below it."""
     kv = [BufferConfig("key", 512), BufferConfig("value", 512)]
-    slots = 4 * (tokens // tpb + 16)  # room for two prompts with headroom
+    quota = 4 * (tokens // tpb + 16) * 2 * 1024
+    tiers: list[CacheTierConfig] = [GpuCacheTierConfig(quota)]
+    if tiers_in is not None:
+        tiers += [HostCacheTierConfig(quota), DiskCacheTierConfig(quota, tiers_in)]
     return KVCacheManagerConfig(
         tokens_per_block=tpb,
-        cache_tiers=[GpuCacheTierConfig(slots * 2 * 1024)],
+        cache_tiers=tiers,
         layers=[AttentionLayerConfig(0, kv), AttentionLayerConfig(1, kv)],
     )
 
@@ -41,19 +54,24 @@ def admit(manager: Any, tokens: Any) -> tuple[float, Any]:
 
 
 def measure(
-    backend: kv_api.Backend, tokens: np.ndarray[Any, Any], tpb: int, repeat: int, steps: int
+    backend: kv_api.Backend,
+    tokens: np.ndarray[Any, Any],
+    tpb: int,
+    repeat: int,
+    steps: int,
+    tiers_in: str | None = None,
 ) -> dict[str, float]:
     out: dict[str, float] = {}
     out["hash"] = best_of(lambda: timed(lambda: backend.block_keys(tpb, None, tokens)), repeat)
 
     def cold() -> float:
-        manager = backend.KVCacheManager(config(len(tokens), tpb))
+        manager = backend.KVCacheManager(config(len(tokens), tpb, tiers_in))
         seconds, cache = admit(manager, tokens)
         cache.close()
         return seconds
 
     out["cold"] = best_of(cold, repeat)
-    manager = backend.KVCacheManager(config(len(tokens), tpb))
+    manager = backend.KVCacheManager(config(len(tokens), tpb, tiers_in))
     _, first = admit(manager, tokens)
     first.commit(tokens)
     first.close()

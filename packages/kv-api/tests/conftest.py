@@ -32,8 +32,8 @@ FAKE_BACKEND = """
 
 
     class KVCacheManager:  # keeps what it was built with
-        def __init__(self, config, event_manager=None):
-            self.built_with = (config, event_manager)
+        def __init__(self, config, event_manager=None, page_copier=None):
+            self.built_with = (config, event_manager, page_copier)
 
 
     KVCacheEventManager = object

@@ -114,10 +114,13 @@ def test_a_backend_must_call_itself_by_its_entry_point_name(install_backend: Ins
 def test_create_manager_on_the_default_a_name_or_a_loaded_backend(install_backend: Install) -> None:
     install_backend("fake", priority=TOP)
     events: Any = object()  # the fake manager takes anything
+    copier: Any = object()
     for backend in (None, "fake", kv_api.load_backend("fake")):
         manager: Any = kv_api.create_manager(CONFIG, backend=backend, event_manager=events)
         assert type(manager).__module__ == "kv_fake_fake"
-        assert manager.built_with == (CONFIG, events)
+        assert manager.built_with == (CONFIG, events, None)
+        manager = kv_api.create_manager(CONFIG, backend=backend, page_copier=copier)
+        assert manager.built_with == (CONFIG, None, copier)
 
 
 def test_the_contract_cannot_be_instantiated() -> None:

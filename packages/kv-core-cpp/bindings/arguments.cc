@@ -94,11 +94,12 @@ std::uint64_t index_below(const char* where, nb::handle value, std::size_t size)
   return v;
 }
 
-int cache_level(nb::handle level) {
-  if (int_at_least("level", level, 0) != kGpuLevel) {
-    fail(PyExc_IndexError, msg::kLevelOutOfRange, {py::str(as_int("level", level))});
+int cache_level(nb::handle level, int num_levels, const char* name) {
+  const std::uint64_t v = int_at_least(name, level, 0);
+  if (v >= static_cast<std::uint64_t>(num_levels)) {
+    fail(PyExc_IndexError, msg::kLevelOutOfRange, {name, py::str(as_int(name, level)), std::to_string(num_levels - 1)});
   }
-  return kGpuLevel;
+  return static_cast<int>(v);
 }
 
 void beam(nb::handle beam) {
@@ -186,6 +187,24 @@ KVCacheEventManager* event_manager(nb::handle events) {
   if (!nb::isinstance<PyEventManager>(events))
     fail(PyExc_TypeError, msg::kExpectedEventManager, {py_type_name(events)});
   return nb::cast<PyEventManager&>(events).events.get();
+}
+
+std::uint64_t quota(nb::handle value) {
+  nb::object index = as_int("quota", value);
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (overflow || v < 1) fail(PyExc_ValueError, msg::kMustBe, {"quota", "in [1, 9223372036854775808)", py::str(index)});
+  return static_cast<std::uint64_t>(v);
+}
+
+bool strict_bool(const char* where, nb::handle value) {
+  if (!PyBool_Check(value.ptr())) fail(PyExc_TypeError, msg::kExpectedBool, {where, py_type_name(value)});
+  return value.ptr() == Py_True;
+}
+
+void page_copier(nb::handle copier) {
+  if (!copier.is_none() && !nb::isinstance(copier, api("PageCopier")))
+    fail(PyExc_TypeError, msg::kExpectedPageCopier, {py_type_name(copier)});
 }
 
 void callable_or_none(nb::handle callback) {

@@ -52,7 +52,11 @@ inline constexpr char kExpectedEventManager[] = "event_manager: expected this ba
 inline constexpr char kNoLayer[] = "no layer {}";
 inline constexpr char kNoBuffer[] = "no buffer {} in layer {}";  // the role's repr
 inline constexpr char kOutOfRange[] = "{} {} out of range (0..{})";
-inline constexpr char kLevelOutOfRange[] = "level {} out of range (one cache level)";
+inline constexpr char kLevelOutOfRange[] = "{} {} out of range (0..{})";  // the name, the level, the last level
+inline constexpr char kExpectedBool[] = "{}: expected a bool, got {}";
+inline constexpr char kResizeNeedsSuspended[] = "resize() requires every KV cache suspended ({} active)";
+inline constexpr char kBestEfforts[] = "resize: best_efforts=True is not supported";
+inline constexpr char kExpectedPageCopier[] = "page_copier: expected a kv_api.PageCopier, got {}";
 inline constexpr char kExpectedCallable[] = "custom_priority_callback: expected a callable or None";
 // kv_core_py.kv_cache
 inline constexpr char kBeamOutOfRange[] = "beam {} out of range (beam width 1)";
@@ -83,7 +87,8 @@ std::int64_t int_between(const char* where, nb::handle value, std::int64_t low, 
 std::optional<std::int64_t> optional_count(const char* where, nb::handle value, std::int64_t high);
 // An int in [0, size): IndexError past the end.
 std::uint64_t index_below(const char* where, nb::handle value, std::size_t size);
-int cache_level(nb::handle level);        // the one cache level, GPU_LEVEL
+// A level the manager has (IndexError); `name` is the argument's.
+int cache_level(nb::handle level, int num_levels, const char* name = "level");
 void beam(nb::handle beam);               // beam 0, the one beam
 std::int64_t layer_id(nb::handle value);  // any int; KeyError beyond int64 (no such layer)
 
@@ -100,6 +105,9 @@ bool shared_index_mode(nb::handle mode);             // kv_api.PageIndexMode(mod
 
 void manager_config(nb::handle config);                 // a kv_api.KVCacheManagerConfig
 KVCacheEventManager* event_manager(nb::handle events);  // None or this backend's event manager
+void page_copier(nb::handle copier);                    // None or a kv_api.PageCopier (TypeError)
+std::uint64_t quota(nb::handle value);                  // an int in [1, 2**63)
+bool strict_bool(const char* where, nb::handle value);  // a bool exactly (TypeError)
 void callable_or_none(nb::handle callback);             // custom_priority_callback
 int priority(nb::handle value);                         // what a priority callback returned
 std::int64_t event_entries(nb::handle value);           // an int in [-kEventEntriesLimit, kEventEntriesLimit)

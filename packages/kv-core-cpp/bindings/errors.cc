@@ -26,6 +26,10 @@ PyObject* python_class(ErrorKind kind) {
       return api("OutOfPagesError");
     case ErrorKind::kHostOOM:
       return api("HostOOMError");
+    case ErrorKind::kDiskOOM:
+      return api("DiskOOMError");
+    case ErrorKind::kOS:
+      return PyExc_OSError;
     case ErrorKind::kCorrupted:
       return api("CorruptedError");
     case ErrorKind::kNotImplemented:
@@ -41,6 +45,14 @@ void bind_errors(nb::module_&) {
     try {
       std::rethrow_exception(p);
     } catch (const Error& e) {
+      if (e.kind() == ErrorKind::kOS) {  // OSError(errno, strerror): the errno's subclass, as Python's os calls raise
+        PyObject* args = Py_BuildValue("(is)", e.error_number(), e.what());
+        if (args != nullptr) {
+          PyErr_SetObject(PyExc_OSError, args);
+          Py_DECREF(args);
+        }
+        return;
+      }
       PyErr_SetString(python_class(e.kind()), e.what());
     }
   });

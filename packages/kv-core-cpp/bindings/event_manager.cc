@@ -55,6 +55,11 @@ nb::object event_object(const Event& e, const char* algo) {
       data = api("events.Removed")(nb::tuple(hashes));
       break;
     }
+    case Event::Kind::kUpdated: {
+      nb::object diff = api("events.Diff")(e.cache_level.first, e.cache_level.second);
+      data = api("events.Updated")(hash_object(e.block_hashes.at(0)), diff);
+      break;
+    }
   }
   return api("events.KVCacheEvent")(
       e.id, data, optional_int(e.window_size), algo, nb::none(),

@@ -149,6 +149,21 @@ void bind_kv_cache(nb::module_& m) {
       .def(
           "resume", [](PyKVCache& self, nb::handle) { return unlocked([&] { return self.cache->resume(); }); },
           nb::arg("stream").none() = nb::none())
+      .def(
+          "prefetch",
+          [](PyKVCache& self, nb::handle target_level) {
+            const ManagerLock lock(self.cache->context());
+            self.cache->require(CacheStatus::kSuspended, "prefetch");
+            const int level =
+                arg::cache_level(target_level, self.cache->context().storage().num_levels(), "target_level");
+            return unlocked([&] { return self.cache->prefetch(level); });
+          },
+          nb::arg("target_level").none() = 0)
+      .def_prop_ro("cached_tokens_by_level", getter([](const KVCache& c) {
+                     nb::list out;
+                     for (std::int64_t n : c.cached_tokens_by_level()) out.append(n);
+                     return out;
+                   }))
       .def("suspend", [](PyKVCache& self) { unlocked([&] { self.cache->suspend(); }); })
       .def("resize", &resize, nb::arg("capacity").none() = nb::none(), nb::arg("history_length").none() = nb::none())
       .def("commit", &commit, nb::arg("tokens").none(), nb::arg("is_end").none() = false)
@@ -160,6 +175,14 @@ void bind_kv_cache(nb::module_& m) {
             const ManagerLock lock(self.cache->context());
             const int lg = group_arg(self, layer_group, beam);
             return int_array(unlocked([&] { return self.cache->get_base_page_indices(lg); }));
+          },
+          nb::arg("layer_group").none(), nb::arg("beam").none() = 0)
+      .def(
+          "get_page_levels",
+          [](PyKVCache& self, nb::handle layer_group, nb::handle beam) {
+            const ManagerLock lock(self.cache->context());
+            const int lg = group_arg(self, layer_group, beam);
+            return int_array(unlocked([&] { return self.cache->get_page_levels(lg); }));
           },
           nb::arg("layer_group").none(), nb::arg("beam").none() = 0)
       .def(

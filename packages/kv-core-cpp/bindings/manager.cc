@@ -40,7 +40,13 @@ BatchDesc batch_desc(nb::handle b) {
 KVCacheManagerConfig manager_config(nb::handle c) {
   KVCacheManagerConfig out;
   out.tokens_per_block = nb::cast<std::int64_t>(c.attr("tokens_per_block"));
-  for (nb::handle tier : c.attr("cache_tiers")) out.tier_quotas.push_back(nb::cast<std::uint64_t>(tier.attr("quota")));
+  for (nb::handle tier : c.attr("cache_tiers")) {
+    CacheTierConfig t;
+    t.tier = static_cast<CacheTier>(nb::cast<int>(tier.attr("tier")));
+    t.quota = nb::cast<std::uint64_t>(tier.attr("quota"));
+    if (t.tier == CacheTier::kDisk) t.path = nb::cast<std::string>(tier.attr("path"));
+    out.cache_tiers.push_back(std::move(t));
+  }
   nb::object ssm = api("SsmLayerConfig");
   for (nb::handle layer : c.attr("layers")) {
     LayerConfig l;
@@ -79,18 +85,40 @@ nb::tuple life_cycle_objects(const KVCacheManager& manager) {
   return nb::tuple(out);
 }
 
-void init(PyManager* self, nb::handle config, nb::handle event_manager) {
+void init(PyManager* self, nb::handle config, nb::handle event_manager, nb::handle page_copier) {
   arg::manager_config(config);
   KVCacheEventManager* events = arg::event_manager(event_manager);
+  arg::page_copier(page_copier);
   const KVCacheManagerConfig c = manager_config(config);
+  // The default copier is memmove in the core: no Python call per batch (as kv_core_py).
+  const bool own_copies = page_copier.is_none() || page_copier.type().is(api("HostMemoryCopier"));
+  auto copier = own_copies ? nullptr : std::make_unique<PyPageCopier>(page_copier);
   std::unique_ptr<KVCacheManager> manager;
   {
     nb::gil_scoped_release release;
-    manager = std::make_unique<KVCacheManager>(c, events);
+    manager = std::make_unique<KVCacheManager>(c, events, copier.get());
   }
   nb::tuple life_cycles = life_cycle_objects(*manager);
-  new (self) PyManager{nb::borrow(config), nb::borrow(event_manager), std::move(manager), life_cycles};
+  new (self) PyManager{nb::borrow(config), nb::borrow(event_manager), nb::borrow(page_copier),
+                       std::move(copier),  std::move(manager),        life_cycles};
 }
+
+// --- page copies -------------------------------------------------------------------------------
+
+}  // namespace
+
+void PyPageCopier::copy(int src_level, int dst_level, const std::vector<CopyRun>& runs) {
+  nb::gil_scoped_acquire acquire;
+  nb::list list;
+  for (const CopyRun& r : runs) {
+    list.append(nb::make_tuple(nb::steal(PyLong_FromUnsignedLongLong(r.src)),
+                               nb::steal(PyLong_FromUnsignedLongLong(r.dst)),
+                               nb::steal(PyLong_FromUnsignedLongLong(r.num_bytes))));
+  }
+  nb::handle(copier_).attr("copy")(src_level, dst_level, list);
+}
+
+namespace {
 
 // --- layers --------------------------------------------------------------------------------
 
@@ -207,7 +235,7 @@ nb::object probe_first_new_block_key(PyManager& self, nb::handle reuse_scope_arg
 
 nb::object stats_object(const CacheStats& s) {
   return api("stats.CacheStats")(s.requests, s.lookup_tokens, s.reused_tokens, s.allocated_pages, s.evicted_pages,
-                                 s.committed_blocks);
+                                 s.committed_blocks, s.onboarded_pages);
 }
 
 // One of the manager's statistics snapshots, taken without the GIL.
@@ -221,11 +249,11 @@ nb::object stats(PyManager& self, CacheStats (KVCacheManager::*take)()) {
 }
 
 nb::list storage_statistics(PyManager& self, nb::handle level) {
-  arg::cache_level(level);
+  const int l = arg::cache_level(level, self.manager->num_levels());
   std::vector<StorageStatistics> stats;
   {
     nb::gil_scoped_release release;
-    stats = self.manager->get_storage_statistics();
+    stats = self.manager->get_storage_statistics(l);
   }
   nb::list out;
   for (const StorageStatistics& s : stats) out.append(api("StorageStatistics")(s.total, s.free, s.evictable));
@@ -257,7 +285,8 @@ nb::list pool_group_descs(PyManager& self) {
 void bind_manager(nb::module_& m) {
   nb::class_<PoolBuffer>(m, "PoolBuffer", nb::type_slots(pool_buffer_slots));
   nb::class_<PyManager>(m, "KVCacheManager")
-      .def("__init__", &init, nb::arg("config").none(), nb::arg("event_manager").none() = nb::none())
+      .def("__init__", &init, nb::arg("config").none(), nb::arg("event_manager").none() = nb::none(),
+           nb::arg("page_copier").none() = nb::none())
       .def_prop_ro("init_config", [](PyManager& self) { return self.config; })
       // The config and the layer registry are fixed when the manager is built: read without the lock.
       .def_prop_ro("tokens_per_block", [](PyManager& self) { return self.manager->tokens_per_block(); })
@@ -326,12 +355,42 @@ void bind_manager(nb::module_& m) {
           "get_quota",
           [](PyManager& self, nb::handle level) {
             const ManagerLock lock(self.manager->context());
-            arg::cache_level(level);
+            const int l = arg::cache_level(level, self.manager->num_levels());
             self.manager->require_live();
-            return self.manager->counts().quota;
+            return self.manager->counts(l).quota;
           },
           nb::arg("level").none() = 0)
       .def("get_storage_statistics", &storage_statistics, nb::arg("level").none() = 0)
+      .def(
+          "resize",
+          [](PyManager& self, nb::handle level, nb::handle quota, nb::handle best_efforts) {
+            // kv_core_py's order: state, every cache suspended, then the arguments left to right.
+            const ManagerLock lock(self.manager->context());
+            self.manager->require_live();
+            if (const std::size_t active = self.manager->num_active_caches()) {
+              fail(kv_api().errors.attr("InvalidStateError").ptr(), msg::kResizeNeedsSuspended,
+                   {std::to_string(active)});
+            }
+            const int l = arg::cache_level(level, self.manager->num_levels());
+            const std::uint64_t q = arg::quota(quota);
+            if (arg::strict_bool("best_efforts", best_efforts)) fail(PyExc_NotImplementedError, msg::kBestEfforts);
+            nb::gil_scoped_release release;
+            return self.manager->resize(l, q);
+          },
+          nb::arg("level").none(), nb::arg("quota").none(), nb::arg("best_efforts").none() = false)
+      .def("get_bytes_moved",
+           [](PyManager& self) {
+             std::vector<std::pair<std::pair<int, int>, std::uint64_t>> moved;
+             {
+               nb::gil_scoped_release release;
+               moved = self.manager->get_bytes_moved();
+             }
+             nb::dict out;
+             for (const auto& [key, bytes] : moved) {
+               out[nb::make_tuple(key.first, key.second)] = nb::steal(PyLong_FromUnsignedLongLong(bytes));
+             }
+             return out;
+           })
       .def("get_committed_stats", [](PyManager& self) { return stats(self, &KVCacheManager::get_committed_stats); })
       .def("get_and_reset_iteration_stats",
            [](PyManager& self) { return stats(self, &KVCacheManager::get_and_reset_iteration_stats); })

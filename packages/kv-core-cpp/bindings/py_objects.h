@@ -35,9 +35,21 @@ struct PyEventManager {
   std::unique_ptr<KVCacheEventManager> events;
 };
 
+// A kv_api.PageCopier called from the core: the GIL is taken for the call (the core runs without it).
+class PyPageCopier : public PageCopier {
+ public:
+  explicit PyPageCopier(nb::handle copier) : copier_(copier.ptr()) {}  // borrowed: PyManager owns it
+  void copy(int src_level, int dst_level, const std::vector<CopyRun>& runs) override;
+
+ private:
+  PyObject* copier_;
+};
+
 struct PyManager {
-  nb::object config;         // the kv_api config, as given (frozen)
-  nb::object event_manager;  // keeps the events alive as long as the manager
+  nb::object config;                     // the kv_api config, as given (frozen)
+  nb::object event_manager;              // keeps the events alive as long as the manager
+  nb::object page_copier;                // the Python copier (None: the core's own copies)
+  std::unique_ptr<PyPageCopier> copier;  // declared before the manager: destroyed after it
   std::unique_ptr<KVCacheManager> manager;
   nb::tuple life_cycles;  // kv_api.LifeCycle objects (with get_stale_range), handed to priority callbacks
 };

@@ -13,6 +13,7 @@ void add(CacheStats& to, const CacheStats& d) {
   to.allocated_pages += d.allocated_pages;
   to.evicted_pages += d.evicted_pages;
   to.committed_blocks += d.committed_blocks;
+  to.onboarded_pages += d.onboarded_pages;
 }
 
 }  // namespace

@@ -73,11 +73,11 @@ void KVCacheEventManager::created(std::vector<std::uint64_t> num_blocks_per_cach
   queue(std::move(e), std::nullopt);
 }
 
-void KVCacheEventManager::stored(Block* block, int life_cycle, int priority) {
+void KVCacheEventManager::stored(Block* block, int life_cycle, int priority, int cache_level) {
   if (!stored_.insert({block->key, life_cycle}).second) return;
   std::optional<BlockHash> parent_hash;
   if (!block->parent->is_root()) parent_hash = hash(static_cast<Block*>(block->parent));
-  StoredBlockEvent sb{hash(block), block->tokens, 0, priority};
+  StoredBlockEvent sb{hash(block), block->tokens, cache_level, priority};
   std::lock_guard<std::mutex> lock(mutex_);
   flush_removed();
   if (!pending_.empty()) {
@@ -105,6 +105,16 @@ void KVCacheEventManager::removed(Block* block, int life_cycle) {
     it = removed_.end() - 1;
   }
   it->second.push_back(std::move(h));
+}
+
+void KVCacheEventManager::updated(Block* block, int life_cycle, int old_level, int new_level) {
+  if (stored_.count({block->key, life_cycle}) == 0) return;
+  Event e;
+  e.kind = Event::Kind::kUpdated;
+  e.block_hashes.push_back(hash(block));
+  e.cache_level = {old_level, new_level};
+  std::lock_guard<std::mutex> lock(mutex_);
+  queue(std::move(e), life_cycle);
 }
 
 void KVCacheEventManager::queue(Event event, std::optional<int> life_cycle) {

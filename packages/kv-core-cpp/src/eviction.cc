@@ -5,6 +5,7 @@ namespace kvcore {
 void EvictionQueue::push(Page* page) {
   auto& bucket = buckets_[page->priority];
   page->queue_pos = bucket.insert(bucket.end(), page);
+  page->queued = true;
   ++size_;
 }
 
@@ -12,16 +13,40 @@ void EvictionQueue::remove(Page* page) {
   auto it = buckets_.find(page->priority);
   it->second.erase(page->queue_pos);
   if (it->second.empty()) buckets_.erase(it);
+  page->queued = false;
   --size_;
 }
 
-Page* EvictionQueue::pop() {
-  auto it = buckets_.begin();
-  Page* page = it->second.front();
-  it->second.pop_front();
-  if (it->second.empty()) buckets_.erase(it);
-  --size_;
-  return page;
+std::vector<Page*> EvictionQueue::candidates(std::size_t n, const std::unordered_set<const Page*>& exclude,
+                                             const std::vector<Page*>& pending) const {
+  std::map<int, std::vector<Page*>> later;
+  for (Page* page : pending) later[page->priority].push_back(page);
+  std::vector<Page*> out;
+  auto queued = buckets_.begin();
+  auto pend = later.begin();
+  while (out.size() < n && (queued != buckets_.end() || pend != later.end())) {
+    int priority;
+    if (pend == later.end() || (queued != buckets_.end() && queued->first <= pend->first)) {
+      priority = queued->first;
+    } else {
+      priority = pend->first;
+    }
+    if (queued != buckets_.end() && queued->first == priority) {
+      for (Page* page : queued->second) {
+        if (out.size() == n) break;
+        if (!exclude.count(page)) out.push_back(page);
+      }
+      ++queued;
+    }
+    if (pend != later.end() && pend->first == priority) {
+      for (Page* page : pend->second) {
+        if (out.size() == n) break;
+        out.push_back(page);
+      }
+      ++pend;
+    }
+  }
+  return out;
 }
 
 }  // namespace kvcore

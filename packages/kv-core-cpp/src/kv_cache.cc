@@ -40,7 +40,8 @@ KVCache::KVCache(CacheContext& context, std::int64_t id, const ReuseScope& scope
       num_lcs_(context.registry().size()),
       num_reused_(history_),
       index_(num_lcs_),
-      stale_scan_(num_lcs_, 0) {
+      stale_scan_(num_lcs_, 0),
+      cached_by_level_(static_cast<std::size_t>(context.storage().num_levels()), 0) {
   // Priorities first: a failing callback must leave the tree untouched.
   struct Reused {
     std::int64_t ordinal;
@@ -58,6 +59,9 @@ KVCache::KVCache(CacheContext& context, std::int64_t id, const ReuseScope& scope
         reused.push_back({ordinal, lc, page, priority_of(ordinal, lc)});
     }
   }
+  std::vector<int> block_level(path.size(), 0);  // the coldest level among a block's reused pages
+  for (const Reused& r : reused) block_level[r.ordinal] = std::max(block_level[r.ordinal], r.page->level);
+  for (std::size_t o = 0; o < path.size(); ++o) cached_by_level_[block_level[o]] += path[o].second;
   for (const auto& [block, matched] : path) {
     CacheBlock cb(num_lcs_);
     if (matched == static_cast<std::int64_t>(block->tokens.size()) && matched == tpb_) {
@@ -71,8 +75,7 @@ KVCache::KVCache(CacheContext& context, std::int64_t id, const ReuseScope& scope
   }
   Storage& storage = context_.storage();
   for (const Reused& r : reused) {
-    storage.hold(r.page);
-    r.page->priority = std::max(r.page->priority, r.priority);  // reuse may raise a block's priority
+    storage.hold(r.page, r.priority);  // reuse may raise a block's priority
     blocks_[r.ordinal].pages[r.lc] = r.page;
   }
 }
@@ -119,7 +122,7 @@ void KVCache::set_index(std::int64_t ordinal, int lc, std::int32_t value) {
 
 void KVCache::lock_page(std::int64_t ordinal, int lc) {
   Page* page = blocks_[ordinal].pages[lc];
-  ++page->locks;
+  context_.storage().lock(page);
   blocks_[ordinal].locked[lc] = true;
   set_index(ordinal, lc, static_cast<std::int32_t>(page->slot));
 }
@@ -127,7 +130,7 @@ void KVCache::lock_page(std::int64_t ordinal, int lc) {
 void KVCache::unlock_page(std::int64_t ordinal, int lc) {
   CacheBlock& cb = blocks_[ordinal];
   if (!cb.locked[lc]) return;
-  --cb.pages[lc]->locks;
+  context_.storage().unlock(cb.pages[lc]);
   cb.locked[lc] = false;
   set_index(ordinal, lc, kBadPageIndex);
 }
@@ -176,16 +179,28 @@ void KVCache::apply_stale_releases(const std::vector<Release>& releases, std::in
   }
 }
 
-bool KVCache::fits(const std::vector<std::pair<std::int64_t, int>>& needs, const std::vector<Page*>& freed) {
+bool KVCache::fits(const std::vector<std::pair<std::int64_t, int>>& needs, const std::vector<Release>& releases) {
+  // Whether room can be made for `needs` once `releases` are applied in order: pages they free,
+  // and pages they make evictable (queued first).
   Storage& storage = context_.storage();
-  std::vector<std::int64_t> per_pg(storage.pool_groups().size(), 0);
-  for (const auto& n : needs) ++per_pg[storage.config().pool_group_of(n.second)];
-  for (const Page* p : freed) --per_pg[p->pool_group];
-  for (PoolGroup& pg : storage.pool_groups()) {
-    const auto room = static_cast<std::int64_t>(pg.allocator.num_free() + pg.evictable.size());
-    if (per_pg[pg.index] > room) return false;
+  const std::size_t num_groups = storage.pool_groups().size();
+  std::vector<std::uint64_t> need(num_groups, 0);
+  for (const auto& n : needs) ++need[storage.config().pool_group_of(n.second)];
+  std::vector<std::uint64_t> freed(num_groups, 0);
+  std::vector<Page*> pending;
+  for (const Release& r : releases) {
+    const CacheBlock& cb = blocks_[r.ordinal];
+    Page* page = cb.pages[r.lc];
+    if (page == nullptr) continue;
+    const int locks = page->locks - (cb.locked[r.lc] ? 1 : 0);
+    const int holders = page->holders - (r.keep ? 0 : 1);
+    if (holders == 0 && !page->committed()) {
+      ++freed[page->pool_group];
+    } else if (!page->queued && !locks && (holders == 0 ? page->committed() : page->level < storage.last_level())) {
+      pending.push_back(page);
+    }
   }
-  return true;
+  return storage.can_make_room(kGpuLevel, need, pending, freed);
 }
 
 std::vector<Page*> KVCache::new_pages(const std::vector<std::pair<std::int64_t, int>>& needs,
@@ -239,6 +254,48 @@ bool KVCache::may_fit(std::int64_t first, std::int64_t num_blocks, std::int64_t 
   return true;
 }
 
+std::vector<Page*> KVCache::held_pages() const {
+  std::vector<Page*> out;
+  for (const CacheBlock& cb : blocks_) {
+    for (Page* p : cb.pages) {
+      if (p != nullptr) out.push_back(p);
+    }
+  }
+  return out;
+}
+
+std::vector<Page*> KVCache::to_lock() const {
+  // The pages resume() locks: held, not stale, not a reused partial block's (copied).
+  std::vector<Page*> out;
+  for (std::int64_t o = 0; o < num_blocks(); ++o) {
+    const CacheBlock& cb = blocks_[o];
+    if (cb.copy_on_resume) continue;
+    for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
+      if (cb.pages[lc] != nullptr && !is_stale(lc, o, history_)) out.push_back(cb.pages[lc]);
+    }
+  }
+  return out;
+}
+
+bool KVCache::make_room(int level, const std::vector<Page*>& pages,
+                        const std::vector<std::pair<std::int64_t, int>>& needs, const std::vector<Page*>& keep) {
+  // Room at `level` for `pages` (ours, to move there) and `needs` (new pages), never evicting
+  // `keep`. False, nothing changed, if short.
+  Storage& storage = context_.storage();
+  std::vector<std::uint64_t> need(storage.pool_groups().size(), 0);
+  for (const Page* page : pages) ++need[page->pool_group];
+  for (const auto& n : needs) ++need[storage.config().pool_group_of(n.second)];
+  Storage::PageSet exclude;
+  for (const Page* page : keep) exclude.insert(page);
+  try {
+    storage.make_room(level, need, exclude);
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::kOutOfPages) return false;
+    throw;
+  }
+  return true;
+}
+
 bool KVCache::resume() {
   const auto lock = context_.lock();
   require(CacheStatus::kSuspended, "resume");
@@ -258,20 +315,27 @@ bool KVCache::resume() {
   needs.insert(needs.end(), more.begin(), more.end());
   std::vector<int> priorities;
   for (const auto& [o, lc] : needs) priorities.push_back(priority_of(o, lc));
-  std::vector<Page*> fresh;
+  const std::vector<Page*> locking = to_lock();
+  std::vector<Page*> below;
+  for (Page* p : locking) {
+    if (p->level != kGpuLevel) below.push_back(p);
+  }
+  if (!make_room(kGpuLevel, below, needs, locking)) return false;
+  storage.move_up(below, kGpuLevel);
+  const std::vector<Page*> fresh = new_pages(needs, priorities);
   try {
-    fresh = new_pages(needs, priorities);
-  } catch (const Error& e) {
-    if (e.kind() == ErrorKind::kOutOfPages) return false;
+    for (std::size_t i = 0; i < needs.size(); ++i) {
+      Page* source = blocks_[needs[i].first].pages[needs[i].second];
+      if (source != nullptr) storage.copy(source, fresh[i]);  // copy-on-write of a reused partial block
+    }
+  } catch (...) {
+    for (Page* page : fresh) storage.unhold(page);  // the cache stays suspended, as it was
     throw;
   }
   for (std::size_t i = 0; i < needs.size(); ++i) {
     CacheBlock& cb = blocks_[needs[i].first];
     Page* source = cb.pages[needs[i].second];
-    if (source != nullptr) {  // copy-on-write of a reused partial block
-      storage.copy(source, fresh[i]);
-      storage.unhold(source);
-    }
+    if (source != nullptr) storage.unhold(source);
     cb.pages[needs[i].second] = fresh[i];
   }
   for (CacheBlock& cb : blocks_) cb.copy_on_resume = false;
@@ -284,9 +348,27 @@ bool KVCache::resume() {
   return true;
 }
 
+bool KVCache::prefetch(int target_level) {
+  const auto lock = context_.lock();
+  require(CacheStatus::kSuspended, "prefetch");
+  Storage& storage = context_.storage();
+  const std::vector<Page*> locking = to_lock();
+  std::vector<Page*> below;
+  for (Page* p : locking) {
+    if (p->level > target_level) below.push_back(p);
+  }
+  if (!make_room(target_level, below, {}, locking)) return false;
+  storage.move_up(below, target_level);
+  return true;
+}
+
 void KVCache::suspend() {
   const auto lock = context_.lock();
   require(CacheStatus::kActive, "suspend");
+  suspend_locked();
+}
+
+void KVCache::suspend_locked() {
   for (std::int64_t o = 0; o < num_blocks(); ++o) {
     for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) unlock_page(o, lc);
   }
@@ -328,16 +410,17 @@ bool KVCache::resize(std::optional<std::int64_t> capacity, std::optional<std::in
   const auto needs = missing(num_blocks(), new_blocks, hist);
   std::vector<int> priorities;
   for (const auto& [o, lc] : needs) priorities.push_back(priority_of(o, lc));
-  std::vector<Page*> freed;
-  for (const auto& [o, lc] : shrink) {
-    Page* p = blocks_[o].pages[lc];
-    if (p != nullptr && p->holders == 1) freed.push_back(p);
-  }
+  std::vector<Release> applied;
+  for (auto it = shrink.rbegin(); it != shrink.rend(); ++it) applied.push_back({it->first, it->second, false});
   for (const Release& r : releases) {
-    Page* p = blocks_[r.ordinal].pages[r.lc];
-    if (!r.keep && p != nullptr && p->holders == 1) freed.push_back(p);
+    if (r.ordinal < new_blocks) applied.push_back(r);
   }
-  if (!fits(needs, freed)) return false;
+  if (!needs.empty() && applied.empty()) {
+    // Room made before anything changes: a failing copy leaves the cache as it was.
+    if (!make_room(kGpuLevel, {}, needs)) return false;
+  } else if (!needs.empty() && !fits(needs, applied)) {
+    return false;
+  }
   try {  // room for the block table before anything changes: one the host cannot hold changes nothing
     blocks_.reserve(static_cast<std::size_t>(new_blocks));
     for (auto& idx : index_) idx.reserve(static_cast<std::size_t>(new_blocks));
@@ -359,7 +442,16 @@ bool KVCache::resize(std::optional<std::int64_t> capacity, std::optional<std::in
   }
   capacity_ = cap;
   history_ = hist;
-  const std::vector<Page*> pages = new_pages(needs, priorities);
+  std::vector<Page*> pages;
+  try {
+    pages = new_pages(needs, priorities);
+  } catch (...) {
+    // Making room after this call's releases failed (a copy): the new lengths stay and the
+    // cache is suspended; resume() allocates the missing pages.
+    suspend_locked();
+    sync_user_buffers();
+    throw;
+  }
   for (std::size_t i = 0; i < needs.size(); ++i) {
     blocks_[needs[i].first].pages[needs[i].second] = pages[i];
     lock_page(needs[i].first, needs[i].second);
@@ -431,7 +523,8 @@ void KVCache::commit_block(std::int64_t ordinal) {
     Page* ours = cb.pages[lc];
     Page* theirs = block->pages[lc];
     if (theirs != nullptr && theirs->num_tokens >= num_tokens) {
-      if (ours != nullptr && ours != theirs && full) {
+      // A page we lock is replaced only by one on the device level; else ours stays private.
+      if (ours != nullptr && ours != theirs && full && (theirs->level == kGpuLevel || !cb.locked[lc])) {
         storage.hold(theirs);
         if (cb.locked[lc]) {
           unlock_page(ordinal, lc);
@@ -447,7 +540,7 @@ void KVCache::commit_block(std::int64_t ordinal) {
       ours->block = block;
       ours->num_tokens = num_tokens;
       block->pages[lc] = ours;
-      if (events) events->stored(block, lc, ours->priority);
+      if (events) events->stored(block, lc, ours->priority, ours->level);
     }
   }
   if (cb.tree_block == nullptr && full) {
@@ -500,6 +593,17 @@ void KVCache::close_locked() {
 std::vector<std::int32_t> KVCache::get_base_page_indices(int layer_group) const {
   const auto lock = context_.lock();
   return index_[layer_group];
+}
+
+std::vector<std::int32_t> KVCache::get_page_levels(int layer_group) const {
+  const auto lock = context_.lock();
+  std::vector<std::int32_t> out;
+  out.reserve(blocks_.size());
+  for (const CacheBlock& cb : blocks_) {
+    const Page* page = cb.pages[layer_group];
+    out.push_back(page ? page->level : -1);
+  }
+  return out;
 }
 
 void KVCache::set_base_page_index_buf(int layer_group, IndexBuffer buffer) {

@@ -11,10 +11,6 @@ namespace kvcore {
 namespace {
 
 const KVCacheManagerConfig& supported(const KVCacheManagerConfig& config) {
-  if (config.tier_quotas.size() > 1) {
-    throw Error(ErrorKind::kNotImplemented,
-                "cache_tiers: host and disk tiers are not supported yet (see capabilities)");
-  }
   if (config.commit_min_snapshot) throw Error(ErrorKind::kNotImplemented, "commit_min_snapshot is not supported yet");
   return config;
 }
@@ -30,21 +26,22 @@ KVCacheEventManager* bind_events(KVCacheEventManager* events, const LifeCycleReg
 
 }  // namespace
 
-KVCacheManager::KVCacheManager(const KVCacheManagerConfig& config, KVCacheEventManager* events)
+KVCacheManager::KVCacheManager(const KVCacheManagerConfig& config, KVCacheEventManager* events, PageCopier* copier)
     : config_(supported(config)),
       registry_(config_),
       storage_config_(config_, registry_),
-      counts_(config_, registry_, storage_config_),
       tree_(registry_.size()),
       events_(bind_events(events, registry_)),
-      storage_(storage_config_, counts_, registry_, tree_, events_),
+      storage_(config_, storage_config_, registry_, tree_, events_, copier),
       context_(config_, registry_, storage_, tree_, events_) {
   if (events_ != nullptr) {
-    std::uint64_t total = 0;
-    for (std::uint64_t s : counts_.slots) total += s;
-    events_->created({total});
+    std::vector<std::uint64_t> totals;
+    for (int l = 0; l < storage_.num_levels(); ++l) totals.push_back(storage_.level(l).total_slots());
+    events_->created(std::move(totals));
   }
 }
+
+KVCacheManager::~KVCacheManager() { storage_.close(); }
 
 void KVCacheManager::require_live() const {
   if (context_.is_shut_down) throw Error(ErrorKind::kInvalidState, "the manager is shut down");
@@ -139,10 +136,51 @@ std::unique_ptr<KVCache> KVCacheManager::create_kv_cache(const ReuseScope& scope
   return cache;
 }
 
-std::vector<StorageStatistics> KVCacheManager::get_storage_statistics() {
+std::vector<StorageStatistics> KVCacheManager::get_storage_statistics(int level) {
   const auto lock = context_.lock();
   require_live();
-  return storage_.statistics();
+  return storage_.statistics(level);
+}
+
+std::vector<std::pair<std::pair<int, int>, std::uint64_t>> KVCacheManager::get_bytes_moved() {
+  const auto lock = context_.lock();
+  return storage_.transfer().bytes_moved();
+}
+
+std::size_t KVCacheManager::num_active_caches() const {
+  std::size_t n = 0;
+  for (const KVCache* c : context_.open_caches()) n += c->status() == CacheStatus::kActive;
+  return n;
+}
+
+bool KVCacheManager::resize(int level, std::uint64_t quota) {
+  const auto lock = context_.lock();
+  const SlotCounts counts(config_, registry_, storage_config_, level, quota);
+  if (quota < counts.min_quota) return false;
+  // Every page the tree or an open cache has (make_room may drop some: the plan skips the dead).
+  std::vector<Page*> live;
+  for (Root* root : tree_.roots()) {
+    for (Block* child : root->children()) {
+      for (Block* b : RadixTree::subtree(child)) {
+        for (Page* p : b->pages) {
+          if (p != nullptr) live.push_back(p);
+        }
+      }
+    }
+  }
+  for (const KVCache* c : context_.open_caches()) {
+    for (Page* p : c->held_pages()) live.push_back(p);
+  }
+  std::sort(live.begin(), live.end());
+  live.erase(std::unique(live.begin(), live.end()), live.end());
+  const Storage::RecordGuard guard(storage_);  // `live` outlives make_room's drops
+  try {
+    storage_.resize_level(level, counts, live);
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::kOutOfPages) return false;
+    throw;
+  }
+  return true;
 }
 
 void KVCacheManager::require_no_open_caches(const char* api) const {
@@ -163,6 +201,7 @@ void KVCacheManager::shutdown() {
   if (context_.is_shut_down) return;
   require_no_open_caches("shutdown");
   storage_.clear();
+  storage_.close();
   context_.is_shut_down = true;
 }
 
@@ -170,6 +209,7 @@ CacheStats KVCacheManager::get_committed_stats() {
   const auto lock = context_.lock();
   CacheStats s = context_.committed_stats;
   s.evicted_pages = storage_.num_evicted;
+  s.onboarded_pages = storage_.num_onboarded;
   return s;
 }
 
@@ -177,8 +217,10 @@ CacheStats KVCacheManager::get_and_reset_iteration_stats() {
   const auto lock = context_.lock();
   CacheStats s = context_.iteration_stats;
   s.evicted_pages = storage_.num_evicted - evicted_mark_;
+  s.onboarded_pages = storage_.num_onboarded - onboarded_mark_;
   context_.iteration_stats = CacheStats{};
   evicted_mark_ = storage_.num_evicted;
+  onboarded_mark_ = storage_.num_onboarded;
   return s;
 }
 

@@ -1,5 +1,6 @@
 #include "kvcore/slot_allocator.h"
 
+#include <algorithm>
 #include <string>
 
 #include "kvcore/error.h"
@@ -19,6 +20,29 @@ std::vector<std::uint64_t> SlotAllocator::allocate(std::uint64_t n) {
   }
   while (taken.size() < n) taken.push_back(next_fresh_++);
   return taken;
+}
+
+std::vector<std::uint64_t> SlotAllocator::peek(std::uint64_t n, std::optional<std::uint64_t> below) const {
+  const std::uint64_t limit = below.value_or(num_slots_);
+  std::vector<std::uint64_t> taken;
+  taken.reserve(n);
+  for (auto it = recycled_.begin(); taken.size() < n && it != recycled_.end(); ++it) {
+    if (*it < limit) taken.push_back(*it);
+  }
+  for (std::uint64_t fresh = std::min(next_fresh_, limit); taken.size() < n; ++fresh) taken.push_back(fresh);
+  return taken;
+}
+
+void SlotAllocator::resize(std::uint64_t num_slots) {
+  if (num_slots < num_slots_) {
+    std::deque<std::uint64_t> kept;
+    for (std::uint64_t s : recycled_) {
+      if (s < num_slots) kept.push_back(s);
+    }
+    recycled_.swap(kept);
+    next_fresh_ = std::min(next_fresh_, num_slots);
+  }
+  num_slots_ = num_slots;
 }
 
 }  // namespace kvcore

@@ -30,8 +30,8 @@ int bit_length(std::uint64_t v) {
 constexpr std::uint64_t kQuotaLimit = std::uint64_t{1} << 63;
 constexpr double kQuotaLimitDouble = 9223372036854775808.0;  // 2**63, exact
 
-[[noreturn]] void throw_min_quota_error() {
-  throw Error(ErrorKind::kHostOOM, "device tier: the minimum slots need 2**63 bytes or more");
+[[noreturn]] void throw_min_quota_error(const char* tier = "device") {
+  throw Error(ErrorKind::kHostOOM, std::string(tier) + " tier: the minimum slots need 2**63 bytes or more");
 }
 
 // The number of ints in the union of the half-open ranges (each non-empty).
@@ -82,14 +82,14 @@ std::vector<std::uint64_t> compute_min_slots(const KVCacheManagerConfig& config,
 // Every step is checked against 2**63, so nothing wraps: each term only grows the total, so the
 // first step to reach 2**63 means the exact total does too (where the Python backend raises).
 std::uint64_t min_quota(const std::vector<std::uint64_t>& minimum, const std::vector<PoolGroupConfig>& groups,
-                        std::uint64_t g) {
+                        std::uint64_t g, const char* tier) {
   std::uint64_t total = 0;
   for (const PoolGroupConfig& pg : groups) {
     for (std::uint64_t size : pg.slot_sizes) {
       std::uint64_t bytes = 0;
-      if (__builtin_mul_overflow(minimum[pg.index], size, &bytes) || bytes >= kQuotaLimit) throw_min_quota_error();
+      if (__builtin_mul_overflow(minimum[pg.index], size, &bytes) || bytes >= kQuotaLimit) throw_min_quota_error(tier);
       total += ceil_div(bytes, g) * g;  // < 2**63 + g and total < 2**63 before: no wrap
-      if (total >= kQuotaLimit) throw_min_quota_error();
+      if (total >= kQuotaLimit) throw_min_quota_error(tier);
     }
   }
   return total;
@@ -199,6 +199,30 @@ std::uint64_t gpu_granularity(std::uint64_t quota) {
   return (2 * kMiB) << exponent;
 }
 
+std::uint64_t tier_granularity(CacheTier tier, std::uint64_t quota) {
+  switch (tier) {
+    case CacheTier::kGpu:
+      return gpu_granularity(quota);
+    case CacheTier::kHost:
+      return 4 * 1024;
+    case CacheTier::kDisk:
+      return 2 * kMiB;
+  }
+  return gpu_granularity(quota);
+}
+
+const char* tier_name(CacheTier tier) {
+  switch (tier) {
+    case CacheTier::kGpu:
+      return "device";
+    case CacheTier::kHost:
+      return "host";
+    case CacheTier::kDisk:
+      return "disk";
+  }
+  return "device";
+}
+
 std::uint64_t grains_for(std::uint64_t slots, const std::vector<std::uint64_t>& slot_sizes, std::uint64_t granularity) {
   std::uint64_t total = 0;
   for (std::uint64_t size : slot_sizes) total += ceil_div(slots * size, granularity);
@@ -249,11 +273,15 @@ std::int64_t slots_for_batch(const LifeCycleRegistry& registry, int life_cycle, 
 }
 
 SlotCounts::SlotCounts(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry,
-                       const StorageConfig& storage) {
-  const std::uint64_t requested = config.tier_quotas.at(0);
-  const std::uint64_t g = gpu_granularity(requested);
+                       const StorageConfig& storage, int level, std::optional<std::uint64_t> quota_override) {
+  const CacheTierConfig& tier = config.cache_tiers.at(level);
+  const std::uint64_t requested = quota_override.value_or(tier.quota);
+  const std::uint64_t g = tier_granularity(tier.tier, requested);
+  granularity = g;
   min_slots = compute_min_slots(config, registry, storage);
-  const std::uint64_t least = min_quota(min_slots, storage.pool_groups(), g);  // before the ratio, as in Python
+  // before the ratio, as in Python
+  const std::uint64_t least = kvcore::min_quota(min_slots, storage.pool_groups(), g, tier_name(tier.tier));
+  this->min_quota = least;
   const std::vector<double> ratio = initial_ratio(config, registry, storage, min_slots);
   quota = std::max(least, ceil_div(requested, g) * g);
   slots = distribute(ratio, min_slots, storage.pool_groups(), quota / g, g);

@@ -1,92 +1,366 @@
 #include "kvcore/storage.h"
 
+#include <algorithm>
 #include <string>
 
 #include "kvcore/error.h"
 
 namespace kvcore {
 
-PoolGroup::PoolGroup(int index, const std::vector<std::uint64_t>& slot_sizes, std::uint64_t num_slots)
-    : index(index), allocator(num_slots) {
-  pools.reserve(slot_sizes.size());
-  for (std::uint64_t size : slot_sizes) pools.emplace_back(num_slots, size);
+Storage::Storage(const KVCacheManagerConfig& manager_config, const StorageConfig& config,
+                 const LifeCycleRegistry& registry, RadixTree& tree, KVCacheEventManager* events, PageCopier* copier)
+    : config_(config), registry_(registry), tree_(tree), events_(events), transfer_(copier) {
+  for (int l = 0; l < static_cast<int>(manager_config.cache_tiers.size()); ++l)
+    levels_.push_back(std::make_unique<CacheLevel>(l, manager_config, registry, config));
 }
 
-double PoolGroup::utilization() const {
-  const StorageStatistics s = statistics();
-  return static_cast<double>(s.total - s.free - s.evictable) / static_cast<double>(s.total);
+std::vector<StorageStatistics> Storage::statistics(int level) const { return levels_[level]->statistics(); }
+
+void Storage::close() {
+  for (auto& level : levels_) level->close();
 }
 
-Storage::Storage(const StorageConfig& config, const SlotCounts& counts, const LifeCycleRegistry& registry,
-                 RadixTree& tree, KVCacheEventManager* events)
-    : config_(config), registry_(registry), tree_(tree), events_(events) {
-  for (const PoolGroupConfig& pg : config.pool_groups())
-    pool_groups_.emplace_back(pg.index, pg.slot_sizes, counts.slots[pg.index]);
+Page* Storage::new_record() {
+  Page* page;
+  if (free_records_.empty()) {
+    page = &records_.emplace_back();
+  } else {
+    page = free_records_.back();
+    free_records_.pop_back();
+    *page = Page{};
+  }
+  return page;
 }
 
-std::vector<StorageStatistics> Storage::statistics() const {
-  std::vector<StorageStatistics> out;
-  for (const PoolGroup& pg : pool_groups_) out.push_back(pg.statistics());
-  return out;
+void Storage::retire(Page* page) {
+  if (guards_) {
+    retired_.push_back(page);
+  } else {
+    free_records_.push_back(page);
+  }
 }
+
+void Storage::recycle() {
+  free_records_.insert(free_records_.end(), retired_.begin(), retired_.end());
+  retired_.clear();
+}
+
+// -- page status ------------------------------------------------------------------------------
+
+bool Storage::evictable(const Page* page) const {
+  if (page->locks) return false;
+  if (page->holders) return page->level < last_level();
+  return page->committed();
+}
+
+void Storage::update(Page* page) {
+  const bool should = evictable(page);
+  if (page->queued == should) return;
+  EvictionQueue& queue = pool_group_of(page).evictable;
+  if (should) {
+    queue.push(page);
+  } else {
+    queue.remove(page);
+  }
+}
+
+void Storage::dequeue(Page* page) {
+  if (page->queued) pool_group_of(page).evictable.remove(page);
+}
+
+void Storage::hold(Page* page, std::optional<int> priority) {
+  if (priority && *priority > page->priority) {
+    dequeue(page);
+    page->priority = *priority;
+  }
+  ++page->holders;
+  update(page);
+}
+
+void Storage::unhold(Page* page) {
+  --page->holders;
+  if (page->holders || page->committed()) {
+    update(page);
+  } else {
+    dequeue(page);
+    free(page);
+    retire(page);
+  }
+}
+
+void Storage::lock(Page* page) {
+  if (page->level != 0)
+    throw Error(ErrorKind::kCorrupted, "locking a page at cache level " + std::to_string(page->level));
+  ++page->locks;
+  update(page);
+}
+
+void Storage::unlock(Page* page) {
+  --page->locks;
+  update(page);
+}
+
+void Storage::free(Page* page) { pool_group_of(page).allocator.release(page->slot); }
+
+// -- new pages and copies ----------------------------------------------------------------------
 
 std::vector<Page*> Storage::new_pages(const std::vector<std::pair<int, int>>& requests) {
-  std::vector<std::uint64_t> need(pool_groups_.size(), 0);
+  std::vector<std::uint64_t> need(pool_groups().size(), 0);
   for (const auto& r : requests) ++need[config_.pool_group_of(r.first)];
-  for (PoolGroup& pg : pool_groups_) {
-    const std::uint64_t n = need[pg.index];
-    if (n > pg.allocator.num_free() + pg.evictable.size()) {
-      throw Error(ErrorKind::kOutOfPages, "pool group " + std::to_string(pg.index) + ": need " + std::to_string(n) +
-                                              " slots, " + std::to_string(pg.allocator.num_free()) + " free and " +
-                                              std::to_string(pg.evictable.size()) + " evictable");
-    }
-  }
+  make_room(0, need);
   std::vector<std::vector<std::uint64_t>> slots;
-  for (PoolGroup& pg : pool_groups_) {
-    const std::uint64_t n = need[pg.index];
-    while (pg.allocator.num_free() < n) {
-      drop(pg.evictable.pop());
-      ++num_evicted;
-    }
-    slots.push_back(pg.allocator.allocate(n));
-  }
-  std::vector<std::size_t> next(pool_groups_.size(), 0);
+  for (PoolGroup& pg : pool_groups()) slots.push_back(pg.allocator.allocate(need[pg.index]));
+  std::vector<std::size_t> next(pool_groups().size(), 0);
   std::vector<Page*> pages;
   for (const auto& [lc, priority] : requests) {
     const int p = config_.pool_group_of(lc);
-    const std::uint64_t slot = slots[p][next[p]++];
-    std::deque<Page>& by_slot = pool_groups_[p].pages;
-    while (by_slot.size() <= slot) by_slot.emplace_back();  // fresh slots come in order: one at a time
-    Page& page = by_slot[slot];
-    page = Page{};
-    page.slot = slot;
-    page.life_cycle = lc;
-    page.pool_group = p;
-    page.priority = priority;
-    pages.push_back(&page);
+    Page* page = new_record();
+    page->slot = slots[p][next[p]++];
+    page->life_cycle = lc;
+    page->pool_group = p;
+    page->priority = priority;
+    pages.push_back(page);
   }
   return pages;
 }
 
 void Storage::copy(const Page* src, const Page* dst) {
-  for (MemoryPool& pool : pool_groups_[src->pool_group].pools) pool.copy_slot(src->slot, dst->slot);
+  transfer_.copy(level(src->level), level(dst->level), src->pool_group, {{src->slot, dst->slot}});
 }
 
-void Storage::free(Page* page) { pool_groups_[page->pool_group].allocator.release(page->slot); }
+// -- making room ---------------------------------------------------------------------------------
 
-void Storage::hold(Page* page) {
-  if (page->holders == 0 && page->committed()) pool_groups_[page->pool_group].evictable.remove(page);
-  ++page->holders;
+std::vector<Storage::Plan> Storage::plan(int level, const std::vector<std::uint64_t>& need, const PageSet& exclude,
+                                         const std::vector<Page*>& pending, const std::vector<std::uint64_t>& freed) {
+  std::vector<Plan> plans;
+  for (std::size_t pg = 0; pg < pool_groups().size(); ++pg) {
+    Plan plan;
+    auto goal = static_cast<std::int64_t>(need[pg]);
+    std::vector<Page*> arrivals;
+    for (int lv = level; lv < num_levels(); ++lv) {
+      PoolGroup& group = levels_[lv]->pool_groups[pg];
+      auto free = static_cast<std::int64_t>(group.allocator.num_free());
+      std::vector<Page*> queued;
+      if (lv == level) {
+        if (!freed.empty()) free += static_cast<std::int64_t>(freed[pg]);
+        for (Page* p : pending) {
+          if (p->pool_group == static_cast<int>(pg)) queued.push_back(p);
+        }
+      }
+      const std::int64_t want = goal + static_cast<std::int64_t>(arrivals.size()) - free;
+      std::vector<Page*> chosen;
+      if (want > 0) chosen = group.evictable.candidates(static_cast<std::size_t>(want), exclude, queued);
+      const auto num_chosen = static_cast<std::int64_t>(chosen.size());
+      const std::int64_t room = free + num_chosen - goal;  // slots left for the pages falling in
+      auto short_of_slots = [&] {
+        return Error(ErrorKind::kOutOfPages, "pool group " + std::to_string(pg) + ": need " + std::to_string(goal) +
+                                                 " slots, " + std::to_string(free) + " free and " +
+                                                 std::to_string(num_chosen) + " evictable");
+      };
+      if (lv == last_level()) {
+        const auto held = std::count_if(arrivals.begin(), arrivals.end(), [](const Page* p) { return p->holders > 0; });
+        if (room < held) {
+          if (lv == level) throw short_of_slots();
+          throw Error(ErrorKind::kOutOfPages, "cache level " + std::to_string(lv) + ", pool group " +
+                                                  std::to_string(pg) + ": " + std::to_string(held) +
+                                                  " held pages fall in, " + std::to_string(free) + " free and " +
+                                                  std::to_string(num_chosen) + " evictable");
+        }
+        plan.drops = std::move(chosen);
+        const std::int64_t lose = std::max<std::int64_t>(0, static_cast<std::int64_t>(arrivals.size()) - room);
+        for (Page* p : arrivals) {
+          if (static_cast<std::int64_t>(plan.lost.size()) == lose) break;
+          if (!p->holders) plan.lost.push_back(p);
+        }
+        for (Page* p : arrivals) {
+          if (std::find(plan.lost.begin(), plan.lost.end(), p) == plan.lost.end()) plan.moves.emplace_back(p, lv);
+        }
+      } else {
+        if (room < 0) throw short_of_slots();
+        // The least valuable fall further.
+        const auto passing =
+            static_cast<std::size_t>(std::max<std::int64_t>(0, static_cast<std::int64_t>(arrivals.size()) - room));
+        for (std::size_t i = passing; i < arrivals.size(); ++i) plan.moves.emplace_back(arrivals[i], lv);
+        arrivals.resize(passing);
+        chosen.insert(chosen.end(), arrivals.begin(), arrivals.end());
+        arrivals = std::move(chosen);
+      }
+      goal = 0;
+    }
+    plans.push_back(std::move(plan));
+  }
+  return plans;
 }
 
-void Storage::unhold(Page* page) {
-  if (--page->holders) return;
-  if (page->committed()) {
-    pool_groups_[page->pool_group].evictable.push(page);
-  } else {
-    free(page);
+bool Storage::can_make_room(int level, const std::vector<std::uint64_t>& need, const std::vector<Page*>& pending,
+                            const std::vector<std::uint64_t>& freed) {
+  try {
+    plan(level, need, {}, pending, freed);
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::kOutOfPages) return false;
+    throw;
+  }
+  return true;
+}
+
+void Storage::make_room(int level, const std::vector<std::uint64_t>& need, const PageSet& exclude) {
+  // Disk blocks for the pages that may fall there are allocated before anything moves. Each pool
+  // group's plan runs deepest level first (the last level's drops, then the moves into each
+  // level), so every slot is emptied before it is filled. The plan's pages stay pointed to
+  // throughout: records freed meanwhile (a subtree removal) are recycled after.
+  const RecordGuard guard(*this);
+  const std::vector<Plan> plans = plan(level, need, exclude);
+  for (std::size_t pg = 0; pg < plans.size(); ++pg) {
+    for (int lv = level + 1; lv < num_levels(); ++lv) {
+      PoolGroup& group = levels_[lv]->pool_groups[pg];
+      if (group.disk_pools.empty()) continue;
+      const auto arriving = static_cast<std::uint64_t>(std::count_if(plans[pg].moves.begin(), plans[pg].moves.end(),
+                                                                     [lv](const auto& m) { return m.second == lv; }));
+      ensure_backed(group, arriving);
+    }
+  }
+  for (std::size_t pg = 0; pg < plans.size(); ++pg) {
+    const Plan& plan = plans[pg];
+    PoolGroup& last = levels_[last_level()]->pool_groups[pg];
+    std::uint64_t target = level == last_level() ? need[pg] : 0;
+    for (const auto& [p, d] : plan.moves) {
+      if (d == last_level() && !p->dead()) ++target;
+    }
+    for (Page* page : plan.drops) {
+      if (last.allocator.num_free() >= target) break;
+      if (!page->dead()) evict_drop(page);
+    }
+    for (Page* page : plan.lost) {
+      if (!page->dead()) evict_drop(page);
+    }
+    for (int dst = last_level(); dst > level; --dst) {
+      for (int src = level; src < dst; ++src) {
+        std::vector<Page*> batch;
+        for (const auto& [p, d] : plan.moves) {
+          if (d == dst && !p->dead() && p->level == src) batch.push_back(p);
+        }
+        move_down(batch, dst);
+      }
+    }
   }
 }
+
+void Storage::ensure_backed(PoolGroup& group, std::uint64_t arriving) {
+  // cache_level.py's PoolGroup.ensure_backed: disk blocks for the slots `arriving` more pages will take.
+  const std::vector<std::uint64_t> slots = group.allocator.peek(arriving);
+  const std::uint64_t upto = slots.empty() ? 0 : *std::max_element(slots.begin(), slots.end()) + 1;
+  for (DiskPool& pool : group.disk_pools) pool.reserve(upto);
+}
+
+void Storage::evict_drop(Page* page) {
+  if (page->level == 0) ++num_evicted;
+  dequeue(page);
+  drop(page);
+}
+
+void Storage::move_down(const std::vector<Page*>& pages, int dst_level) {
+  // If dst_level lacks slots for all (a drop took fewer pages than planned), the first
+  // droppable ones drop instead.
+  if (pages.empty()) return;
+  const int src_level = pages[0]->level;
+  PoolGroup& below = levels_[dst_level]->pool_groups[pages[0]->pool_group];
+  const auto surplus = static_cast<std::int64_t>(pages.size()) - static_cast<std::int64_t>(below.allocator.num_free());
+  std::vector<Page*> dropped;
+  if (surplus > 0) {
+    for (Page* p : pages) {
+      if (static_cast<std::int64_t>(dropped.size()) == surplus) break;
+      if (!p->holders) dropped.push_back(p);
+    }
+    if (static_cast<std::int64_t>(dropped.size()) < surplus)
+      throw Error(ErrorKind::kCorrupted, "held pages fall to a level without room for them");
+  }
+  std::vector<Page*> movers;
+  for (Page* p : pages) {
+    if (std::find(dropped.begin(), dropped.end(), p) == dropped.end()) movers.push_back(p);
+  }
+  move(movers, dst_level);
+  if (src_level == 0) num_evicted += movers.size();
+  for (Page* page : dropped) {
+    if (!page->dead()) evict_drop(page);
+  }
+}
+
+void Storage::move(const std::vector<Page*>& pages, int dst_level) {
+  // Bytes first (a failure leaves every page where it was), then slots, levels and queues.
+  if (pages.empty()) return;
+  const int src_level = pages[0]->level;
+  const int pg = pages[0]->pool_group;
+  PoolGroup& group = levels_[dst_level]->pool_groups[pg];
+  const std::vector<std::uint64_t> slots = group.allocator.peek(pages.size());
+  SlotMoves moves;
+  for (std::size_t i = 0; i < pages.size(); ++i) moves.emplace_back(pages[i]->slot, slots[i]);
+  transfer_.copy(*levels_[src_level], *levels_[dst_level], pg, moves);
+  group.allocator.allocate(pages.size());
+  for (std::size_t i = 0; i < pages.size(); ++i) {
+    Page* page = pages[i];
+    dequeue(page);
+    free(page);
+    page->level = dst_level;
+    page->slot = slots[i];
+    if (page->committed() && events_ != nullptr) events_->updated(page->block, page->life_cycle, src_level, dst_level);
+    update(page);
+  }
+  if (dst_level == 0) num_onboarded += pages.size();
+}
+
+void Storage::move_up(const std::vector<Page*>& pages, int dst_level) {
+  for (std::size_t pg = 0; pg < pool_groups().size(); ++pg) {
+    for (int lv = dst_level + 1; lv < num_levels(); ++lv) {
+      std::vector<Page*> batch;
+      for (Page* p : pages) {
+        if (p->pool_group == static_cast<int>(pg) && p->level == lv) batch.push_back(p);
+      }
+      move(batch, dst_level);
+    }
+  }
+}
+
+// -- quota resize ----------------------------------------------------------------------------------
+
+void Storage::resize_level(int level, const SlotCounts& counts, const std::vector<Page*>& live) {
+  std::deque<PoolGroup>& groups = levels_[level]->pool_groups;
+  const std::vector<std::uint64_t>& target = counts.slots;
+  std::vector<std::vector<MemoryPool>> memory;
+  std::vector<std::uint64_t> need;
+  for (PoolGroup& g : groups) {
+    const std::uint64_t n = target[g.index];
+    memory.push_back(n != g.num_slots() ? g.new_memory(n) : std::vector<MemoryPool>{});
+    need.push_back(g.num_slots() > n ? g.num_slots() - n : 0);
+  }
+  make_room(level, need);
+  for (PoolGroup& group : groups) {
+    const std::uint64_t n = target[group.index];
+    if (n == group.num_slots()) continue;
+    std::vector<Page*> mine;
+    for (Page* p : live) {
+      if (!p->dead() && p->level == level && p->pool_group == group.index) mine.push_back(p);
+    }
+    std::sort(mine.begin(), mine.end(), [](const Page* a, const Page* b) { return a->slot < b->slot; });
+    std::vector<Page*> movers;
+    for (Page* p : mine) {
+      if (p->slot >= n) movers.push_back(p);
+    }
+    const std::vector<std::uint64_t> slots = group.allocator.peek(movers.size(), n);
+    SlotMoves moves;
+    for (std::size_t i = 0; i < movers.size(); ++i) moves.emplace_back(movers[i]->slot, slots[i]);
+    transfer_.copy(*levels_[level], *levels_[level], group.index, moves);
+    group.allocator.resize(n);
+    group.allocator.allocate(movers.size());
+    for (std::size_t i = 0; i < movers.size(); ++i) movers[i]->slot = slots[i];
+    std::vector<std::uint64_t> occupied;
+    for (const Page* p : mine) occupied.push_back(p->slot);
+    std::sort(occupied.begin(), occupied.end());
+    group.remap(n, std::move(memory[group.index]), occupied);
+  }
+  levels_[level]->counts = counts;
+}
+
+// -- the tree's pages ----------------------------------------------------------------------------
 
 void Storage::adopt(Block* block, Block* sibling) {
   // The block takes the sibling's pages with their coverage, so the shorter endpoint stays
@@ -111,8 +385,11 @@ void Storage::adopt(Block* block, Block* sibling) {
 void Storage::orphan(Page* page) {
   page->block = nullptr;
   if (!page->holders) {
-    pool_groups_[page->pool_group].evictable.remove(page);
+    dequeue(page);
     free(page);
+    retire(page);
+  } else {
+    update(page);
   }
 }
 
@@ -132,7 +409,7 @@ void Storage::drop(Page* page) {
           throw Error(ErrorKind::kCorrupted, "held page in a removed subtree (block " + std::to_string(b->ordinal) +
                                                  ", life cycle " + std::to_string(l) + ")");
         }
-        pool_groups_[p->pool_group].evictable.remove(p);
+        dequeue(p);
         discard(b, l);
       }
     }
@@ -149,6 +426,7 @@ void Storage::discard(Block* block, int life_cycle) {
   block->pages[life_cycle] = nullptr;
   page->block = nullptr;
   free(page);
+  retire(page);
   if (events_) events_->removed(block, life_cycle);
 }
 
@@ -159,7 +437,7 @@ void Storage::clear() {
         for (int l = 0; l < static_cast<int>(b->pages.size()); ++l) {
           Page* p = b->pages[l];
           if (p == nullptr) continue;
-          pool_groups_[p->pool_group].evictable.remove(p);
+          dequeue(p);
           discard(b, l);
         }
       }

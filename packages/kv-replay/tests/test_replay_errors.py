@@ -65,6 +65,16 @@ BAD_VALUES: dict[str, Any] = {
         st.integers(min_value=2**63).map(str),
         st.sampled_from(["1X", "-1G", "1.5", "G", "1G,", ",", "1..5G", "0.1B", "1e9", " "]),
     ),
+    "--host-quota": st.one_of(
+        st.just("0"),
+        st.integers(min_value=2**63).map(str),
+        st.sampled_from(["1X", "-1G", "1.5", "G", "1G,", ",", "1..5G", "0.1B", "1e9", " "]),
+    ),
+    "--disk-quota": st.one_of(
+        st.just("0"),
+        st.integers(min_value=2**63).map(str),
+        st.sampled_from(["1X", "-1G", "1.5", "G", "1G,", ",", "1G,2G", "0.1B", "1e9", " "]),
+    ),
     "--layers": st.one_of(
         st.sampled_from(["", "0", "4x", "4x0", "x4", "4+2", "4x8+", "2000", "1,", "-1", "4x8x8", "1x99999999999999"]),
         st.text(alphabet="0123456789x+,- ab", min_size=1).filter(refused_layers),

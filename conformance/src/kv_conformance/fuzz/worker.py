@@ -27,7 +27,10 @@ from kv_conformance.tests._manager import active, committed, hybrid_config, snap
 P0 = list(range(100, 112))
 P1 = list(range(200, 206))
 SCOPE1 = ReuseScope(1, None)
-CONFIG = hybrid_config()
+# A host tier below the device, so that calls meet pages on both levels.
+CONFIG = dataclasses.replace(
+    hybrid_config(), cache_tiers=[*hybrid_config().cache_tiers, kv_api.HostCacheTierConfig(1 << 20)]
+)
 #: What ``probe_reuse`` must keep answering alike after a failing call: both prompts, a prefix.
 PROBES = [(None, P0), (SCOPE1, P1), (None, P0[:6]), (SCOPE1, P0)]
 #: Items of an iterator a call returns that are read (the key iterators are lazy).

@@ -204,6 +204,7 @@ class CacheState:
     capacity: int
     num_blocks: int
     indices: tuple[tuple[int, ...], ...]
+    levels: tuple[tuple[int, ...], ...]  # per layer group, the cache level of each block's page
 
 
 @dataclass(frozen=True)
@@ -221,6 +222,7 @@ def cache_state(manager: KVCacheManager, cache: KVCache) -> CacheState:
         cache.capacity,
         cache.num_blocks,
         tuple(tuple(cache.get_base_page_indices(lc.id)) for lc in life_cycles(manager)),
+        tuple(tuple(cache.get_page_levels(lc.id)) for lc in life_cycles(manager)),
     )
 
 
@@ -229,10 +231,12 @@ def snapshot(
     caches: Iterable[KVCache] = (),
     probes: Iterable[tuple[ReuseScope | None, Sequence[int]]] = (),
 ) -> Snapshot:
-    """What a failing call must leave unchanged: storage statistics, each cache's lengths,
-    status and page indices, and what ``probes`` (scope, tokens) would reuse."""
+    """What a failing call must leave unchanged: storage statistics of every level, each cache's
+    lengths, status, page indices and levels, and what ``probes`` (scope, tokens) would reuse."""
     return Snapshot(
-        tuple(manager.get_storage_statistics()),
+        tuple(
+            s for level in range(len(manager.init_config.cache_tiers)) for s in manager.get_storage_statistics(level)
+        ),
         tuple(cache_state(manager, c) for c in caches),
         tuple(manager.probe_reuse(scope, list(tokens)) for scope, tokens in probes),
     )

@@ -1,11 +1,14 @@
 """Differential state machine: every backend under test, driven in lock-step through random
-manager and cache calls under memory pressure, must agree on every observable after every step:
-results and exceptions, lengths, page indices, reuse, storage statistics, stats and events.
-Invariants are checked on each backend after every step as well."""
+manager and cache calls under memory pressure, with one to three cache levels, must agree on
+every observable after every step: results and exceptions, lengths, page indices and levels,
+reuse, storage statistics of every level, stats, bytes moved and events. Invariants are checked
+on each backend after every step as well."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +28,10 @@ import kv_api
 from kv_api import (
     AttentionLayerConfig,
     BufferConfig,
+    CacheTierConfig,
+    DiskCacheTierConfig,
     GpuCacheTierConfig,
+    HostCacheTierConfig,
     KVCacheManagerConfig,
     KVCacheStatus,
     ReuseScope,
@@ -54,8 +60,28 @@ PRIORITIES: dict[str, Callable[[int, Any], int] | None] = {
 }
 
 
+#: Cache levels below the device: small, so pages fall through them and get dropped.
+TIERS = ["device", "device", "host", "host+disk", "disk"]
+SLOT = 128 << 10  # bytes of a slot with one life cycle (key + value)
+
+
+def tiers_for(tiers: str, host_slots: int, path: str) -> list[CacheTierConfig]:
+    out: list[CacheTierConfig] = [GpuCacheTierConfig(2 << 20)]
+    if "host" in tiers:
+        out.append(HostCacheTierConfig(host_slots * SLOT))
+    if "disk" in tiers:
+        out.append(DiskCacheTierConfig(2 << 20, path))
+    return out
+
+
 def config_for(
-    tpb: int, window: int | None, sinks: int | None, full: bool, backoff: int, partial: bool
+    tpb: int,
+    window: int | None,
+    sinks: int | None,
+    full: bool,
+    backoff: int,
+    partial: bool,
+    tiers: list[CacheTierConfig] | None = None,
 ) -> KVCacheManagerConfig:
     kv = [BufferConfig("key", 64 << 10), BufferConfig("value", 64 << 10)]
     # A zero sink count is valid without a window too (no sinks); a positive one goes to the window only.
@@ -66,7 +92,7 @@ def config_for(
     # caches compete for pages and committed blocks get evicted.
     return KVCacheManagerConfig(
         tokens_per_block=tpb,
-        cache_tiers=[GpuCacheTierConfig(2 << 20)],
+        cache_tiers=tiers or [GpuCacheTierConfig(2 << 20)],
         layers=layers,
         reuse_match_backoff=backoff,
         enable_partial_reuse=partial,
@@ -92,6 +118,8 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
             partial=st.booleans(),
             hash_algo=st.sampled_from(["v1_block_key", "v2_sha256", "v2_sha256_64"]),
             ring=st.sampled_from([100_000, 8]),
+            tiers=st.sampled_from(TIERS),
+            host_slots=st.sampled_from([2, 4, 8]),
         )
         def build(
             self,
@@ -103,11 +131,20 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
             partial: bool,
             hash_algo: str,
             ring: int,
+            tiers: str,
+            host_slots: int,
         ) -> None:
-            config = config_for(tpb, window, sinks, full, backoff, partial)
+            self.dirs = [tempfile.mkdtemp(prefix="kv-differential-") for _ in backends]
+            self.configs = [
+                config_for(tpb, window, sinks, full, backoff, partial, tiers_for(tiers, host_slots, d))
+                for d in self.dirs
+            ]
+            self.levels = len(self.configs[0].cache_tiers)
             self.tpb = tpb
             self.events = [b.KVCacheEventManager(ring, hash_algo) for b in backends]
-            self.managers = [b.KVCacheManager(config, em) for b, em in zip(backends, self.events, strict=True)]
+            self.managers = [
+                b.KVCacheManager(config, em) for b, em, config in zip(backends, self.events, self.configs, strict=True)
+            ]
             self.groups = len(self.managers[0].life_cycles)
 
         def each(self, call: Callable[[int], tuple[Any, Any]]) -> list[Any] | None:
@@ -155,6 +192,23 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
         @rule(index=st.integers(0, 99))
         def resume(self, index: int) -> None:
             self.on_cache(index, lambda c: c.resume())
+
+        @precondition(lambda self: self.caches)
+        @rule(index=st.integers(0, 99), level=st.integers(0, 3))
+        def prefetch(self, index: int, level: int) -> None:
+            self.on_cache(index, lambda c: c.prefetch(level))
+
+        @rule(level=st.integers(0, 2), slots=st.integers(1, 40))
+        def quota_resize(self, level: int, slots: int) -> None:
+            """A level's quota changed (the caches suspended first, as the call requires)."""
+
+            def call(i: int) -> tuple[None, Any]:
+                for c in self.caches:
+                    if c[i].status == KVCacheStatus.ACTIVE:
+                        c[i].suspend()
+                return None, self.managers[i].resize(level, slots * SLOT)
+
+            self.each(call)
 
         @precondition(lambda self: self.caches)
         @rule(index=st.integers(0, 99))
@@ -258,11 +312,14 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
                         c[i].history_length,
                         c[i].capacity,
                         c[i].num_blocks,
+                        c[i].cached_tokens_by_level,
                         *(tuple(c[i].get_base_page_indices(lg)) for lg in range(self.groups)),
+                        *(tuple(c[i].get_page_levels(lg)) for lg in range(self.groups)),
                     )
                     for c in self.caches
                 ]
-                return None, (caches, m.get_storage_statistics(), m.get_committed_stats(), em.get_latest_events(0))
+                levels = [(m.get_quota(lv), m.get_storage_statistics(lv)) for lv in range(self.levels)]
+                return None, (caches, levels, m.get_committed_stats(), m.get_bytes_moved(), em.get_latest_events(0))
 
             if hasattr(self, "managers"):
                 self.each(observe)
@@ -272,8 +329,9 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
             if not hasattr(self, "managers"):
                 return
             for i, m in enumerate(self.managers):
-                for stats in m.get_storage_statistics():
-                    assert 0 <= stats.free and 0 <= stats.evictable and stats.free + stats.evictable <= stats.total
+                for lv in range(self.levels):
+                    for stats in m.get_storage_statistics(lv):
+                        assert 0 <= stats.free and 0 <= stats.evictable and stats.free + stats.evictable <= stats.total
                 owner: dict[tuple[int, int], tuple[int, int]] = {}
                 for k, per_backend in enumerate(self.caches):
                     c = per_backend[i]
@@ -302,6 +360,11 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
             for per_backend in self.caches:
                 for c in per_backend:
                     c.close()
+            for m in getattr(self, "managers", []):
+                m.shutdown()
+            for d in getattr(self, "dirs", []):
+                assert os.listdir(d) == [], "shutdown leaves no disk file"
+                shutil.rmtree(d, ignore_errors=True)
 
     return Differential
 

@@ -33,6 +33,7 @@ from kv_api.constants import (
 )
 from kv_api.contract import Backend, KVCache, KVCacheEventManager, KVCacheManager, PriorityCallback, TokenInput
 from kv_api.descriptors import BufferId, LifeCycle, PageIndexConverter, PoolDesc, PoolGroupDesc
+from kv_api.page_copier import CopyRun, HostMemoryCopier, PageCopier
 from kv_api.registry import (
     ENTRY_POINT_GROUP,
     available_backends,
@@ -64,9 +65,11 @@ __all__ = [
     "CacheTier",
     "CacheTierConfig",
     "Capabilities",
+    "CopyRun",
     "DiskCacheTierConfig",
     "GpuCacheTierConfig",
     "HostCacheTierConfig",
+    "HostMemoryCopier",
     "KVCache",
     "KVCacheDesc",
     "KVCacheEventManager",
@@ -76,6 +79,7 @@ __all__ = [
     "LayerConfig",
     "LifeCycle",
     "MmItemContext",
+    "PageCopier",
     "PageIndexConverter",
     "PageIndexMode",
     "PageStatus",

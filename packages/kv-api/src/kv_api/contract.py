@@ -21,6 +21,7 @@ from kv_api.constants import GPU_LEVEL, KVCacheStatus, PageIndexMode
 from kv_api.descriptors import LifeCycle, PageIndexConverter, PoolGroupDesc
 from kv_api.events import KVCacheEvent
 from kv_api.keys import Token
+from kv_api.page_copier import PageCopier
 from kv_api.scope import MmItemContext, ReuseScope
 from kv_api.stats import CacheStats, StorageStatistics
 
@@ -86,15 +87,22 @@ class KVCacheManager(abc.ABC):
 
     ``config`` must be a ``KVCacheManagerConfig`` (else ``TypeError``); ``event_manager`` must
     be the same backend's ``KVCacheEventManager`` (else ``TypeError``) and serves one manager
-    only (``ValueError``). Host/disk tiers and ``commit_min_snapshot`` raise
-    ``NotImplementedError`` unless the backend's capabilities say otherwise. Every method is
+    only (``ValueError``); ``page_copier`` (a ``PageCopier``, else ``TypeError``) moves page
+    bytes between memory levels (default: host-memory copies). Host/disk tiers and
+    ``commit_min_snapshot`` raise ``NotImplementedError`` unless the backend's capabilities say
+    otherwise. Every method is
     safe to call from several threads. After ``shutdown()`` every method but ``shutdown()``
     raises ``InvalidStateError`` (properties still read). The full semantics are in
     docs/manager.md.
     """
 
     @abc.abstractmethod
-    def __init__(self, config: KVCacheManagerConfig, event_manager: KVCacheEventManager | None = None) -> None:
+    def __init__(
+        self,
+        config: KVCacheManagerConfig,
+        event_manager: KVCacheEventManager | None = None,
+        page_copier: PageCopier | None = None,
+    ) -> None:
         """Backends validate and keep ``config``."""
 
     # -- configuration and layer groups ----------------------------------------------------------
@@ -167,6 +175,14 @@ class KVCacheManager(abc.ABC):
     def get_quota(self, level: int = GPU_LEVEL) -> int:
         """Effective quota of a cache level in bytes. ``IndexError`` for a level the manager lacks."""
 
+    @abc.abstractmethod
+    def resize(self, level: int, quota: int, best_efforts: bool = False) -> bool:
+        """Change a level's quota (bytes) with every cache suspended (``InvalidStateError``
+        otherwise): shrink first (evicting, then moving pages out of the slots that go), then
+        grow; the level's pools may move (read their addresses again). False, with nothing
+        changed, below the minimum quota or when the pages that must stay cannot fit;
+        ``best_efforts=True`` raises ``NotImplementedError``."""
+
     # -- statistics ----------------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -180,6 +196,11 @@ class KVCacheManager(abc.ABC):
     @abc.abstractmethod
     def get_and_reset_iteration_stats(self) -> CacheStats:
         """Counts since the previous call, then start counting afresh."""
+
+    @abc.abstractmethod
+    def get_bytes_moved(self) -> dict[tuple[int, int], int]:
+        """Bytes of page data copied per ``(src_level, dst_level)`` since the manager was built
+        (directions that moved nothing are absent)."""
 
     # -- reuse and caches -------------------------------------------------------------------------
 
@@ -317,6 +338,17 @@ class KVCache(abc.ABC):
         copies a reused partial block into private pages (the tree's are never written)."""
 
     @abc.abstractmethod
+    def prefetch(self, target_level: int = GPU_LEVEL) -> bool:
+        """SUSPENDED only: move the pages ``resume()`` would lock that sit below ``target_level``
+        up to it, all or nothing. False (nothing changed) when room cannot be made;
+        ``IndexError`` for a level the manager lacks."""
+
+    @property
+    @abc.abstractmethod
+    def cached_tokens_by_level(self) -> list[int]:
+        """Per cache level, the reused tokens that were found there when the cache was created."""
+
+    @abc.abstractmethod
     def suspend(self) -> None:
         """ACTIVE -> SUSPENDED: pages stay held but unlocked (page indices read -1)."""
 
@@ -345,6 +377,11 @@ class KVCache(abc.ABC):
     @abc.abstractmethod
     def get_base_page_indices(self, layer_group: int, beam: int = 0) -> array[int]:
         """``array('i')``: one slot id per block, ``BAD_PAGE_INDEX`` where no page is locked.
+        ``IndexError`` for a bad layer group or beam."""
+
+    @abc.abstractmethod
+    def get_page_levels(self, layer_group: int, beam: int = 0) -> array[int]:
+        """``array('i')``: per block, the cache level of the cache's page (-1 where it has none).
         ``IndexError`` for a bad layer group or beam."""
 
     @abc.abstractmethod

@@ -14,6 +14,7 @@ from typing import cast
 from kv_api.config import KVCacheManagerConfig
 from kv_api.contract import BACKEND_ATTRIBUTES, Backend, KVCacheEventManager, KVCacheManager
 from kv_api.errors import BackendError
+from kv_api.page_copier import PageCopier
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -119,8 +120,10 @@ def create_manager(
     *,
     backend: str | Backend | None = None,
     event_manager: KVCacheEventManager | None = None,
+    page_copier: PageCopier | None = None,
 ) -> KVCacheManager:
     """A manager built from ``config`` on ``backend``: a name, a loaded backend, or (None) the
-    default backend. ``event_manager`` must be that backend's ``KVCacheEventManager``."""
+    default backend. ``event_manager`` must be that backend's ``KVCacheEventManager``;
+    ``page_copier`` moves page bytes between memory levels (default: host-memory copies)."""
     chosen = load_backend(backend) if backend is None or isinstance(backend, str) else backend
-    return chosen.KVCacheManager(config, event_manager)
+    return chosen.KVCacheManager(config, event_manager, page_copier)

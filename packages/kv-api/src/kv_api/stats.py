@@ -33,7 +33,9 @@ class CacheStats:
 
     - ``requests``: caches created; ``lookup_tokens``: tokens they asked to reuse;
       ``reused_tokens``: tokens reused from the tree.
-    - ``allocated_pages`` / ``evicted_pages``: pages handed out / evicted to make room.
+    - ``allocated_pages``: pages handed out; ``evicted_pages``: pages evicted from the device
+      level to make room (moved to a colder level or dropped); ``onboarded_pages``: pages moved
+      up to the device level (``resume``, ``prefetch``).
     - ``committed_blocks``: blocks that entered the tree.
     """
 
@@ -43,3 +45,4 @@ class CacheStats:
     allocated_pages: int = 0
     evicted_pages: int = 0
     committed_blocks: int = 0
+    onboarded_pages: int = 0

@@ -23,6 +23,7 @@ struct CacheStats {
   std::uint64_t allocated_pages = 0;
   std::uint64_t evicted_pages = 0;
   std::uint64_t committed_blocks = 0;
+  std::uint64_t onboarded_pages = 0;
 };
 
 // Built by the manager, which owns it and everything it refers to, and handed to each cache it
@@ -58,6 +59,7 @@ class CacheContext {
   void register_cache(KVCache* cache);
   void unregister_cache(KVCache* cache);
   std::size_t num_open_caches() const { return open_caches_.size(); }
+  const std::vector<KVCache*>& open_caches() const { return open_caches_; }
 
   bool is_shut_down = false;  // set by the manager's shutdown()
   CacheStats committed_stats;

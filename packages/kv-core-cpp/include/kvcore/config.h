@@ -34,9 +34,18 @@ struct BatchDesc {
   std::int64_t system_prompt_length = 0;
 };
 
+// kv_api.CacheTier's values.
+enum class CacheTier { kGpu = 0, kHost = 1, kDisk = 2 };
+
+struct CacheTierConfig {
+  CacheTier tier = CacheTier::kGpu;
+  std::uint64_t quota = 0;
+  std::string path;  // the disk tier's directory
+};
+
 struct KVCacheManagerConfig {
   std::int64_t tokens_per_block = 32;
-  std::vector<std::uint64_t> tier_quotas;  // device tier first
+  std::vector<CacheTierConfig> cache_tiers;  // warm to cold: the device tier first
   std::vector<LayerConfig> layers;
   double max_util_for_resume = 0.97;
   bool enable_partial_reuse = true;

@@ -16,17 +16,22 @@ enum class ErrorKind {
   kInvalidState,    // kv_api.errors.InvalidStateError
   kOutOfPages,      // kv_api.errors.OutOfPagesError
   kHostOOM,         // kv_api.errors.HostOOMError
+  kDiskOOM,         // kv_api.errors.DiskOOMError
+  kOS,              // OSError(errno, message): a failing system call (disk I/O)
   kCorrupted,       // kv_api.errors.CorruptedError
   kNotImplemented,  // NotImplementedError
 };
 
 class Error : public std::runtime_error {
  public:
-  Error(ErrorKind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
+  Error(ErrorKind kind, const std::string& message, int error_number = 0)
+      : std::runtime_error(message), kind_(kind), errno_(error_number) {}
   ErrorKind kind() const noexcept { return kind_; }
+  int error_number() const noexcept { return errno_; }  // kOS (and kDiskOOM): the errno
 
  private:
   ErrorKind kind_;
+  int errno_;
 };
 
 }  // namespace kvcore

@@ -31,13 +31,14 @@ struct StoredBlockEvent {
 };
 
 struct Event {
-  enum class Kind { kCreated, kStored, kRemoved };
+  enum class Kind { kCreated, kStored, kRemoved, kUpdated };
   std::int64_t id = 0;
   Kind kind = Kind::kCreated;
   std::vector<std::uint64_t> num_blocks_per_cache_level;  // created
   std::optional<BlockHash> parent_hash;                   // stored
   std::vector<StoredBlockEvent> blocks;                   // stored
-  std::vector<BlockHash> block_hashes;                    // removed
+  std::vector<BlockHash> block_hashes;                    // removed; updated: the one block
+  std::pair<int, int> cache_level{0, 0};                  // updated: (old, new)
   std::optional<std::int64_t> window_size;
   std::optional<int> layer_group_id;
 };
@@ -55,8 +56,10 @@ class KVCacheEventManager {
   // Hooks the manager calls.
   void bind(std::vector<std::optional<std::int64_t>> windows);  // Error(kValue) if bound twice
   void created(std::vector<std::uint64_t> num_blocks_per_cache_level);
-  void stored(Block* block, int life_cycle, int priority);
+  void stored(Block* block, int life_cycle, int priority, int cache_level = 0);
   void removed(Block* block, int life_cycle);
+  // A page of an announced block moved between cache levels.
+  void updated(Block* block, int life_cycle, int old_level, int new_level);
 
  private:
   void queue(Event event, std::optional<int> life_cycle);

@@ -65,6 +65,10 @@ class KVCache {
   void require_commit_allowed() const;  // Error(kLogic) after stop_committing()
 
   bool resume();
+  std::vector<Page*> held_pages() const;  // every page the cache holds (for a quota resize)
+  // SUSPENDED: the pages resume() would lock that sit below `target_level` moved up to it, all or
+  // nothing (false: no room, nothing changed).
+  bool prefetch(int target_level);
   void suspend();
   bool resize(std::optional<std::int64_t> capacity, std::optional<std::int64_t> history_length);
   void commit(const TokenList& tokens, bool is_end);
@@ -72,6 +76,10 @@ class KVCache {
   void close();
 
   std::vector<std::int32_t> get_base_page_indices(int layer_group) const;
+  // Per block, the level of the cache's page in `layer_group` (-1 where it has none).
+  std::vector<std::int32_t> get_page_levels(int layer_group) const;
+  // Per cache level, the reused tokens found there when the cache was created.
+  const std::vector<std::int64_t>& cached_tokens_by_level() const { return cached_by_level_; }
   // Validates and attaches (or, with data == nullptr, detaches) a caller's index buffer.
   void set_base_page_index_buf(int layer_group, IndexBuffer buffer);
   int num_layer_groups() const;
@@ -90,7 +98,11 @@ class KVCache {
   };
   std::vector<Release> stale_releases(std::int64_t history) const;
   void apply_stale_releases(const std::vector<Release>& releases, std::int64_t history);
-  bool fits(const std::vector<std::pair<std::int64_t, int>>& needs, const std::vector<Page*>& freed);
+  bool fits(const std::vector<std::pair<std::int64_t, int>>& needs, const std::vector<Release>& releases);
+  std::vector<Page*> to_lock() const;
+  // Room at `level` for `pages` and `needs`, never evicting `keep`; false (nothing changed) if short.
+  bool make_room(int level, const std::vector<Page*>& pages, const std::vector<std::pair<std::int64_t, int>>& needs,
+                 const std::vector<Page*>& keep = {});
   std::vector<Page*> new_pages(const std::vector<std::pair<std::int64_t, int>>& needs,
                                const std::vector<int>& priorities);
   std::vector<std::pair<std::int64_t, int>> missing(std::int64_t first, std::int64_t num_blocks,
@@ -102,6 +114,7 @@ class KVCache {
   Node* parent_node(std::int64_t ordinal);
   void commit_block(std::int64_t ordinal);
   void stop_committing_locked();
+  void suspend_locked();
   void sync_user_buffers();
   void close_locked();
 
@@ -122,6 +135,7 @@ class KVCache {
   std::vector<std::vector<std::int32_t>> index_;
   std::map<int, IndexBuffer> user_buffers_;
   std::vector<std::int64_t> stale_scan_;  // per life cycle: stale blocks below are cleared
+  std::vector<std::int64_t> cached_by_level_;
 };
 
 }  // namespace kvcore

@@ -20,7 +20,9 @@ namespace kvcore {
 
 class KVCacheManager {
  public:
-  KVCacheManager(const KVCacheManagerConfig& config, KVCacheEventManager* events);
+  // `copier` (nullptr: host-memory copies) moves page bytes between memory levels; the caller keeps it alive.
+  KVCacheManager(const KVCacheManagerConfig& config, KVCacheEventManager* events, PageCopier* copier = nullptr);
+  ~KVCacheManager();
   KVCacheManager(const KVCacheManager&) = delete;
   KVCacheManager& operator=(const KVCacheManager&) = delete;
 
@@ -28,7 +30,8 @@ class KVCacheManager {
   std::int64_t tokens_per_block() const { return config_.tokens_per_block; }
   const LifeCycleRegistry& registry() const { return registry_; }
   const StorageConfig& storage_config() const { return storage_config_; }
-  const SlotCounts& counts() const { return counts_; }
+  const SlotCounts& counts(int level = 0) const { return storage_.level(level).counts; }
+  int num_levels() const { return storage_.num_levels(); }
   Storage& storage() { return storage_; }
   // Its lock is the one every public call takes.
   CacheContext& context() { return context_; }
@@ -38,7 +41,13 @@ class KVCacheManager {
                                            std::optional<std::int64_t> id, PriorityCallback priority);
   std::int64_t probe_reuse(const ReuseScope& scope, const Tokens& tokens);
   std::optional<Digest> probe_first_new_block_key(const ReuseScope& scope, const Tokens& tokens);
-  std::vector<StorageStatistics> get_storage_statistics();
+  std::vector<StorageStatistics> get_storage_statistics(int level = 0);
+  // Changes a level's quota with every cache suspended (the binding checks the state and the
+  // arguments): false, nothing changed, below the minimum quota or when the pages that must stay
+  // cannot fit.
+  bool resize(int level, std::uint64_t quota);
+  std::size_t num_active_caches() const;
+  std::vector<std::pair<std::pair<int, int>, std::uint64_t>> get_bytes_moved();
   void clear_reusable_blocks();
   void shutdown();
   std::size_t num_open_kv_caches() const { return context_.num_open_caches(); }
@@ -53,13 +62,13 @@ class KVCacheManager {
   KVCacheManagerConfig config_;
   LifeCycleRegistry registry_;
   StorageConfig storage_config_;
-  SlotCounts counts_;
   RadixTree tree_;
   KVCacheEventManager* events_;
   Storage storage_;
   CacheContext context_;  // the lock, the open caches, the shut-down flag and the statistics, shared with the caches
   std::int64_t next_id_ = 0;
   std::uint64_t evicted_mark_ = 0;
+  std::uint64_t onboarded_mark_ = 0;
 };
 
 }  // namespace kvcore

@@ -1,5 +1,6 @@
-// Pages: one slot of one life cycle's pool group, holding one block's KV data (see page.py).
-// Pages live in their pool group's table, indexed by slot: a slot has at most one page.
+// Pages: one slot of one life cycle's pool group at one cache level, holding one block's KV data
+// (see page.py). Page records are Storage's, stable while the page moves between levels and
+// slots; a record is recycled only after the page is freed (never inside a make_room plan).
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,7 @@ class Block;
 
 struct Page {
   std::uint64_t slot = 0;
+  int level = 0;  // the cache level its slot is at
   int life_cycle = 0;
   int pool_group = 0;
   int priority = 0;
@@ -18,9 +20,12 @@ struct Page {
   std::int64_t num_tokens = 0;           // tokens of the block this page is valid for
   int holders = 0;                       // caches keeping the page (held or locked)
   int locks = 0;                         // caches locking it (active)
-  std::list<Page*>::iterator queue_pos;  // its place in the eviction queue, while evictable
+  bool queued = false;                   // in its level's eviction queue
+  std::list<Page*>::iterator queue_pos;  // its place in the eviction queue, while queued
 
   bool committed() const { return block != nullptr; }
+  // Freed while a make_room plan still points to it (Python's `block is None and holders == 0`).
+  bool dead() const { return block == nullptr && holders == 0; }
 };
 
 }  // namespace kvcore

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <vector>
 
 namespace kvcore {
@@ -16,6 +17,11 @@ class SlotAllocator {
   // n slot ids, all or none (Error kOutOfPages).
   std::vector<std::uint64_t> allocate(std::uint64_t n);
   void release(std::uint64_t slot) { recycled_.push_back(slot); }
+  // The ids allocate(n) would hand out now (after resize(below)), without taking them.
+  std::vector<std::uint64_t> peek(std::uint64_t n, std::optional<std::uint64_t> below = std::nullopt) const;
+  // Hand out ids below num_slots from now on; every id at or above it must be free.
+  void resize(std::uint64_t num_slots);
+  std::uint64_t high_water() const { return next_fresh_; }  // one above the largest id ever handed out
 
  private:
   std::uint64_t num_slots_;

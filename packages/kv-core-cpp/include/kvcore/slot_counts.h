@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "kvcore/config.h"
@@ -12,13 +13,23 @@
 namespace kvcore {
 
 std::uint64_t gpu_granularity(std::uint64_t quota);
+// A tier's granularity: the device's by its quota, host 4 KiB, disk 2 MiB.
+std::uint64_t tier_granularity(CacheTier tier, std::uint64_t quota);
+const char* tier_name(CacheTier tier);  // "device", "host", "disk"
 std::uint64_t grains_for(std::uint64_t slots, const std::vector<std::uint64_t>& slot_sizes, std::uint64_t granularity);
 std::uint64_t max_slots(std::uint64_t grains, const std::vector<std::uint64_t>& slot_sizes, std::uint64_t granularity);
 std::int64_t slots_for_batch(const LifeCycleRegistry& registry, int life_cycle, const BatchDesc& batch);
 
 class SlotCounts {
  public:
-  SlotCounts(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry, const StorageConfig& storage);
+  // The counts of cache level `level` (config.cache_tiers[level]: its quota and granularity).
+  // `quota` overrides the tier's (a quota resize).
+  SlotCounts(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry, const StorageConfig& storage,
+             int level = 0, std::optional<std::uint64_t> quota = std::nullopt);
+
+  std::uint64_t min_quota = 0;  // the bytes the minimum slots occupy
+
+  std::uint64_t granularity = 0;
 
   std::uint64_t quota = 0;               // effective
   std::vector<std::uint64_t> min_slots;  // per pool group

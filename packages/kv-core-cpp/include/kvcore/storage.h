@@ -1,60 +1,106 @@
-// Pool groups at the device level: slot allocators, real memory, eviction, and what dropping
-// a committed page does to the radix tree (see storage.py).
+// The cache levels (each with its pool groups: slot allocators, real memory, eviction), the page
+// records, moving pages between levels, and what dropping a committed page does to the radix
+// tree (see storage.py).
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
+#include "kvcore/cache_level.h"
+#include "kvcore/config.h"
 #include "kvcore/event_manager.h"
 #include "kvcore/eviction.h"
 #include "kvcore/life_cycles.h"
-#include "kvcore/memory_pool.h"
 #include "kvcore/page.h"
+#include "kvcore/page_transfer.h"
 #include "kvcore/radix_tree.h"
-#include "kvcore/slot_allocator.h"
-#include "kvcore/slot_counts.h"
 #include "kvcore/storage_config.h"
 
 namespace kvcore {
 
-struct StorageStatistics {
-  std::uint64_t total = 0;
-  std::uint64_t free = 0;
-  std::uint64_t evictable = 0;
-};
-
-class PoolGroup {
- public:
-  PoolGroup(int index, const std::vector<std::uint64_t>& slot_sizes, std::uint64_t num_slots);
-
-  int index;
-  SlotAllocator allocator;
-  std::vector<MemoryPool> pools;
-  EvictionQueue evictable;
-  // By slot, grown as fresh slots are issued (0, 1, 2, ...) so the quota costs nothing up front;
-  // a deque grown at the back never moves the pages pointed to.
-  std::deque<Page> pages;
-
-  StorageStatistics statistics() const { return {allocator.num_slots(), allocator.num_free(), evictable.size()}; }
-  double utilization() const;
-};
-
 class Storage {
  public:
-  Storage(const StorageConfig& config, const SlotCounts& counts, const LifeCycleRegistry& registry, RadixTree& tree,
-          KVCacheEventManager* events);
+  // Builds every level of config.cache_tiers (slot counts, memory, disk files) in order.
+  Storage(const KVCacheManagerConfig& manager_config, const StorageConfig& config, const LifeCycleRegistry& registry,
+          RadixTree& tree, KVCacheEventManager* events, PageCopier* copier);
 
-  std::deque<PoolGroup>& pool_groups() { return pool_groups_; }
+  int num_levels() const { return static_cast<int>(levels_.size()); }
+  int last_level() const { return num_levels() - 1; }
+  CacheLevel& level(int index) { return *levels_[index]; }
+  const CacheLevel& level(int index) const { return *levels_[index]; }
+  std::deque<PoolGroup>& pool_groups() { return levels_[0]->pool_groups; }  // the device level's
+  PoolGroup& pool_group_of(const Page* page) { return levels_[page->level]->pool_groups[page->pool_group]; }
   const StorageConfig& config() const { return config_; }
-  std::vector<StorageStatistics> statistics() const;
-  // One page per (life cycle, priority), all or none (Error kOutOfPages).
+  std::vector<StorageStatistics> statistics(int level = 0) const;
+  PageTransfer& transfer() { return transfer_; }
+  void close();  // removes the disk files
+  // While a guard lives, freed page records are kept (dead()) and recycled when it goes, so a
+  // plan's pointers never dangle.
+  class RecordGuard {
+   public:
+    explicit RecordGuard(Storage& storage) : storage_(storage) { ++storage_.guards_; }
+    ~RecordGuard() {
+      if (--storage_.guards_ == 0) storage_.recycle();
+    }
+    RecordGuard(const RecordGuard&) = delete;
+    RecordGuard& operator=(const RecordGuard&) = delete;
+
+   private:
+    Storage& storage_;
+  };
+
+  // -- page status (docs/manager.md, "Eviction and tiers") --
+  // Not locked, and committed and droppable, or held above the last level.
+  bool evictable(const Page* page) const;
+  void hold(Page* page, std::optional<int> priority = std::nullopt);  // a higher priority (reuse) re-queues it
+  void unhold(Page* page);  // an uncommitted page nobody holds is freed at once
+  void lock(Page* page);    // Error(kCorrupted) below the device level
+  void unlock(Page* page);
+  void free(Page* page);  // releases its slot (the record stays: see retire)
+
+  // -- new pages and copies --
+  // One device page per (life cycle, priority), all or none (Error kOutOfPages, nothing changed).
   std::vector<Page*> new_pages(const std::vector<std::pair<int, int>>& requests);
-  void copy(const Page* src, const Page* dst);
-  void free(Page* page);
-  void hold(Page* page);
-  void unhold(Page* page);
+  void copy(const Page* src, const Page* dst);  // from any level
+
+  // -- making room --
+  using PageSet = std::unordered_set<const Page*>;
+  // What making room does in one pool group: pages moved down (to a level), the last level's
+  // victims (dropped in order while room is short) and falling pages that find no slot there
+  // (droppable, dropped).
+  struct Plan {
+    std::vector<std::pair<Page*, int>> moves;
+    std::vector<Page*> drops;
+    std::vector<Page*> lost;
+  };
+  // Per pool group, what make_room would do; Error(kOutOfPages) (nothing changed) when need[pg]
+  // slots cannot be freed at `level` or held pages would find no slot. `pending` pages join
+  // `level`'s queues first and freed[pg] slots are freed there first (a resize's releases).
+  std::vector<Plan> plan(int level, const std::vector<std::uint64_t>& need, const PageSet& exclude = {},
+                         const std::vector<Page*>& pending = {}, const std::vector<std::uint64_t>& freed = {});
+  bool can_make_room(int level, const std::vector<std::uint64_t>& need, const std::vector<Page*>& pending = {},
+                     const std::vector<std::uint64_t>& freed = {});
+  // Frees need[pg] slots at `level` by cascading eviction, or throws with nothing changed.
+  void make_room(int level, const std::vector<std::uint64_t>& need, const PageSet& exclude = {});
+  // Moves pages (one level, one pool group) to dst_level, which has the free slots.
+  void move(const std::vector<Page*>& pages, int dst_level);
+  // Moves pages from colder levels to dst_level (room made), per pool group then source level.
+  void move_up(const std::vector<Page*>& pages, int dst_level);
+
+  // -- quota resize --
+  // Gives `level` the slot counts of `counts`: new memory first, then room made in each
+  // shrinking group (Error(kOutOfPages), nothing changed, if it cannot be), then its pages in
+  // slots beyond the new size moved to free low slots, then the pools remapped. `live` is every
+  // page the tree or a cache has.
+  void resize_level(int level, const SlotCounts& counts, const std::vector<Page*>& live);
+
+  // -- the tree's pages --
   // `block` replaces `sibling`, a partial block whose tokens it extends (see Storage.adopt).
   void adopt(Block* block, Block* sibling);
   // `page` leaves the tree undropped (a wider page or a longer block replaced it): freed now if
@@ -62,16 +108,30 @@ class Storage {
   void orphan(Page* page);
   void drop(Page* page);
   void clear();
-  std::uint64_t num_evicted = 0;
+  std::uint64_t num_evicted = 0;    // pages evicted from the device level
+  std::uint64_t num_onboarded = 0;  // pages moved up to the device level
 
  private:
+  void update(Page* page);   // queued or not as its status says; a page staying evictable keeps its place
+  void dequeue(Page* page);  // out of its queue, if queued
+  void evict_drop(Page* page);
+  void move_down(const std::vector<Page*>& pages, int dst_level);
+  void ensure_backed(PoolGroup& group, std::uint64_t arriving);
   void discard(Block* block, int life_cycle);
+  Page* new_record();
+  void retire(Page* page);  // the record is unreferenced: recycled (once no RecordGuard lives)
+  void recycle();
 
   const StorageConfig& config_;
   const LifeCycleRegistry& registry_;
   RadixTree& tree_;
   KVCacheEventManager* events_;
-  std::deque<PoolGroup> pool_groups_;  // a deque: pages point into each group, which never moves
+  std::vector<std::unique_ptr<CacheLevel>> levels_;
+  PageTransfer transfer_;
+  std::deque<Page> records_;  // every page record; a deque grown at the back never moves them
+  std::vector<Page*> free_records_;
+  std::vector<Page*> retired_;  // freed while a RecordGuard lives
+  int guards_ = 0;
 };
 
 }  // namespace kvcore

@@ -33,7 +33,9 @@ from kv_core_cpp._core import build_info as _build_info
 name = "cpp"
 version = "0.1.0"
 priority = 20  # the default wherever it loads
-capabilities = Capabilities(native_buffers=True, sha256_transforms=tuple(sha256_transforms()))
+capabilities = Capabilities(
+    native_buffers=True, host_tier=True, disk_tier=True, sha256_transforms=tuple(sha256_transforms())
+)
 
 # nanobind classes cannot subclass the ABCs; registering makes isinstance() hold.
 kv_api.KVCacheManager.register(KVCacheManager)

@@ -71,6 +71,9 @@ class CacheContext:
     def unregister_cache(self, cache: KVCache) -> None:
         self._open_caches.pop(id(cache), None)
 
+    def open_caches(self) -> list[KVCache]:
+        return list(self._open_caches.values())
+
     @property
     def num_open_caches(self) -> int:
         return len(self._open_caches)

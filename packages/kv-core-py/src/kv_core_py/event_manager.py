@@ -21,11 +21,13 @@ from kv_api.events import (
     HASH_ALGOS,
     BlockHash,
     Created,
+    Diff,
     KVCacheEvent,
     Removed,
     Stored,
     StoredBlock,
     UniqueToken,
+    Updated,
 )
 from kv_core_py.event_hash import block_hash_v1, block_hash_v2_sha256, block_hash_v2_sha256_64
 from kv_core_py.radix_tree import Block, Node, Root
@@ -97,14 +99,14 @@ class KVCacheEventManager(kv_api.KVCacheEventManager):
     def created(self, num_blocks_per_cache_level: tuple[int, ...]) -> None:
         self._queue(Created(num_blocks_per_cache_level), None)
 
-    def stored(self, block: Block, life_cycle: int, priority: int) -> None:
+    def stored(self, block: Block, life_cycle: int, priority: int, cache_level: int = 0) -> None:
         if (block.key, life_cycle) in self._stored:
             return
         self._stored.add((block.key, life_cycle))
         parent = block.parent
         parent_hash = self._hash(parent) if isinstance(parent, Block) else None
         tokens = tuple(UniqueToken(t.hex() if isinstance(t, bytes) else t) for t in block.tokens)
-        new = StoredBlock(self._hash(block), tokens, 0, priority)
+        new = StoredBlock(self._hash(block), tokens, cache_level, priority)
         with self._cond:
             self._flush_removed()
             last = self._pending[-1] if self._pending else None
@@ -127,6 +129,11 @@ class KVCacheEventManager(kv_api.KVCacheEventManager):
         self._stored.discard((block.key, life_cycle))
         with self._cond:
             self._removed.setdefault(life_cycle, []).append(self._hash(block))
+
+    def updated(self, block: Block, life_cycle: int, old_level: int, new_level: int) -> None:
+        """A page of an announced block moved between cache levels."""
+        if (block.key, life_cycle) in self._stored:
+            self._queue(Updated(self._hash(block), cache_level=Diff(old_level, new_level)), life_cycle)
 
     # -- internals ------------------------------------------------------------------------------
 

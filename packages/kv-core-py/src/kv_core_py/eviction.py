@@ -1,12 +1,15 @@
-"""Which committed droppable page goes first: lowest priority, least recently released."""
+"""Which evictable page goes first: lowest priority, then the one evictable the longest."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from collections.abc import Set as AbstractSet
 
 from kv_core_py.page import Page
 
 
 class EvictionQueue:
-    """One pool group's evictable pages: a FIFO per priority, lowest priority popped first."""
+    """One (level, pool group)'s evictable pages: a FIFO per priority, lowest priority first."""
 
     def __init__(self) -> None:
         self._buckets: dict[int, dict[int, Page]] = {}  # priority -> insertion-ordered pages
@@ -26,11 +29,14 @@ class EvictionQueue:
             del self._buckets[page.priority]
         self._size -= 1
 
-    def pop(self) -> Page:
-        priority = min(self._buckets)
-        bucket = self._buckets[priority]
-        page = bucket.pop(next(iter(bucket)))
-        if not bucket:
-            del self._buckets[priority]
-        self._size -= 1
-        return page
+    def candidates(self, exclude: AbstractSet[int], pending: Sequence[Page] = ()) -> Iterator[Page]:
+        """Pages in eviction order, skipping ``exclude`` (ids), as if ``pending`` were pushed
+        first (in order): each priority's queued pages, then its pending ones."""
+        later: dict[int, list[Page]] = {}
+        for page in pending:
+            later.setdefault(page.priority, []).append(page)
+        for priority in sorted(self._buckets.keys() | later.keys()):
+            for page in self._buckets.get(priority, {}).values():
+                if id(page) not in exclude:
+                    yield page
+            yield from later.get(priority, ())

@@ -12,6 +12,7 @@ from kv_api._check import int_in_range
 from kv_api.constants import (
     BAD_PAGE_INDEX,
     DEFAULT_PRIORITY,
+    GPU_LEVEL,
     MAX_PRIORITY,
     MIN_PRIORITY,
     TOKEN_LIMIT,
@@ -96,9 +97,15 @@ class KVCache(kv_api.KVCache):
             self._blocks.append(cb)
             for idx in self._index:
                 idx.append(BAD_PAGE_INDEX)
+        # Each block's tokens count at the coldest level among its reused pages (0 with none).
+        coldest = [0] * len(path)
+        for o, _, page, _ in reused:
+            coldest[o] = max(coldest[o], page.level)
+        self._cached_tokens_by_level = [0] * len(self._context.storage.levels)
+        for o, (_, matched) in enumerate(path):
+            self._cached_tokens_by_level[coldest[o]] += matched
         for o, lc, page, raised in reused:
-            self._context.storage.hold(page)
-            page.priority = max(page.priority, raised)  # reuse may raise a block's priority
+            self._context.storage.hold(page, raised)  # reuse may raise a block's priority
             self._blocks[o].pages[lc] = page
 
     # -- lengths and state --------------------------------------------------------------------
@@ -118,6 +125,10 @@ class KVCache(kv_api.KVCache):
     @property
     def num_reused_tokens(self) -> int:
         return self._num_reused_tokens
+
+    @property
+    def cached_tokens_by_level(self) -> list[int]:
+        return list(self._cached_tokens_by_level)
 
     @property
     def status(self) -> KVCacheStatus:
@@ -199,7 +210,7 @@ class KVCache(kv_api.KVCache):
     def _lock_page(self, ordinal: int, lc: int) -> None:
         page = self._blocks[ordinal].pages[lc]
         assert page is not None
-        page.locks += 1
+        self._context.storage.lock(page)
         self._blocks[ordinal].locked[lc] = True
         self._set_index(ordinal, lc, page.slot)
 
@@ -208,7 +219,7 @@ class KVCache(kv_api.KVCache):
         if cb.locked[lc]:
             page = cb.pages[lc]
             assert page is not None
-            page.locks -= 1
+            self._context.storage.unlock(page)
             cb.locked[lc] = False
             self._set_index(ordinal, lc, BAD_PAGE_INDEX)
 
@@ -252,17 +263,31 @@ class KVCache(kv_api.KVCache):
                 o += 1
             self._stale_scan[lc] = o
 
-    def _fits(self, needs: list[tuple[int, int]], freed: list[Page]) -> bool:
-        """Whether every pool group has room for ``needs`` counting pages this call frees."""
+    def _fits(self, needs: list[tuple[int, int]], releases: list[tuple[int, int, bool]]) -> bool:
+        """Whether room can be made for ``needs`` once ``releases`` (ordinal, life cycle, keep)
+        are applied in order: pages they free, and pages they make evictable (queued first)."""
         storage = self._context.storage
-        per_pg = [0] * len(storage.pool_groups)
+        need = [0] * len(storage.pool_groups)
         for _, lc in needs:
-            per_pg[storage.config.pool_group_of(lc)] += 1
-        for page in freed:
-            per_pg[page.pool_group] -= 1
-        return all(
-            n <= pg.allocator.num_free + len(pg.evictable) for pg, n in zip(storage.pool_groups, per_pg, strict=True)
-        )
+            need[storage.config.pool_group_of(lc)] += 1
+        freed = [0] * len(storage.pool_groups)
+        pending: list[Page] = []
+        for o, lc, keep in releases:
+            cb = self._blocks[o]
+            page = cb.pages[lc]
+            if page is None:
+                continue
+            locks = page.locks - cb.locked[lc]
+            holders = page.holders - (not keep)
+            if holders == 0 and page.block is None:
+                freed[page.pool_group] += 1
+            elif (
+                not page.queued
+                and not locks
+                and (page.block is not None if holders == 0 else page.level < storage.last)
+            ):
+                pending.append(page)
+        return storage.can_make_room(GPU_LEVEL, need, pending, freed)
 
     def _new_pages(self, needs: list[tuple[int, int]], priorities: list[int]) -> list[Page]:
         """Pages for ``needs`` (held by this cache, not yet placed); OutOfPagesError if short."""
@@ -318,10 +343,42 @@ class KVCache(kv_api.KVCache):
 
     # -- state machine ------------------------------------------------------------------------------
 
+    def held_pages(self) -> list[Page]:
+        """Every page the cache holds (for the manager's quota resize)."""
+        return [page for cb in self._blocks for page in cb.pages if page is not None]
+
+    def _to_lock(self) -> list[Page]:
+        """The pages ``resume`` locks: held, not stale, not a reused partial block's (copied)."""
+        return [
+            page
+            for o, cb in enumerate(self._blocks)
+            if not cb.copy_on_resume
+            for lc, page in enumerate(cb.pages)
+            if page is not None and not self._is_stale(lc, o, self._history)
+        ]
+
+    def _make_room(
+        self, level: int, pages: list[Page], needs: list[tuple[int, int]], keep: list[Page] | None = None
+    ) -> bool:
+        """Room at ``level`` for ``pages`` (this cache's, to move there) and ``needs`` (new
+        pages), never evicting ``keep``. False, nothing changed, if short."""
+        storage = self._context.storage
+        need = [0] * len(storage.pool_groups)
+        for page in pages:
+            need[page.pool_group] += 1
+        for _, lc in needs:
+            need[storage.config.pool_group_of(lc)] += 1
+        try:
+            storage.make_room(level, need, frozenset(id(p) for p in keep or ()))
+        except OutOfPagesError:
+            return False
+        return True
+
     def resume(self, stream: Any = None) -> bool:
         """SUSPENDED -> ACTIVE. False (nothing changed) when a pool group is above
-        ``max_util_for_resume`` or pages run out. The first resume copies a reused partial
-        block into private pages, so the tree's pages are never written."""
+        ``max_util_for_resume`` or pages run out. Pages on colder levels move up first; the
+        first resume copies a reused partial block into private pages, so the tree's pages are
+        never written."""
         with self._context.lock:
             self._require(KVCacheStatus.SUSPENDED, "resume")
             limit = self._context.max_util_for_resume
@@ -336,16 +393,27 @@ class KVCache(kv_api.KVCache):
             ]
             needs = copies + self._missing(0, len(self._blocks), self._history)
             priorities = [self._priority_of(o, lc) for o, lc in needs]
-            try:
-                new = self._new_pages(needs, priorities)
-            except OutOfPagesError:
+            locking = self._to_lock()
+            below = [p for p in locking if p.level != GPU_LEVEL]
+            if not self._make_room(GPU_LEVEL, below, needs, locking):
                 return False
+            self._context.storage.move_up(below, GPU_LEVEL)
+            new = self._new_pages(needs, priorities)
+            storage = self._context.storage
+            try:
+                for (o, lc), page in zip(needs, new, strict=True):
+                    source = self._blocks[o].pages[lc]
+                    if source is not None:  # copy-on-write of a reused partial block
+                        storage.copy(source, page)
+            except Exception:
+                for page in new:  # the cache stays suspended, as it was
+                    storage.unhold(page)
+                raise
             for (o, lc), page in zip(needs, new, strict=True):
                 cb = self._blocks[o]
                 source = cb.pages[lc]
-                if source is not None:  # copy-on-write of a reused partial block
-                    self._context.storage.copy(source, page)
-                    self._context.storage.unhold(source)
+                if source is not None:
+                    storage.unhold(source)
                 cb.pages[lc] = page
             for cb in self._blocks:
                 cb.copy_on_resume = False
@@ -356,14 +424,33 @@ class KVCache(kv_api.KVCache):
             self._status = KVCacheStatus.ACTIVE
             return True
 
+    def prefetch(self, target_level: int = GPU_LEVEL) -> bool:
+        """SUSPENDED only: the pages ``resume`` would lock that sit below ``target_level`` move
+        up to it, all or nothing (False, nothing changed, when room cannot be made)."""
+        with self._context.lock:
+            self._require(KVCacheStatus.SUSPENDED, "prefetch")
+            storage = self._context.storage
+            level = int_in_range("target_level", target_level, 0)
+            if level > storage.last:
+                raise IndexError(f"target_level {level} out of range (0..{storage.last})")
+            locking = self._to_lock()
+            below = [p for p in locking if p.level > level]
+            if not self._make_room(level, below, [], locking):
+                return False
+            storage.move_up(below, level)
+            return True
+
     def suspend(self) -> None:
         """ACTIVE -> SUSPENDED: pages stay held (so stay reserved) but are unlocked."""
         with self._context.lock:
             self._require(KVCacheStatus.ACTIVE, "suspend")
-            for o in range(len(self._blocks)):
-                for lc in range(len(self._lcs)):
-                    self._unlock_page(o, lc)
-            self._status = KVCacheStatus.SUSPENDED
+            self._suspend_locked()
+
+    def _suspend_locked(self) -> None:
+        for o in range(len(self._blocks)):
+            for lc in range(len(self._lcs)):
+                self._unlock_page(o, lc)
+        self._status = KVCacheStatus.SUSPENDED
 
     def resize(self, capacity: int | None = None, history_length: int | None = None) -> bool:
         """Set capacity and/or history (ACTIVE only). History never decreases and capacity never
@@ -390,12 +477,12 @@ class KVCache(kv_api.KVCache):
             shrink = [(o, lc) for o in range(num_blocks, len(self._blocks)) for lc in range(len(self._lcs))]
             needs = self._missing(len(self._blocks), num_blocks, hist)
             priorities = [self._priority_of(o, lc) for o, lc in needs]
-            freed = [p for o, lc in shrink if (p := self._blocks[o].pages[lc]) is not None and p.holders == 1] + [
-                p
-                for o, lc, keep in releases
-                if not keep and (p := self._blocks[o].pages[lc]) is not None and p.holders == 1
-            ]
-            if not self._fits(needs, freed):
+            applied = [(o, lc, False) for o, lc in reversed(shrink)] + [r for r in releases if r[0] < num_blocks]
+            if needs and not applied:
+                # Room made before anything changes: a failing copy leaves the cache as it was.
+                if not self._make_room(GPU_LEVEL, [], needs):
+                    return False
+            elif needs and not self._fits(needs, applied):
                 return False
             grown = self._new_blocks(num_blocks - len(self._blocks))
             for o, lc in reversed(shrink):
@@ -410,7 +497,15 @@ class KVCache(kv_api.KVCache):
                 for idx in self._index:
                     idx.extend(indices)
             self._capacity, self._history = cap, hist
-            for (o, lc), page in zip(needs, self._new_pages(needs, priorities), strict=True):
+            try:
+                new = self._new_pages(needs, priorities)
+            except Exception:
+                # Making room after this call's releases failed (a copy): the new lengths stay and
+                # the cache is suspended; resume() allocates the missing pages.
+                self._suspend_locked()
+                self._sync_user_buffers()
+                raise
+            for (o, lc), page in zip(needs, new, strict=True):
                 self._blocks[o].pages[lc] = page
                 self._lock_page(o, lc)
             self._sync_user_buffers()
@@ -473,7 +568,13 @@ class KVCache(kv_api.KVCache):
         for lc in range(len(self._lcs)):
             ours, theirs = cb.pages[lc], block.pages[lc]
             if theirs is not None and theirs.num_tokens >= len(tokens):
-                if ours is not None and ours is not theirs and full:
+                # A page we lock is replaced only by one on the device level; else ours stays private.
+                if (
+                    ours is not None
+                    and ours is not theirs
+                    and full
+                    and (theirs.level == GPU_LEVEL or not cb.locked[lc])
+                ):
                     self._context.storage.hold(theirs)
                     if cb.locked[lc]:
                         self._unlock_page(ordinal, lc)
@@ -489,7 +590,7 @@ class KVCache(kv_api.KVCache):
                 ours.num_tokens = len(tokens)
                 block.pages[lc] = ours
                 if events is not None:
-                    events.stored(block, lc, ours.priority)
+                    events.stored(block, lc, ours.priority, ours.level)
         if cb.tree_block is None and full:
             # Later blocks hang under a full block, so it stays in the tree while we are open (we
             # hold all its pages). A partial tail is the last block: nothing hangs under it, and
@@ -554,6 +655,12 @@ class KVCache(kv_api.KVCache):
         """One slot id per block of the layer group, ``BAD_PAGE_INDEX`` where no page is locked."""
         with self._context.lock:
             return array("i", self._index[self._check_group(layer_group, beam)])
+
+    def get_page_levels(self, layer_group: int, beam: int = 0) -> array[int]:
+        """Per block, the cache level of the cache's page in the layer group (-1: none)."""
+        with self._context.lock:
+            lg = self._check_group(layer_group, beam)
+            return array("i", [-1 if (p := cb.pages[lg]) is None else p.level for cb in self._blocks])
 
     def get_aggregated_page_indices(self, layer_group: int, beam: int = 0, valid_only: bool = False) -> array[int]:
         with self._context.lock:

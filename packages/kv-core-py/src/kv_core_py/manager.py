@@ -7,19 +7,23 @@ from typing import Any
 
 import kv_api
 from kv_api._check import as_int, as_str, int_in_range
-from kv_api.config import KVCacheManagerConfig
+from kv_api.config import QUOTA_LIMIT, KVCacheManagerConfig
 from kv_api.constants import CACHE_ID_LIMIT, GPU_LEVEL, PageIndexMode
 from kv_api.contract import PriorityCallback
 from kv_api.descriptors import LifeCycle, PageIndexConverter, PoolDesc, PoolGroupDesc
-from kv_api.errors import InvalidStateError, LogicError
+from kv_api.errors import InvalidStateError, LogicError, OutOfPagesError
 from kv_api.keys import check_reuse_scope
+from kv_api.page_copier import HostMemoryCopier, PageCopier
 from kv_api.scope import ReuseScope
 from kv_api.stats import CacheStats, StorageStatistics
 from kv_core_py.block_keys import chained_keys, root_key
 from kv_core_py.cache_context import CacheContext
+from kv_core_py.cache_level import CacheLevel
 from kv_core_py.event_manager import KVCacheEventManager
 from kv_core_py.kv_cache import KVCache
 from kv_core_py.life_cycles import LifeCycleRegistry
+from kv_core_py.page import Page
+from kv_core_py.page_transfer import PageTransfer
 from kv_core_py.radix_tree import Block, RadixTree
 from kv_core_py.slot_counts import SlotCounts
 from kv_core_py.storage import Storage
@@ -30,30 +34,47 @@ from kv_core_py.tokens import Tokens
 class KVCacheManager(kv_api.KVCacheManager):
     """See ``kv_api.KVCacheManager`` for the contract."""
 
-    def __init__(self, config: KVCacheManagerConfig, event_manager: KVCacheEventManager | None = None) -> None:
+    def __init__(
+        self,
+        config: KVCacheManagerConfig,
+        event_manager: KVCacheEventManager | None = None,
+        page_copier: PageCopier | None = None,
+    ) -> None:
         if not isinstance(config, KVCacheManagerConfig):
             raise TypeError(f"config: expected KVCacheManagerConfig, got {type(config).__name__}")
         if event_manager is not None and not isinstance(event_manager, KVCacheEventManager):
             raise TypeError(
                 f"event_manager: expected this backend's KVCacheEventManager, got {type(event_manager).__name__}"
             )
-        if len(config.cache_tiers) > 1:
-            raise NotImplementedError("cache_tiers: host and disk tiers are not supported yet (see capabilities)")
+        if page_copier is not None and not isinstance(page_copier, PageCopier):
+            raise TypeError(f"page_copier: expected a kv_api.PageCopier, got {type(page_copier).__name__}")
         if config.commit_min_snapshot:
             raise NotImplementedError("commit_min_snapshot is not supported yet")
         self._config = config
         self._registry = LifeCycleRegistry(config)
         self._storage_config = StorageConfig(config, self._registry)
-        self._counts = SlotCounts(config, self._registry, self._storage_config)
+        levels: list[CacheLevel] = []
+        try:
+            for level in range(len(config.cache_tiers)):
+                levels.append(CacheLevel(config, self._registry, self._storage_config, level))
+        except BaseException:
+            for built in levels:
+                built.close()
+            raise
+        self._counts = levels[0].counts
         self._tree = RadixTree(len(self._registry.life_cycles))
         if event_manager is not None:
             event_manager.bind([lc.window for lc in self._registry.life_cycles])
-        self._storage = Storage(self._storage_config, self._counts, self._registry, self._tree, event_manager)
+        # The default copier is memmove in this process: no Python call per batch.
+        copier = None if page_copier is None or type(page_copier) is HostMemoryCopier else page_copier
+        self._storage = Storage(
+            self._storage_config, levels, self._registry, self._tree, event_manager, PageTransfer(levels, copier)
+        )
         # The lock, the open caches, the shut-down flag and the statistics live there, shared with the caches.
         self._context = CacheContext(config, self._registry, self._storage, self._tree, event_manager)
         self._next_id = 0
         if event_manager is not None:
-            event_manager.created((sum(self._counts.slots),))
+            event_manager.created(tuple(sum(level.counts.slots) for level in levels))
 
     # -- configuration ------------------------------------------------------------------------
 
@@ -167,36 +188,88 @@ class KVCacheManager(kv_api.KVCacheManager):
 
     def get_quota(self, level: int = GPU_LEVEL) -> int:
         with self._context.lock:
-            self._check_level(level)
+            lvl = self._check_level(level)
             self._require_live()
-            return self._counts.quota
+            return self._storage.levels[lvl].quota
 
     def _check_level(self, level: Any) -> int:
         lvl = int_in_range("level", level, 0)
-        if lvl != GPU_LEVEL:
-            raise IndexError(f"level {lvl} out of range (one cache level)")
+        if lvl > self._storage.last:
+            raise IndexError(f"level {lvl} out of range (0..{self._storage.last})")
         return lvl
+
+    def resize(self, level: int, quota: int, best_efforts: bool = False) -> bool:
+        """Change a level's quota with every cache suspended: shrink (evicting, then moving pages
+        out of the slots that go), then grow. False, nothing changed, below the minimum quota or
+        when the pages that must stay cannot fit."""
+        with self._context.lock:
+            self._require_live()
+            active = sum(1 for c in self._context.open_caches() if c.is_active)
+            if active:
+                raise InvalidStateError(f"resize() requires every KV cache suspended ({active} active)")
+            lvl = self._check_level(level)
+            q = int_in_range("quota", quota, 1, QUOTA_LIMIT)
+            if not isinstance(best_efforts, bool):
+                raise TypeError(f"best_efforts: expected a bool, got {type(best_efforts).__name__}")
+            if best_efforts:
+                raise NotImplementedError("resize: best_efforts=True is not supported")
+            counts = SlotCounts(self._config, self._registry, self._storage_config, lvl, q)
+            if q < counts.min_quota:
+                return False
+            try:
+                self._storage.resize_level(lvl, counts, self._live_pages())
+            except OutOfPagesError:
+                return False
+            if lvl == GPU_LEVEL:
+                self._counts = counts
+            return True
+
+    def _live_pages(self) -> list[Page]:
+        """Every page the tree or an open cache has, each once."""
+        pages: dict[int, Page] = {}
+        for root in self._tree.roots.values():
+            for child in root.children.values():
+                for block in RadixTree.subtree(child):
+                    pages.update((id(p), p) for p in block.pages if p is not None)
+        for cache in self._context.open_caches():
+            if isinstance(cache, KVCache):
+                pages.update((id(p), p) for p in cache.held_pages())
+        return list(pages.values())
 
     def get_storage_statistics(self, level: int = GPU_LEVEL) -> list[StorageStatistics]:
         with self._context.lock:
-            self._check_level(level)
+            lvl = self._check_level(level)
             self._require_live()
-            return self._storage.statistics()
+            return self._storage.statistics(lvl)
 
     # -- statistics ----------------------------------------------------------------------------------
 
     def get_committed_stats(self) -> CacheStats:
         with self._context.lock:
-            return replace(self._context.committed_stats, evicted_pages=self._storage.num_evicted)
+            return replace(
+                self._context.committed_stats,
+                evicted_pages=self._storage.num_evicted,
+                onboarded_pages=self._storage.num_onboarded,
+            )
 
     def get_and_reset_iteration_stats(self) -> CacheStats:
         with self._context.lock:
-            stats = replace(self._context.iteration_stats, evicted_pages=self._storage.num_evicted - self._evicted_mark)
+            stats = replace(
+                self._context.iteration_stats,
+                evicted_pages=self._storage.num_evicted - self._evicted_mark,
+                onboarded_pages=self._storage.num_onboarded - self._onboarded_mark,
+            )
             self._context.reset_iteration_stats()
             self._evicted_mark = self._storage.num_evicted
+            self._onboarded_mark = self._storage.num_onboarded
             return stats
 
     _evicted_mark = 0
+    _onboarded_mark = 0
+
+    def get_bytes_moved(self) -> dict[tuple[int, int], int]:
+        with self._context.lock:
+            return dict(self._storage.transfer.bytes_moved)
 
     # -- reuse --------------------------------------------------------------------------------------
 
@@ -305,4 +378,5 @@ class KVCacheManager(kv_api.KVCacheManager):
                 return
             self._require_no_open_caches("shutdown")
             self._storage.clear()
+            self._storage.close()
             self._context.is_shut_down = True

@@ -2,18 +2,31 @@
 
 A page is *uncommitted* (private to one cache) until its block enters the radix tree; then it
 is *committed* and may be shared. Its status follows from who uses it: LOCKED while an active
-cache reads it, HELD while only suspended (or commit-pending) caches keep it, DROPPABLE when
-nobody does. Committed droppable pages are evictable; uncommitted ones are freed at once.
+cache reads it (device level only), HELD while only suspended (or commit-pending) caches keep
+it, DROPPABLE when nobody does. It sits in one slot of one cache level and moves between levels
+(``Storage.evictable`` says when it may be evicted).
 """
 
 from __future__ import annotations
 
 
 class Page:
-    __slots__ = ("block", "holders", "life_cycle", "locks", "num_tokens", "pool_group", "priority", "slot")
+    __slots__ = (
+        "block",
+        "holders",
+        "level",
+        "life_cycle",
+        "locks",
+        "num_tokens",
+        "pool_group",
+        "priority",
+        "queued",
+        "slot",
+    )
 
     def __init__(self, slot: int, life_cycle: int, pool_group: int, priority: int) -> None:
         self.slot = slot
+        self.level = 0  # the cache level whose slot ``slot`` is
         self.life_cycle = life_cycle
         self.pool_group = pool_group
         self.priority = priority
@@ -23,6 +36,12 @@ class Page:
         self.num_tokens = 0  # tokens of the block this page is valid for (committed pages)
         self.holders = 0  # caches keeping the page (held or locked)
         self.locks = 0  # caches locking it (active)
+        self.queued = False  # in its level's eviction queue
+
+    @property
+    def alive(self) -> bool:
+        """False once dropped: a committed page leaves the tree, a held one never drops."""
+        return self.block is not None or self.holders > 0
 
     @property
     def committed(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 
 from kv_api.errors import OutOfPagesError
 
@@ -26,6 +27,20 @@ class SlotAllocator:
         taken.extend(range(self._next_fresh, self._next_fresh + fresh))
         self._next_fresh += fresh
         return taken
+
+    def peek(self, n: int, below: int | None = None) -> list[int]:
+        """The ids ``allocate(n)`` would hand out now (after ``resize(below)``), without taking them."""
+        limit = self.num_slots if below is None else below
+        taken = list(islice((s for s in self._recycled if s < limit), n))
+        fresh = min(self._next_fresh, limit)
+        return taken + list(range(fresh, fresh + n - len(taken)))
+
+    def resize(self, num_slots: int) -> None:
+        """Hand out ids below ``num_slots`` from now on; every id at or above it must be free."""
+        if num_slots < self.num_slots:
+            self._recycled = deque(s for s in self._recycled if s < num_slots)
+            self._next_fresh = min(self._next_fresh, num_slots)
+        self.num_slots = num_slots
 
     def release(self, slot: int) -> None:
         self._recycled.append(slot)

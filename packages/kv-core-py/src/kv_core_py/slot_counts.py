@@ -1,4 +1,4 @@
-"""From a device quota to slot counts per pool group (docs/manager.md, "Sizing").
+"""From a cache level's quota to slot counts per pool group (docs/manager.md, "Sizing").
 
 Every step is integer arithmetic except the ratio split, whose float operations happen in a
 fixed order and round half to even, so the native backend reproduces them exactly.
@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 
 from kv_api.config import QUOTA_LIMIT, BatchDesc, KVCacheDesc, KVCacheManagerConfig
-from kv_api.constants import ceil_div
+from kv_api.constants import CacheTier, ceil_div
 from kv_api.errors import HostOOMError
 from kv_core_py.life_cycles import LifeCycleRegistry
 from kv_core_py.storage_config import PoolGroupConfig, StorageConfig
@@ -24,6 +24,18 @@ def gpu_granularity(quota: int) -> int:
     """``2 MiB << min(4, max(0, floor(log2(quota / 1 GiB))))``: 2 to 32 MiB."""
     exponent = 0 if quota < GIB else min(4, quota.bit_length() - 1 - 30)
     return (2 * MIB) << exponent
+
+
+#: Granularity of the host and disk tiers (the device tier's depends on its quota).
+HOST_GRANULARITY = 4 << 10
+DISK_GRANULARITY = 2 * MIB
+TIER_NAMES = {CacheTier.GPU_MEM: "device", CacheTier.HOST_MEM: "host", CacheTier.DISK: "disk"}
+
+
+def tier_granularity(tier: CacheTier, quota: int) -> int:
+    if tier == CacheTier.GPU_MEM:
+        return gpu_granularity(quota)
+    return HOST_GRANULARITY if tier == CacheTier.HOST_MEM else DISK_GRANULARITY
 
 
 def grains_for(slots: int, slot_sizes: Sequence[int], granularity: int) -> int:
@@ -75,20 +87,20 @@ def union_length(ranges: list[tuple[int, int]]) -> int:
     return count
 
 
-def min_quota_error() -> HostOOMError:
-    """The device tier's minimum (its slot floors times their sizes, rounded to grains) is 2**63
-    bytes or more: more than any quota may be (``QUOTA_LIMIT``) or a pool can map. Raised before
-    anything is allocated; the message names no number, which only Python could hold exactly."""
-    return HostOOMError("device tier: the minimum slots need 2**63 bytes or more")
+def min_quota_error(tier: str = "device") -> HostOOMError:
+    """A tier's minimum (its slot floors times their sizes, rounded to grains) is 2**63 bytes or
+    more: more than any quota may be (``QUOTA_LIMIT``) or a pool can map. Raised before anything
+    is allocated; the message names no number, which only Python could hold exactly."""
+    return HostOOMError(f"{tier} tier: the minimum slots need 2**63 bytes or more")
 
 
-def min_quota(minimum: list[int], groups: Sequence[PoolGroupConfig], granularity: int) -> int:
+def min_quota(minimum: list[int], groups: Sequence[PoolGroupConfig], granularity: int, tier: str = "device") -> int:
     """The bytes the minimum slots occupy, each pool rounded up to grains; below 2**63 or raises."""
     total = sum(
         ceil_div(minimum[pg.index] * size, granularity) * granularity for pg in groups for size in pg.slot_sizes
     )
     if total >= QUOTA_LIMIT:
-        raise min_quota_error()
+        raise min_quota_error(tier)
     return total
 
 
@@ -180,14 +192,25 @@ def distribute(
 
 
 class SlotCounts:
-    """The device tier's effective quota, and its minimum and actual slots per pool group."""
+    """A cache level's effective quota, and its minimum and actual slots per pool group. Every
+    level has the device level's minimum slots and ratio, with its own quota and granularity."""
 
-    def __init__(self, config: KVCacheManagerConfig, registry: LifeCycleRegistry, storage: StorageConfig) -> None:
-        quota = config.cache_tiers[0].quota
-        g = gpu_granularity(quota)
+    def __init__(
+        self,
+        config: KVCacheManagerConfig,
+        registry: LifeCycleRegistry,
+        storage: StorageConfig,
+        level: int = 0,
+        quota: int | None = None,
+    ) -> None:
+        """``quota`` overrides the tier's (a quota resize)."""
+        tier = config.cache_tiers[level]
+        quota = tier.quota if quota is None else quota
+        self.granularity = g = tier_granularity(tier.tier, quota)
         self.min_slots = minimum = compute_min_slots(config, registry, storage)
         groups = storage.pool_groups
-        least = min_quota(minimum, groups, g)  # checked before the ratio, as the native backend does
+        # Checked before the ratio, as the native backend does.
+        self.min_quota = least = min_quota(minimum, groups, g, TIER_NAMES[tier.tier])
         ratio = initial_ratio(config, registry, storage, minimum)
         self.quota = max(least, ceil_div(quota, g) * g)
         self.slots = distribute(ratio, minimum, groups, self.quota // g, g)

@@ -1,79 +1,138 @@
-"""Pool groups at the device level: slot allocators, real memory, eviction, and what dropping a
-committed page does to the radix tree (docs/manager.md, "Eviction")."""
+"""The cache levels and what moves pages between them: page status and eviction queues, making
+room by cascading eviction, moving pages up, and what dropping a committed page does to the
+radix tree (docs/manager.md, "Eviction and tiers")."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
+
 from kv_api.errors import CorruptedError, OutOfPagesError
 from kv_api.stats import StorageStatistics
+from kv_core_py.cache_level import CacheLevel, PoolGroup
 from kv_core_py.event_manager import KVCacheEventManager
-from kv_core_py.eviction import EvictionQueue
 from kv_core_py.life_cycles import LifeCycleRegistry
-from kv_core_py.memory_pool import MemoryPool
 from kv_core_py.page import Page
+from kv_core_py.page_transfer import PageTransfer
 from kv_core_py.radix_tree import Block, RadixTree
-from kv_core_py.slot_allocator import SlotAllocator
 from kv_core_py.slot_counts import SlotCounts
 from kv_core_py.storage_config import StorageConfig
 
 
-class PoolGroup:
-    def __init__(self, index: int, slot_sizes: tuple[int, ...], num_slots: int) -> None:
-        self.index = index
-        self.allocator = SlotAllocator(num_slots)
-        self.pools = [MemoryPool(num_slots, size) for size in slot_sizes]
-        self.evictable = EvictionQueue()
+class Plan:
+    """What making room does in one pool group: pages moved down (to a level), the last
+    level's victims (dropped in order while room is short) and falling pages that find no slot
+    there (droppable, dropped)."""
 
-    @property
-    def num_slots(self) -> int:
-        return self.allocator.num_slots
+    __slots__ = ("drops", "lost", "moves")
 
-    def statistics(self) -> StorageStatistics:
-        return StorageStatistics(self.num_slots, self.allocator.num_free, len(self.evictable))
-
-    def utilization(self) -> float:
-        stats = self.statistics()
-        return stats.unavailable / stats.total
+    def __init__(self) -> None:
+        self.moves: list[tuple[Page, int]] = []
+        self.drops: list[Page] = []
+        self.lost: list[Page] = []
 
 
 class Storage:
     def __init__(
         self,
         config: StorageConfig,
-        counts: SlotCounts,
+        levels: list[CacheLevel],
         registry: LifeCycleRegistry,
         tree: RadixTree,
         events: KVCacheEventManager | None,
+        transfer: PageTransfer,
     ) -> None:
         self.config = config
+        self.levels = levels
+        self.last = len(levels) - 1
         self.registry = registry
         self.tree = tree
         self.events = events
-        self.pool_groups = [
-            PoolGroup(pg.index, pg.slot_sizes, n) for pg, n in zip(config.pool_groups, counts.slots, strict=True)
-        ]
-        self.num_evicted = 0
+        self.transfer = transfer
+        self.num_evicted = 0  # pages evicted from the device level
+        self.num_onboarded = 0  # pages moved up to the device level
 
-    def statistics(self) -> list[StorageStatistics]:
-        return [pg.statistics() for pg in self.pool_groups]
+    @property
+    def pool_groups(self) -> list[PoolGroup]:
+        """The device level's."""
+        return self.levels[0].pool_groups
+
+    def group(self, page: Page) -> PoolGroup:
+        return self.levels[page.level].pool_groups[page.pool_group]
+
+    def statistics(self, level: int = 0) -> list[StorageStatistics]:
+        return self.levels[level].statistics()
+
+    def close(self) -> None:
+        for level in self.levels:
+            level.close()
+
+    # -- page status ------------------------------------------------------------------------------
+
+    def evictable(self, page: Page) -> bool:
+        """Not locked, and committed and droppable, or held above the last level."""
+        if page.locks:
+            return False
+        if page.holders:
+            return page.level < self.last
+        return page.block is not None
+
+    def _update(self, page: Page) -> None:
+        """Queue or unqueue ``page`` as its status says; a page staying evictable keeps its place."""
+        should = self.evictable(page)
+        if page.queued != should:
+            queue = self.group(page).evictable
+            if should:
+                queue.push(page)
+            else:
+                queue.remove(page)
+            page.queued = should
+
+    def _dequeue(self, page: Page) -> None:
+        if page.queued:
+            self.group(page).evictable.remove(page)
+            page.queued = False
+
+    def hold(self, page: Page, priority: int | None = None) -> None:
+        """A cache keeps ``page``; a higher ``priority`` (reuse) raises the page's and re-queues it."""
+        if priority is not None and priority > page.priority:
+            self._dequeue(page)
+            page.priority = priority
+        page.holders += 1
+        self._update(page)
+
+    def unhold(self, page: Page) -> None:
+        """A cache lets go of ``page``: an uncommitted page nobody holds is freed at once."""
+        page.holders -= 1
+        if page.holders or page.block is not None:
+            self._update(page)
+        else:
+            self._dequeue(page)
+            self.free(page)
+
+    def lock(self, page: Page) -> None:
+        if page.level != 0:
+            raise CorruptedError(f"locking a page at cache level {page.level}")
+        page.locks += 1
+        self._update(page)
+
+    def unlock(self, page: Page) -> None:
+        page.locks -= 1
+        self._update(page)
+
+    def free(self, page: Page) -> None:
+        self.group(page).allocator.release(page.slot)
+
+    # -- new pages and copies ----------------------------------------------------------------------
 
     def new_pages(self, requests: list[tuple[int, int]]) -> list[Page]:
-        """One page per ``(life_cycle, priority)``, all or none: each pool group first checks
-        that free plus evictable slots cover its share, then evicts what it must."""
+        """One device page per ``(life_cycle, priority)``, all or none (``OutOfPagesError``,
+        nothing changed): room is made first, then each group hands out its slots in order."""
         need = [0] * len(self.pool_groups)
         for lc, _ in requests:
             need[self.config.pool_group_of(lc)] += 1
-        for pg, n in zip(self.pool_groups, need, strict=True):
-            if n > pg.allocator.num_free + len(pg.evictable):
-                raise OutOfPagesError(
-                    f"pool group {pg.index}: need {n} slots, {pg.allocator.num_free} free and "
-                    f"{len(pg.evictable)} evictable"
-                )
-        slots: list[list[int]] = []
-        for pg, n in zip(self.pool_groups, need, strict=True):
-            while pg.allocator.num_free < n:
-                self.drop(pg.evictable.pop())
-                self.num_evicted += 1
-            slots.append(pg.allocator.allocate(n))
+        self.make_room(0, need)
+        slots = [pg.allocator.allocate(n) for pg, n in zip(self.pool_groups, need, strict=True)]
         handed = [iter(s) for s in slots]  # each group's slots, in allocation order
         return [
             Page(next(handed[p]), lc, p, priority)
@@ -82,28 +141,187 @@ class Storage:
         ]
 
     def copy(self, src: Page, dst: Page) -> None:
-        """Copy a page's data (every pool of its group) into another page's slot."""
-        for pool in self.pool_groups[src.pool_group].pools:
-            pool.copy_slot(src.slot, dst.slot)
+        """Copy a page's data (every pool of its group) into another page's slot, from any level."""
+        self.transfer.copy(src.level, dst.level, src.pool_group, [(src.slot, dst.slot)])
 
-    def free(self, page: Page) -> None:
-        self.pool_groups[page.pool_group].allocator.release(page.slot)
+    # -- making room ---------------------------------------------------------------------------------
 
-    def hold(self, page: Page) -> None:
-        if page.holders == 0 and page.committed:
-            self.pool_groups[page.pool_group].evictable.remove(page)
-        page.holders += 1
+    def plan(
+        self,
+        level: int,
+        need: Sequence[int],
+        exclude: AbstractSet[int] = frozenset(),
+        pending: Sequence[Page] = (),
+        freed: Sequence[int] = (),
+    ) -> list[Plan]:
+        """Per pool group, what ``make_room`` would do; ``OutOfPagesError`` (nothing changed)
+        when ``need[pg]`` slots cannot be freed at ``level`` or held pages would find no slot.
+        ``pending`` pages join ``level``'s queues first and ``freed[pg]`` slots are freed there
+        first (a resize's releases)."""
+        plans = []
+        for pg in range(len(self.pool_groups)):
+            plan = Plan()
+            goal, arrivals = need[pg], list[Page]()
+            for lv in range(level, len(self.levels)):
+                group = self.levels[lv].pool_groups[pg]
+                free = group.allocator.num_free + (freed[pg] if lv == level and freed else 0)
+                queued = [p for p in pending if p.pool_group == pg] if lv == level else []
+                want = goal + len(arrivals) - free
+                chosen: list[Page] = []
+                if want > 0:
+                    for page in group.evictable.candidates(exclude, queued):
+                        chosen.append(page)
+                        if len(chosen) == want:
+                            break
+                room = free + len(chosen) - goal  # slots left for the pages falling in
+                if lv == self.last:
+                    held = sum(1 for p in arrivals if p.holders > 0)
+                    if room < held:
+                        if lv == level:
+                            raise OutOfPagesError(
+                                f"pool group {pg}: need {goal} slots, {free} free and {len(chosen)} evictable"
+                            )
+                        raise OutOfPagesError(
+                            f"cache level {lv}, pool group {pg}: {held} held pages fall in, {free} free and "
+                            f"{len(chosen)} evictable"
+                        )
+                    plan.drops = chosen
+                    plan.lost = [p for p in arrivals if not p.holders][: max(0, len(arrivals) - room)]
+                    lost = {id(p) for p in plan.lost}
+                    plan.moves += [(p, lv) for p in arrivals if id(p) not in lost]
+                else:
+                    if room < 0:
+                        raise OutOfPagesError(
+                            f"pool group {pg}: need {goal} slots, {free} free and {len(chosen)} evictable"
+                        )
+                    passing = max(0, len(arrivals) - room)  # the least valuable fall further
+                    plan.moves += [(p, lv) for p in arrivals[passing:]]
+                    arrivals = chosen + arrivals[:passing]
+                goal = 0
+            plans.append(plan)
+        return plans
 
-    def unhold(self, page: Page) -> None:
-        """A cache lets go of ``page``: a committed page nobody holds becomes evictable, an
-        uncommitted one is freed at once."""
-        page.holders -= 1
-        if page.holders:
+    def can_make_room(
+        self, level: int, need: Sequence[int], pending: Sequence[Page] = (), freed: Sequence[int] = ()
+    ) -> bool:
+        try:
+            self.plan(level, need, pending=pending, freed=freed)
+        except OutOfPagesError:
+            return False
+        return True
+
+    def make_room(self, level: int, need: Sequence[int], exclude: AbstractSet[int] = frozenset()) -> None:
+        """Free ``need[pg]`` slots at ``level`` by cascading eviction, or raise with nothing
+        changed. Disk blocks for the pages that may fall there are allocated before anything
+        moves. Each pool group's plan runs deepest level first (the last level's drops, then
+        the moves into each level), so every slot is emptied before it is filled."""
+        plans = self.plan(level, need, exclude)
+        for pg, plan in enumerate(plans):
+            for lv in range(level + 1, len(self.levels)):
+                group = self.levels[lv].pool_groups[pg]
+                if group.on_disk:
+                    group.ensure_backed(sum(1 for _, d in plan.moves if d == lv))
+        for pg, plan in enumerate(plans):
+            last = self.levels[self.last].pool_groups[pg]
+            target = (need[pg] if level == self.last else 0) + sum(
+                1 for p, d in plan.moves if d == self.last and p.alive
+            )
+            for page in plan.drops:
+                if last.allocator.num_free >= target:
+                    break
+                if page.alive:
+                    self._evict_drop(page)
+            for page in plan.lost:
+                if page.alive:
+                    self._evict_drop(page)
+            for dst in reversed(range(level + 1, len(self.levels))):
+                for src in range(level, dst):
+                    self._move_down([p for p, d in plan.moves if d == dst and p.alive and p.level == src], dst)
+
+    def _evict_drop(self, page: Page) -> None:
+        if page.level == 0:
+            self.num_evicted += 1
+        self._dequeue(page)
+        self.drop(page)
+
+    def _move_down(self, pages: list[Page], dst_level: int) -> None:
+        """Move ``pages`` (one level, one pool group) down to ``dst_level``; if it lacks slots
+        for all (a drop took fewer pages than planned), the first droppable ones drop instead."""
+        if not pages:
             return
-        if page.committed:
-            self.pool_groups[page.pool_group].evictable.push(page)
-        else:
+        src_level = pages[0].level
+        below = self.levels[dst_level].pool_groups[pages[0].pool_group]
+        surplus = len(pages) - below.allocator.num_free
+        dropped: list[Page] = []
+        if surplus > 0:
+            dropped = [p for p in pages if not p.holders][:surplus]
+            if len(dropped) < surplus:
+                raise CorruptedError("held pages fall to a level without room for them")
+        gone = {id(p) for p in dropped}
+        movers = [p for p in pages if id(p) not in gone]
+        self.move(movers, dst_level)
+        if src_level == 0:
+            self.num_evicted += len(movers)
+        for page in dropped:
+            if page.alive:
+                self._evict_drop(page)
+
+    def move(self, pages: list[Page], dst_level: int) -> None:
+        """Move ``pages`` (one level, one pool group) to ``dst_level``, which has the free slots:
+        bytes first (a failure leaves every page where it was), then slots, levels and queues."""
+        if not pages:
+            return
+        src_level, pg = pages[0].level, pages[0].pool_group
+        group = self.levels[dst_level].pool_groups[pg]
+        slots = group.allocator.peek(len(pages))
+        self.transfer.copy(src_level, dst_level, pg, [(p.slot, s) for p, s in zip(pages, slots, strict=True)])
+        group.allocator.allocate(len(pages))
+        for page, slot in zip(pages, slots, strict=True):
+            self._dequeue(page)
             self.free(page)
+            page.level, page.slot = dst_level, slot
+            if isinstance(page.block, Block) and self.events is not None:
+                self.events.updated(page.block, page.life_cycle, src_level, dst_level)
+            self._update(page)
+        if dst_level == 0:
+            self.num_onboarded += len(pages)
+
+    def move_up(self, pages: list[Page], dst_level: int) -> None:
+        """Move pages from colder levels to ``dst_level`` (room made), in batches per pool group
+        then source level, each in the given order."""
+        for pg in range(len(self.pool_groups)):
+            for lv in range(dst_level + 1, len(self.levels)):
+                self.move([p for p in pages if p.pool_group == pg and p.level == lv], dst_level)
+
+    # -- quota resize ----------------------------------------------------------------------------------
+
+    def resize_level(self, level: int, counts: SlotCounts, live: list[Page]) -> None:
+        """Give ``level`` the slot counts of ``counts``: new memory first, then room made in each
+        shrinking group (``OutOfPagesError``, nothing changed, if it cannot be), then its pages in
+        slots beyond the new size moved to free low slots, then the pools remapped. ``live`` is
+        every page the tree or a cache has."""
+        groups = self.levels[level].pool_groups
+        new = counts.slots
+        memory = [g.new_memory(n) if n != g.num_slots else [] for g, n in zip(groups, new, strict=True)]
+        self.make_room(level, [max(0, g.num_slots - n) for g, n in zip(groups, new, strict=True)])
+        for pg, group in enumerate(groups):
+            n = new[pg]
+            if n == group.num_slots:
+                continue
+            mine = sorted(
+                (p for p in live if p.alive and p.level == level and p.pool_group == pg), key=lambda p: p.slot
+            )
+            movers = [p for p in mine if p.slot >= n]
+            slots = group.allocator.peek(len(movers), below=n)
+            self.transfer.copy(level, level, pg, [(p.slot, s) for p, s in zip(movers, slots, strict=True)])
+            group.allocator.resize(n)
+            group.allocator.allocate(len(movers))
+            for page, slot in zip(movers, slots, strict=True):
+                page.slot = slot
+            group.remap(n, memory[pg], sorted(p.slot for p in mine))
+        self.levels[level].counts = counts
+
+    # -- the tree's pages ----------------------------------------------------------------------------
 
     def adopt(self, block: Block, sibling: Block) -> None:
         """``block`` replaces ``sibling``, a partial block whose tokens it extends, and takes its
@@ -129,8 +347,10 @@ class Storage:
         freed now if nobody holds it, else when its holders let go, as an uncommitted page is."""
         page.block = None
         if not page.holders:
-            self.pool_groups[page.pool_group].evictable.remove(page)
+            self._dequeue(page)
             self.free(page)
+        else:
+            self._update(page)
 
     def drop(self, page: Page) -> None:
         """Evict a committed droppable page. Losing a full-attention or sink page makes every
@@ -146,7 +366,7 @@ class Storage:
                     if p is not None:
                         if p.holders:
                             raise CorruptedError(f"held page in a removed subtree (block {b.ordinal}, life cycle {lc})")
-                        self.pool_groups[p.pool_group].evictable.remove(p)
+                        self._dequeue(p)
                         self._discard(b, lc)
             parent = block.parent
             self.tree.detach(block)
@@ -171,6 +391,6 @@ class Storage:
                 for b in list(RadixTree.subtree(child)):
                     for lc, p in enumerate(b.pages):
                         if p is not None:
-                            self.pool_groups[p.pool_group].evictable.remove(p)
+                            self._dequeue(p)
                             self._discard(b, lc)
         self.tree.roots.clear()

@@ -72,6 +72,35 @@ def quotas(text: str) -> list[int]:
     return sorted(set(sizes))
 
 
+def size(text: str) -> int:
+    """``--disk-quota``: one size, validated like ``--quota``."""
+    if "," in text:
+        raise argparse.ArgumentTypeError(
+            f"one size, not a list (got {text[:40]!r}; a sweep varies --quota or --host-quota)"
+        )
+    (value,) = quotas(text)
+    return value
+
+
+def directory(text: str) -> str:
+    """``--disk-path``: an existing directory this process can write in."""
+    if not os.path.exists(text):
+        raise argparse.ArgumentTypeError(f"directory {text} does not exist")
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} is not a directory")
+    if not os.access(text, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"directory {text} is not writable")
+    return text
+
+
+def check_replay_flags(args: argparse.Namespace) -> None:
+    """What no single flag's value says: the tier flags together."""
+    if args.disk_path is not None and args.disk_quota is None:
+        raise UsageError("--disk-path: needs --disk-quota (there is no disk tier without a quota)")
+    if len(args.quota) > 1 and args.host_quota is not None and len(args.host_quota) > 1:
+        raise UsageError("--host-quota: a sweep varies one quota: give a list to --quota or to --host-quota, not both")
+
+
 def layers(text: str) -> str:
     try:
         parse_layers(text)
@@ -109,6 +138,25 @@ def parser() -> argparse.ArgumentParser:
         metavar="SIZE[,SIZE...]",
         help="device quota, e.g. 128M, 1G, 512MiB; a comma-separated list replays once per quota and prints "
         "the capacity curve (default: 128M)",
+    )
+    r.add_argument(
+        "--host-quota",
+        type=quotas,
+        metavar="SIZE[,SIZE...]",
+        help="add a host-memory tier below the device: pages evicted from the device move there and come back "
+        "when reused; a comma-separated list is a capacity sweep over it (default: none, no host tier)",
+    )
+    r.add_argument(
+        "--disk-quota",
+        type=size,
+        metavar="SIZE",
+        help="add a disk tier, the coldest level, of this size (default: none, no disk tier)",
+    )
+    r.add_argument(
+        "--disk-path",
+        type=directory,
+        metavar="DIR",
+        help="an existing directory for the disk tier's files (default: a temporary directory, removed after the run)",
     )
     r.add_argument(
         "--layers",
@@ -201,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(argv)
         if args.command == "backends":
             return backends()
+        check_replay_flags(args)
         return replay(args, chosen_backends(args))
     except (UsageError, TraceError, PlotError, ModelError) as exc:
         message = str(exc)

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import re
 
-from kv_api import AttentionLayerConfig, BufferConfig, GpuCacheTierConfig, KVCacheManagerConfig
+from kv_api import (
+    AttentionLayerConfig,
+    BufferConfig,
+    CacheTierConfig,
+    DiskCacheTierConfig,
+    GpuCacheTierConfig,
+    HostCacheTierConfig,
+    KVCacheManagerConfig,
+)
 from kv_api.constants import ceil_div
 
 _GROUP = re.compile(r"^(\d{1,9})(?:x(\d{1,12}))?(?:\+(\d{1,12}))?$")
@@ -12,6 +20,9 @@ MAX_LAYERS = 1024
 #: The config's fields that each flag sets, to name the flag if the library rejects a value.
 _FLAGS = {
     "GpuCacheTierConfig.quota": "--quota",
+    "HostCacheTierConfig.quota": "--host-quota",
+    "DiskCacheTierConfig.quota": "--disk-quota",
+    "DiskCacheTierConfig.path": "--disk-path",
     "KVCacheManagerConfig.tokens_per_block": "--tokens-per-block",
     "BufferConfig.size": "--bytes-per-token",
     "AttentionLayerConfig.": "--layers",
@@ -48,9 +59,14 @@ def model_config(
     bytes_per_token: int,
     partial_reuse: bool = True,
     pool_ratio: list[float] | None = None,
+    *,
+    host_quota: int | None = None,
+    disk_quota: int | None = None,
+    disk_path: str | None = None,
 ) -> KVCacheManagerConfig:
     """Key and value buffers of ``bytes_per_token * tokens_per_block`` bytes per layer;
-    ``pool_ratio`` splits the quota between layer groups (default: the manager's split)."""
+    ``pool_ratio`` splits the quota between layer groups (default: the manager's split). A
+    ``host_quota`` adds a host tier, a ``disk_quota`` a disk tier in ``disk_path``."""
     size = bytes_per_token * tokens_per_block
     try:
         kv = [BufferConfig("key", size), BufferConfig("value", size)]
@@ -58,9 +74,14 @@ def model_config(
         for count, window, sinks in parse_layers(layers):
             for _ in range(count):
                 configs.append(AttentionLayerConfig(len(configs), kv, window, sinks))
+        tiers: list[CacheTierConfig] = [GpuCacheTierConfig(quota)]
+        if host_quota is not None:
+            tiers.append(HostCacheTierConfig(host_quota))
+        if disk_quota is not None:
+            tiers.append(DiskCacheTierConfig(disk_quota, disk_path or ""))
         return KVCacheManagerConfig(
             tokens_per_block=tokens_per_block,
-            cache_tiers=[GpuCacheTierConfig(quota)],
+            cache_tiers=tiers,
             layers=configs,
             enable_partial_reuse=partial_reuse,
             initial_pool_ratio=pool_ratio,

@@ -261,7 +261,12 @@ def plot_replay(
 
 
 def capacity_figure(
-    points: dict[str, list[tuple[int, float]]], unbounded: dict[str, float], *, trace: str, tokens_per_block: int
+    points: dict[str, list[tuple[int, float]]],
+    unbounded: dict[str, float],
+    *,
+    trace: str,
+    tokens_per_block: int,
+    xlabel: str = "device quota",
 ) -> Figure:
     """The figure ``plot_capacity`` saves."""
     _require_matplotlib()
@@ -305,7 +310,7 @@ def capacity_figure(
         ax.set_xticks(quotas, [format_size(q) for q in quotas])
         ax.set_xlim(quotas[0] / 1.5, quotas[-1] * 1.5)
     ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xlabel("device quota")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("hit rate")
     ax.grid(alpha=0.3)
     _legend_outside(ax)
@@ -324,8 +329,9 @@ def plot_capacity(
     *,
     trace: str,
     tokens_per_block: int,
+    xlabel: str = "device quota",
 ) -> None:
-    """Hit rate against device quota (log axis labelled in sizes), one series per backend (``points``:
-    backend -> [(quota bytes, hit rate)], sorted by quota), with each backend's unbounded-cache
-    hit rate as a horizontal reference line."""
-    _save(capacity_figure(points, unbounded, trace=trace, tokens_per_block=tokens_per_block), path)
+    """Hit rate against the swept quota (log axis labelled in sizes; ``xlabel`` names it), one
+    series per backend (``points``: backend -> [(quota bytes, hit rate)], sorted by quota), with
+    each backend's unbounded-cache hit rate as a horizontal reference line."""
+    _save(capacity_figure(points, unbounded, trace=trace, tokens_per_block=tokens_per_block, xlabel=xlabel), path)

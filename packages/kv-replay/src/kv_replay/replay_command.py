@@ -3,47 +3,123 @@
 Everything that can be checked (the trace, every flag, the backends, the plot's path) is checked
 before the first replay starts; a plot that fails to draw after the replays still leaves their
 summary printed.
+
+Host and disk tiers (``--host-quota``, ``--disk-quota``) sit below the device level; the disk
+tier's files go to ``--disk-path`` or a temporary directory that is removed after the run.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import errno
 import json
+import tempfile
 
-from kv_api import Backend, KVCacheManagerConfig, create_manager
-from kv_api.errors import HostOOMError
+from kv_api import Backend, HostCacheTierConfig, KVCacheManagerConfig, create_manager
+from kv_api.errors import DiskOOMError, HostOOMError
 from kv_replay.model import ModelError, model_config, unbounded_quota
 from kv_replay.plot import check_output, plot_capacity, plot_replay
 from kv_replay.progress import ProgressBar
-from kv_replay.replayer import Replayer, ReplayResult
+from kv_replay.replayer import Replayer, ReplayResult, level_name
 from kv_replay.report import comparison, summary, sweep, sweep_table, table, verdict
 from kv_replay.sizes import format_size
 from kv_replay.trace import Request, load_trace
 from kv_replay.workload import default_workload
 
 
-def _config(args: argparse.Namespace, quota: int, pool_ratio: list[float] | None = None) -> KVCacheManagerConfig:
+def _config(
+    args: argparse.Namespace,
+    quota: int,
+    pool_ratio: list[float] | None = None,
+    host_quota: int | None = None,
+    disk: bool = True,
+) -> KVCacheManagerConfig:
+    """The model's config with ``quota`` on the device, a host tier of ``host_quota`` and, if
+    ``disk``, the disk tier of ``--disk-quota`` in ``args.disk_dir``."""
     return model_config(
-        args.layers, args.tokens_per_block, quota, args.bytes_per_token, not args.no_partial_reuse, pool_ratio
+        args.layers,
+        args.tokens_per_block,
+        quota,
+        args.bytes_per_token,
+        not args.no_partial_reuse,
+        pool_ratio,
+        host_quota=host_quota,
+        disk_quota=args.disk_quota if disk else None,
+        disk_path=args.disk_dir if disk else None,
     )
+
+
+def _quotas(config: KVCacheManagerConfig) -> str:
+    """``64M``, ``64M + host 256M + disk 1G``: the quotas of a config's levels."""
+    device, *lower = config.cache_tiers
+    return " + ".join([format_size(device.quota), *(f"{level_name(t)} {format_size(t.quota)}" for t in lower)])
+
+
+def _unmappable(backend: Backend, config: KVCacheManagerConfig) -> str:
+    """The flag to blame when the manager cannot map a config's pools: ``--quota`` if the
+    device level alone cannot be mapped, else ``--host-quota``."""
+    device, *lower = config.cache_tiers
+    host = next((t for t in lower if isinstance(t, HostCacheTierConfig)), None)
+    if host is not None:
+        try:
+            create_manager(dataclasses.replace(config, cache_tiers=[device]), backend=backend).shutdown()
+        except HostOOMError:
+            pass
+        else:
+            return f"--host-quota {format_size(host.quota)}"
+    return f"--quota {format_size(device.quota)}"
 
 
 def _run(
     args: argparse.Namespace, backend: Backend, config: KVCacheManagerConfig, requests: list[Request]
 ) -> ReplayResult:
-    quota = config.cache_tiers[0].quota
-    label = f"replay ({backend.name}, {format_size(quota)})"
+    label = f"replay ({backend.name}, {_quotas(config)})"
+    disk = args.disk_quota is not None and len(config.cache_tiers) > 1
     try:
         replayer = Replayer(backend, config, args.max_in_flight, None if args.quiet else ProgressBar(label))
     except HostOOMError as exc:
-        raise ModelError(f"--quota {format_size(quota)}: {exc}: more address space than this machine has") from None
-    return replayer.run(requests)
+        flag = _unmappable(backend, config)
+        raise ModelError(f"{flag}: {exc}: more address space than this machine has") from None
+    except OSError as exc:  # the disk tier's files
+        if not disk:
+            raise
+        raise ModelError(f"{_disk_flag(args, exc)}: {exc.strerror or exc}") from None
+    try:
+        result = replayer.run(requests)
+    except DiskOOMError as exc:
+        raise ModelError(f"--disk-quota {format_size(args.disk_quota)}: {exc}") from None
+    except OSError as exc:
+        if not disk:
+            raise
+        raise ModelError(f"{_disk_flag(args, exc)}: {exc.strerror or exc}") from None
+    replayer.manager.shutdown()  # every cache is closed; the disk tier's files go now
+    return result
+
+
+def _disk_flag(args: argparse.Namespace, exc: OSError) -> str:
+    """``--disk-quota SIZE`` for a file too large or a full disk, else ``--disk-path DIR``."""
+    if exc.errno in (errno.EFBIG, errno.ENOSPC, errno.EDQUOT):
+        return f"--disk-quota {format_size(args.disk_quota)}"
+    return f"--disk-path {args.disk_dir}"
+
+
+def check_tiers(args: argparse.Namespace, backends: list[Backend]) -> None:
+    """Every backend has the tiers asked for."""
+    for backend in backends:
+        for flag, value, capability in (
+            ("--host-quota", args.host_quota, "host_tier"),
+            ("--disk-quota", args.disk_quota, "disk_tier"),
+        ):
+            if value is not None and not getattr(backend.capabilities, capability):
+                level = capability.removesuffix("_tier")
+                raise ModelError(f"{flag}: backend {backend.name!r} has no {level} tier")
 
 
 def _unbounded(args: argparse.Namespace, backend: Backend, requests: list[Request]) -> ReplayResult:
     """The same replay where nothing is ever evicted: every pool group can hold the whole trace."""
     tokens = sum(len(r.prompt) + len(r.output) for r in requests)
-    smallest = _config(args, 1)
+    smallest = _config(args, 1, disk=False)
     groups = create_manager(smallest, backend=backend).pool_group_descs  # how the layers group
     quota = unbounded_quota(tokens, len(requests), smallest) * len(groups)
     # initial_pool_ratio has one entry per layer group; a pool group's layer groups share its part.
@@ -51,13 +127,24 @@ def _unbounded(args: argparse.Namespace, backend: Backend, requests: list[Reques
     for pg in groups:
         for lc in pg.life_cycles:
             ratio[lc] = 1.0 / len(groups) / len(pg.life_cycles)
-    return _run(args, backend, _config(args, quota, ratio), requests)
+    return _run(args, backend, _config(args, quota, ratio, disk=False), requests)
 
 
 def replay(args: argparse.Namespace, backends: list[Backend]) -> int:
     if args.plot:
         check_output(args.plot)
-    configs = [_config(args, quota) for quota in args.quota]  # every quota is valid before anything runs
+    check_tiers(args, backends)
+    if args.disk_quota is None or args.disk_path is not None:
+        args.disk_dir = args.disk_path
+        return _replay(args, backends)
+    with tempfile.TemporaryDirectory(prefix="kvcore-replay-") as tmp:  # removed after the run
+        args.disk_dir = tmp
+        return _replay(args, backends)
+
+
+def _replay(args: argparse.Namespace, backends: list[Backend]) -> int:
+    # Every quota is valid before anything runs; one of --quota and --host-quota is a single size.
+    configs = [_config(args, quota, host_quota=host) for quota in args.quota for host in args.host_quota or [None]]
     trace = args.trace or "embedded workload"
     requests: list[Request] = (
         load_trace(args.trace, args.limit) if args.trace else default_workload(args.seed)[: args.limit]
@@ -97,7 +184,16 @@ def _sweep(
     report = sweep(rows, unbounded)
     print(json.dumps(report, indent=2) if args.json else sweep_table(report))
     if args.plot:
-        points = {b.name: [(r.quota, summary(r)["hit_rate"]) for r in rows if r.backend == b.name] for b in backends}
+        host_sweep = len(args.host_quota or []) > 1
+        points = {
+            b.name: [
+                (r.level_quotas[1] if host_sweep else r.quota, summary(r)["hit_rate"])
+                for r in rows
+                if r.backend == b.name
+            ]
+            for b in backends
+        }
         ceiling = {r.backend: summary(r)["hit_rate"] for r in unbounded}
-        plot_capacity(points, ceiling, args.plot, trace=trace, tokens_per_block=args.tokens_per_block)
+        xlabel = f"host quota (device {format_size(args.quota[0])})" if host_sweep else "device quota"
+        plot_capacity(points, ceiling, args.plot, trace=trace, tokens_per_block=args.tokens_per_block, xlabel=xlabel)
     return 0 if report["reuse_identical"] else 1

@@ -26,7 +26,15 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from kv_api import Backend, KVCache, KVCacheManagerConfig, create_manager
+from kv_api import (
+    Backend,
+    DiskCacheTierConfig,
+    HostCacheTierConfig,
+    KVCache,
+    KVCacheManagerConfig,
+    StorageStatistics,
+    create_manager,
+)
 from kv_replay import resident
 from kv_replay.trace import Request
 
@@ -39,6 +47,7 @@ class RequestRecord:
     preemptions: int = 0
     rejected: bool = False
     admission_seconds: float | None = None  # from create_kv_cache until it first started
+    reused_by_level: list[int] = field(default_factory=list)  # its reused tokens by the level found on
 
 
 @dataclass
@@ -67,6 +76,21 @@ class ReplayResult:
     hashing_seconds: float = 0.0  # inside those calls
     wall_seconds: float = 0.0
     peak_resident_bytes: int = 0  # the process's, from building the manager to the end of the replay
+    levels: list[str] = field(default_factory=lambda: ["device"])  # the cache levels, warm to cold
+    level_quotas: list[int] = field(default_factory=list)  # asked for, per level
+    bytes_moved: dict[tuple[int, int], int] = field(default_factory=dict)  # per (src level, dst level)
+    onboarded_pages: int = 0  # moved up to the device level
+    # Successful resume() calls of caches that found reused tokens below the device level, and of the others.
+    onboarding_resume_seconds: list[float] = field(default_factory=list)
+    other_resume_seconds: list[float] = field(default_factory=list)
+    level_utilization: list[float] = field(default_factory=list)  # per level at the end (see _occupancy)
+
+
+def level_name(tier: object) -> str:
+    """``device``, ``host`` or ``disk``: a cache tier's config as the report names its level."""
+    if isinstance(tier, HostCacheTierConfig):
+        return "host"
+    return "disk" if isinstance(tier, DiskCacheTierConfig) else "device"
 
 
 _T = TypeVar("_T")
@@ -98,6 +122,7 @@ class Replayer:
         resident.reset_peak()  # this replay's peak, not an earlier one's
         self.manager = create_manager(config, backend=backend)
         self.config = config
+        self.tiered = len(config.cache_tiers) > 1  # the tier APIs are only asked for with tiers
         self.max_in_flight = max_in_flight
         self.progress = progress
 
@@ -125,8 +150,14 @@ class Replayer:
     def _start(self, live: _Live) -> bool:
         """Resume and size a suspended request, then prefill; False leaves it suspended."""
         cache = live.cache
+        before = self.result.manager_seconds
         if not self._timed(cache.resume):
             return False
+        resumed = self.result.manager_seconds - before
+        if self.tiered and any(cache.cached_tokens_by_level[1:]):
+            self.result.onboarding_resume_seconds.append(resumed)
+        else:
+            self.result.other_resume_seconds.append(resumed)
         if not self._timed(lambda: cache.resize(len(live.tokens))):
             self._timed(cache.suspend)
             return False
@@ -135,6 +166,7 @@ class Replayer:
             record = self.result.records[live.index]
             record.reused_tokens = cache.num_committed_tokens
             record.admission_seconds = time.perf_counter() - live.started
+            record.reused_by_level = list(cache.cached_tokens_by_level) if self.tiered else [cache.num_committed_tokens]
             self.admitted_prompt += len(live.request.prompt)
             self.reused += cache.num_committed_tokens
         rest = live.tokens[cache.num_committed_tokens :]
@@ -176,6 +208,8 @@ class Replayer:
             self.config.cache_tiers[0].quota,
             self.config.tokens_per_block,
             [RequestRecord(len(r.prompt), len(r.output)) for r in requests],
+            levels=[level_name(t) for t in self.config.cache_tiers],
+            level_quotas=[t.quota for t in self.config.cache_tiers],
         )
         self.admitted_prompt = 0
         self.reused = 0
@@ -234,7 +268,15 @@ class Replayer:
                 self.progress(self.done, len(requests))
         self.result.steps = step
         self.result.wall_seconds = time.perf_counter() - wall
-        self.result.evicted_pages = self.manager.get_committed_stats().evicted_pages
+        stats = self.manager.get_committed_stats()
+        self.result.evicted_pages = stats.evicted_pages
+        if self.tiered:
+            self.result.onboarded_pages = stats.onboarded_pages
+            self.result.bytes_moved = dict(self.manager.get_bytes_moved())
+        self.result.level_utilization = [
+            _occupancy(self.manager.get_storage_statistics(level) if level else self.manager.get_storage_statistics())
+            for level in range(len(self.config.cache_tiers))
+        ]
         self.result.peak_resident_bytes = resident.peak_bytes()
         return self.result
 
@@ -247,6 +289,11 @@ class Replayer:
                 self.admitted_prompt,
                 self.reused,
                 max(s.unavailable / s.total for s in stats),
-                max((s.total - s.free) / s.total for s in stats),
+                _occupancy(stats),
             )
         )
+
+
+def _occupancy(stats: list[StorageStatistics]) -> float:
+    """The fullest pool group's share of slots holding pages (in use or cached)."""
+    return max((s.total - s.free) / s.total for s in stats)

@@ -7,7 +7,20 @@ from typing import Any
 
 from kv_api.constants import ceil_div
 from kv_replay.replayer import ReplayResult
-from kv_replay.sizes import format_size
+from kv_replay.sizes import format_size, human_size
+
+_LATENCY = {
+    "type": "object",
+    "required": ["count", "mean", "p50", "p99"],
+    "properties": {
+        "count": {"type": "integer", "minimum": 0},
+        "mean": {"type": "number", "minimum": 0},
+        "p50": {"type": "number", "minimum": 0},
+        "p99": {"type": "number", "minimum": 0},
+    },
+    "additionalProperties": False,
+}
+_LEVELS = ["device", "host", "disk"]
 
 #: JSON Schema of ``kvcore replay --json`` (one summary) and ``--json --compare`` (several).
 SUMMARY_SCHEMA: dict[str, Any] = {
@@ -31,6 +44,13 @@ SUMMARY_SCHEMA: dict[str, Any] = {
         "manager_seconds",
         "wall_seconds",
         "peak_resident_bytes",
+        "host_quota",
+        "disk_quota",
+        "reused_tokens_by_level",
+        "bytes_moved",
+        "onboarded_pages",
+        "resume_latency_us",
+        "level_utilization",
     ],
     "properties": {
         "backend": {"type": "string"},
@@ -55,6 +75,32 @@ SUMMARY_SCHEMA: dict[str, Any] = {
         "manager_seconds": {"type": "number", "minimum": 0},
         "wall_seconds": {"type": "number", "minimum": 0},
         "peak_resident_bytes": {"type": "integer", "minimum": 0},
+        "host_quota": {"type": ["integer", "null"], "minimum": 1},
+        "disk_quota": {"type": ["integer", "null"], "minimum": 1},
+        "reused_tokens_by_level": {
+            "type": "object",
+            "required": ["device"],
+            "properties": {level: {"type": "integer", "minimum": 0} for level in _LEVELS},
+            "additionalProperties": False,
+        },
+        "bytes_moved": {
+            "type": "object",
+            "propertyNames": {"pattern": "^(device|host|disk)->(device|host|disk)$"},
+            "additionalProperties": {"type": "integer", "minimum": 0},
+        },
+        "onboarded_pages": {"type": "integer", "minimum": 0},
+        "resume_latency_us": {
+            "type": "object",
+            "required": ["onboarding", "other"],
+            "properties": {"onboarding": _LATENCY, "other": _LATENCY},
+            "additionalProperties": False,
+        },
+        "level_utilization": {
+            "type": "object",
+            "required": ["device"],
+            "properties": {level: {"type": "number", "minimum": 0, "maximum": 1} for level in _LEVELS},
+            "additionalProperties": False,
+        },
     },
     "additionalProperties": False,
 }
@@ -89,6 +135,21 @@ def percentile(values: list[float], q: int) -> float:
     return ordered[rank - 1]
 
 
+def latency_us(seconds: list[float]) -> dict[str, Any]:
+    """Count, mean and nearest-rank p50/p99 of durations, in microseconds (0 for none)."""
+    values = [x * 1e6 for x in seconds]
+    return {
+        "count": len(values),
+        "mean": sum(values) / len(values) if values else 0.0,
+        "p50": percentile(values, 50),
+        "p99": percentile(values, 99),
+    }
+
+
+def _tier_quota(result: ReplayResult, level: str) -> int | None:
+    return result.level_quotas[result.levels.index(level)] if level in result.levels else None
+
+
 def summary(result: ReplayResult) -> dict[str, Any]:
     records = result.records
     prompt = sum(r.prompt_tokens for r in records)
@@ -113,6 +174,22 @@ def summary(result: ReplayResult) -> dict[str, Any]:
         "manager_seconds": result.manager_seconds,
         "wall_seconds": result.wall_seconds,
         "peak_resident_bytes": result.peak_resident_bytes,
+        "host_quota": _tier_quota(result, "host"),
+        "disk_quota": _tier_quota(result, "disk"),
+        # Where each request's reused tokens were found when it first started.
+        "reused_tokens_by_level": {
+            level: sum(r.reused_by_level[i] for r in records if i < len(r.reused_by_level))
+            for i, level in enumerate(result.levels)
+        },
+        "bytes_moved": {
+            f"{result.levels[src]}->{result.levels[dst]}": n for (src, dst), n in sorted(result.bytes_moved.items())
+        },
+        "onboarded_pages": result.onboarded_pages,
+        "resume_latency_us": {
+            "onboarding": latency_us(result.onboarding_resume_seconds),
+            "other": latency_us(result.other_resume_seconds),
+        },
+        "level_utilization": dict(zip(result.levels, result.level_utilization, strict=False)),
     }
 
 
@@ -137,8 +214,43 @@ ROWS = [
 ]
 
 
+def _tiered(summaries: list[dict[str, Any]]) -> bool:
+    return any(len(s["reused_tokens_by_level"]) > 1 for s in summaries)
+
+
+def _tier_rows(summaries: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """The rows a replay with host or disk tiers adds, for every level and direction any of
+    ``summaries`` has."""
+    levels = [level for level in _LEVELS if any(level in s["reused_tokens_by_level"] for s in summaries)]
+    directions = sorted(
+        {d for s in summaries for d in s["bytes_moved"]},
+        key=lambda d: tuple(_LEVELS.index(x) for x in d.split("->")),
+    )
+    rows = [("host_quota", "host quota", "{}"), ("disk_quota", "disk quota", "{}")]
+    rows += [(f"reused_{level}", f"reused tokens found on {level}", "{:,}") for level in levels]
+    rows += [(f"moved_{d}", f"moved {d.replace('->', '→')}", "{}") for d in directions]
+    rows.append(("onboarded_pages", "onboarded pages", "{:,}"))
+    for kind, label in (("onboarding", "onboarding resume"), ("other", "other resume")):
+        rows.append((f"{kind}_count", f"{label}s", "{:,}"))
+        rows += [(f"{kind}_{q}", f"{label} {q}", "{:,.1f} us") for q in ("p50", "p99", "mean")]
+    rows += [(f"utilization_{level}", f"{level} utilisation at end", "{:.1%}") for level in levels]
+    return rows
+
+
 def _cells(s: dict[str, Any]) -> dict[str, Any]:
     flat = dict(s)
+    for level in ("host", "disk"):
+        quota = s[f"{level}_quota"]
+        flat[f"{level}_quota"] = format_size(quota) if quota is not None else "none"
+    for level in _LEVELS:
+        flat[f"reused_{level}"] = s["reused_tokens_by_level"].get(level, 0)
+        flat[f"utilization_{level}"] = s["level_utilization"].get(level, 0.0)
+    flat["reused_below"] = sum(n for level, n in s["reused_tokens_by_level"].items() if level != "device")
+    for direction in ("->".join((a, b)) for a in _LEVELS for b in _LEVELS if a != b):
+        flat[f"moved_{direction}"] = human_size(s["bytes_moved"].get(direction, 0))
+    for kind, stats in s["resume_latency_us"].items():
+        for key, value in stats.items():
+            flat[f"{kind}_{key}"] = value
     flat["admission_p50"] = s["admission_latency_us"]["p50"]
     flat["admission_p99"] = s["admission_latency_us"]["p99"]
     flat["quota"] = format_size(s["quota"])
@@ -165,14 +277,20 @@ def table(summaries: list[dict[str, Any]]) -> str:
     """A text table, one column per backend."""
     cells = [_cells(s) for s in summaries]
     header = ["", *(s["backend"] for s in summaries)]
-    lines = [[label, *(fmt.format(c[key]) for c in cells)] for key, label, fmt in ROWS]
+    rows = ROWS
+    if _tiered(summaries):  # after the evictions row
+        at = [key for key, _, _ in ROWS].index("evictions") + 1
+        rows = [*ROWS[:at], *_tier_rows(summaries), *ROWS[at:]]
+    lines = [[label, *(fmt.format(c[key]) for c in cells)] for key, label, fmt in rows]
     return "\n".join(_grid([header, *lines], left=1))
 
 
 def identical(results: list[ReplayResult]) -> bool:
-    """Reuse agrees to the token, request by request, and so do evictions."""
-    reuse = [[rec.reused_tokens for rec in r.records] for r in results]
-    return all(x == reuse[0] for x in reuse[1:]) and len({r.evicted_pages for r in results}) == 1
+    """Reuse agrees to the token, request by request (and by the level it was found on), and so
+    do evictions, onboarded pages and the bytes moved per direction."""
+    reuse = [[(rec.reused_tokens, rec.reused_by_level) for rec in r.records] for r in results]
+    moves = {(r.evicted_pages, r.onboarded_pages, tuple(sorted(r.bytes_moved.items()))) for r in results}
+    return all(x == reuse[0] for x in reuse[1:]) and len(moves) == 1
 
 
 def comparison(results: list[ReplayResult]) -> dict[str, Any]:
@@ -188,11 +306,11 @@ def comparison(results: list[ReplayResult]) -> dict[str, Any]:
 
 
 def sweep(rows: list[ReplayResult], unbounded: list[ReplayResult]) -> dict[str, Any]:
-    """A capacity sweep: one summary per (quota, backend), the unbounded reference per backend,
+    """A capacity sweep: one summary per (quotas, backend), the unbounded reference per backend,
     and whether every backend replayed every quota identically."""
-    by_quota: dict[int, list[ReplayResult]] = {}
+    by_quota: dict[tuple[int, ...], list[ReplayResult]] = {}
     for r in rows:
-        by_quota.setdefault(r.quota, []).append(r)
+        by_quota.setdefault(tuple(r.level_quotas) or (r.quota,), []).append(r)
     return {
         "rows": [summary(r) for r in rows],
         "unbounded": [summary(r) for r in unbounded],
@@ -210,16 +328,33 @@ SWEEP_COLUMNS = [
     ("peak_pool_utilization", "peak utilisation", "{:.1%}"),
     ("manager_seconds", "time in manager", "{:.3f} s"),
 ]
+SWEEP_TIER_QUOTAS = [("host_quota", "host quota", "{}")]
+SWEEP_DISK_QUOTAS = [("disk_quota", "disk quota", "{}")]
+SWEEP_TIER_COLUMNS = [
+    ("reused_below", "reused from below device", "{:,}"),
+    ("onboarded_pages", "onboarded", "{:,}"),
+]
 
 
 def sweep_table(report: dict[str, Any]) -> str:
-    """One row per (quota, backend), the unbounded reference last."""
+    """One row per (quotas, backend), the unbounded reference last; with host or disk tiers,
+    their quotas (the unbounded replay has none), reuse found below the device and onboarding."""
+    columns = SWEEP_COLUMNS
+    if _tiered(report["rows"]):
+        columns = [
+            columns[0],
+            *(SWEEP_TIER_QUOTAS if any(s["host_quota"] for s in report["rows"]) else []),
+            *(SWEEP_DISK_QUOTAS if any(s["disk_quota"] for s in report["rows"]) else []),
+            *columns[1:3],
+            *SWEEP_TIER_COLUMNS,
+            *columns[3:],
+        ]
     cells = [_cells(s) for s in report["rows"]]
     for s in report["unbounded"]:
-        cells.append({**_cells(s), "quota": "unbounded"})
-    lines = [[label for _, label, _ in SWEEP_COLUMNS]]
-    lines += [[fmt.format(c[key]) for key, _, fmt in SWEEP_COLUMNS] for c in cells]
-    out = _grid(lines, left=2)
+        cells.append({**_cells(s), "quota": "unbounded", "host_quota": "-", "disk_quota": "-"})
+    lines = [[label for _, label, _ in columns]]
+    lines += [[fmt.format(c[key]) for key, _, fmt in columns] for c in cells]
+    out = _grid(lines, left=[key for key, _, _ in columns].index("backend") + 1)
     if len(report["unbounded"]) > 1:
         out += ["", verdict(report["reuse_identical"])]
     return "\n".join(out)

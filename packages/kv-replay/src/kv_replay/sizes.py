@@ -29,3 +29,15 @@ def format_size(n: int) -> str:
         if n and n % (1 << shift) == 0:
             return f"{n >> shift}{unit}"
     return str(n)
+
+
+def human_size(n: int) -> str:
+    """A size for people to read: ``512 B``, ``4.0 KiB``, ``1.2 GiB``."""
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        value /= 1024
+        if value < 1024 or unit == "PiB":
+            break
+    return f"{value:.1f} {unit}"

@@ -1,0 +1,68 @@
+// One cache level (device, host or disk tier): its pool groups, each with a slot allocator, its
+// memory (or disk files) and its eviction queue, sized by the level's slot counts (see
+// cache_level.py).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "kvcore/config.h"
+#include "kvcore/disk_pool.h"
+#include "kvcore/eviction.h"
+#include "kvcore/memory_pool.h"
+#include "kvcore/slot_allocator.h"
+#include "kvcore/slot_counts.h"
+#include "kvcore/storage_config.h"
+
+namespace kvcore {
+
+struct StorageStatistics {
+  std::uint64_t total = 0;
+  std::uint64_t free = 0;
+  std::uint64_t evictable = 0;
+};
+
+class PoolGroup {
+ public:
+  // Memory pools, or with `disk_directory` one file per pool there.
+  PoolGroup(int index, const std::vector<std::uint64_t>& slot_sizes, std::uint64_t num_slots,
+            const std::string* disk_directory);
+
+  int index;
+  SlotAllocator allocator;
+  std::vector<MemoryPool> pools;     // memory levels
+  std::vector<DiskPool> disk_pools;  // the disk level
+  std::vector<std::uint64_t> slot_sizes;
+  EvictionQueue evictable;
+  std::vector<MemoryPool> retired_pools;  // replaced by a quota resize, kept for the views exported
+
+  std::uint64_t num_slots() const { return allocator.num_slots(); }
+  // The pools a resize to num_slots maps (Error(kHostOOM) before anything changes).
+  std::vector<MemoryPool> new_memory(std::uint64_t num_slots) const;
+  // Takes `memory` (from new_memory) as the pools, copying the `occupied` slots (all below
+  // num_slots); disk files are resized in place. The old mappings are kept (views of them stay
+  // readable) but no longer see the pages.
+  void remap(std::uint64_t num_slots, std::vector<MemoryPool> memory, const std::vector<std::uint64_t>& occupied);
+  StorageStatistics statistics() const { return {allocator.num_slots(), allocator.num_free(), evictable.size()}; }
+  double utilization() const;
+};
+
+class CacheLevel {
+ public:
+  CacheLevel(int index, const KVCacheManagerConfig& config, const LifeCycleRegistry& registry,
+             const StorageConfig& storage);
+
+  int index;
+  CacheTier tier;
+  bool is_disk() const { return tier == CacheTier::kDisk; }
+  SlotCounts counts;
+  std::deque<PoolGroup> pool_groups;  // a deque: never moves, pages' queues point into it
+
+  std::vector<StorageStatistics> statistics() const;
+  std::uint64_t total_slots() const;
+  void close();  // removes the disk files
+};
+
+}  // namespace kvcore

@@ -1,0 +1,70 @@
+#include "kvcore/cache_level.h"
+
+#include <cstring>
+
+namespace kvcore {
+
+PoolGroup::PoolGroup(int index, const std::vector<std::uint64_t>& slot_sizes, std::uint64_t num_slots,
+                     const std::string* disk_directory)
+    : index(index), allocator(num_slots), slot_sizes(slot_sizes) {
+  if (disk_directory != nullptr) {
+    disk_pools.reserve(slot_sizes.size());
+    for (std::uint64_t size : slot_sizes) disk_pools.emplace_back(*disk_directory, num_slots, size);
+  } else {
+    pools.reserve(slot_sizes.size());
+    for (std::uint64_t size : slot_sizes) pools.emplace_back(num_slots, size);
+  }
+}
+
+std::vector<MemoryPool> PoolGroup::new_memory(std::uint64_t num_slots) const {
+  std::vector<MemoryPool> out;
+  out.reserve(pools.size());
+  for (const MemoryPool& pool : pools) out.emplace_back(num_slots, pool.slot_size());
+  return out;
+}
+
+void PoolGroup::remap(std::uint64_t num_slots, std::vector<MemoryPool> memory,
+                      const std::vector<std::uint64_t>& occupied) {
+  for (std::size_t p = 0; p < pools.size() && p < memory.size(); ++p) {
+    const std::uint64_t size = pools[p].slot_size();
+    for (std::uint64_t s : occupied) std::memcpy(memory[p].data() + s * size, pools[p].data() + s * size, size);
+  }
+  if (!pools.empty()) {
+    for (MemoryPool& old : pools) retired_pools.push_back(std::move(old));
+    pools = std::move(memory);
+  }
+  for (DiskPool& pool : disk_pools) pool.resize(num_slots);
+}
+
+double PoolGroup::utilization() const {
+  const StorageStatistics s = statistics();
+  return static_cast<double>(s.total - s.free - s.evictable) / static_cast<double>(s.total);
+}
+
+CacheLevel::CacheLevel(int index, const KVCacheManagerConfig& config, const LifeCycleRegistry& registry,
+                       const StorageConfig& storage)
+    : index(index), tier(config.cache_tiers.at(index).tier), counts(config, registry, storage, index) {
+  const std::string* directory = is_disk() ? &config.cache_tiers[index].path : nullptr;
+  for (const PoolGroupConfig& pg : storage.pool_groups())
+    pool_groups.emplace_back(pg.index, pg.slot_sizes, counts.slots[pg.index], directory);
+}
+
+std::vector<StorageStatistics> CacheLevel::statistics() const {
+  std::vector<StorageStatistics> out;
+  for (const PoolGroup& pg : pool_groups) out.push_back(pg.statistics());
+  return out;
+}
+
+std::uint64_t CacheLevel::total_slots() const {
+  std::uint64_t total = 0;
+  for (const PoolGroup& pg : pool_groups) total += pg.num_slots();
+  return total;
+}
+
+void CacheLevel::close() {
+  for (PoolGroup& pg : pool_groups) {
+    for (DiskPool& d : pg.disk_pools) d.close();
+  }
+}
+
+}  // namespace kvcore

@@ -1,0 +1,96 @@
+#include "kvcore/page_transfer.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace kvcore {
+
+namespace {
+
+// Slot ranges: (first source slot, first destination slot, number of slots), contiguous pairs merged.
+struct SlotRun {
+  std::uint64_t src;
+  std::uint64_t dst;
+  std::uint64_t count;
+};
+
+std::vector<SlotRun> slot_runs(const SlotMoves& moves) {
+  std::vector<SlotRun> runs;
+  for (const auto& [s, d] : moves) {
+    if (!runs.empty()) {
+      SlotRun& last = runs.back();
+      if (last.src + last.count == s && last.dst + last.count == d) {
+        ++last.count;
+        continue;
+      }
+    }
+    runs.push_back({s, d, 1});
+  }
+  return runs;
+}
+
+}  // namespace
+
+void PageTransfer::copy(CacheLevel& src, CacheLevel& dst, int pool_group, const SlotMoves& moves) {
+  if (moves.empty()) return;
+  const std::vector<SlotRun> runs = slot_runs(moves);
+  PoolGroup& from = src.pool_groups[pool_group];
+  PoolGroup& to = dst.pool_groups[pool_group];
+  std::uint64_t bytes = 0;
+  if (src.is_disk() && dst.is_disk()) {  // within the disk level (a quota resize's defragmentation)
+    for (std::size_t p = 0; p < from.disk_pools.size(); ++p) {
+      DiskPool& disk = from.disk_pools[p];
+      const std::uint64_t size = from.slot_sizes[p];
+      for (const SlotRun& r : runs) {
+        std::vector<std::uint8_t> buf(r.count * size);
+        disk.read(r.src, buf.data(), buf.size());
+        disk.reserve(r.dst + r.count);
+        disk.write(r.dst, buf.data(), buf.size());
+        bytes += r.count * size;
+      }
+    }
+  } else if (dst.is_disk()) {
+    for (std::size_t p = 0; p < to.disk_pools.size(); ++p) {
+      const std::uint64_t size = to.slot_sizes[p];
+      for (const SlotRun& r : runs) {
+        to.disk_pools[p].reserve(r.dst + r.count);
+        to.disk_pools[p].write(r.dst, from.pools[p].data() + r.src * size, r.count * size);
+        bytes += r.count * size;
+      }
+    }
+  } else if (src.is_disk()) {
+    for (std::size_t p = 0; p < from.disk_pools.size(); ++p) {
+      const std::uint64_t size = from.slot_sizes[p];
+      for (const SlotRun& r : runs) {
+        from.disk_pools[p].read(r.src, to.pools[p].data() + r.dst * size, r.count * size);
+        bytes += r.count * size;
+      }
+    }
+  } else {
+    std::vector<CopyRun> copies;
+    for (std::size_t p = 0; p < from.pools.size(); ++p) {
+      const std::uint64_t size = from.slot_sizes[p];
+      for (const SlotRun& r : runs) {
+        copies.push_back({reinterpret_cast<std::uintptr_t>(from.pools[p].data() + r.src * size),
+                          reinterpret_cast<std::uintptr_t>(to.pools[p].data() + r.dst * size), r.count * size});
+        bytes += r.count * size;
+      }
+    }
+    if (copier_ != nullptr) {
+      copier_->copy(src.index, dst.index, copies);
+    } else {
+      for (const CopyRun& c : copies) {
+        std::memmove(reinterpret_cast<void*>(c.dst), reinterpret_cast<const void*>(c.src), c.num_bytes);
+      }
+    }
+  }
+  const std::pair<int, int> key{src.index, dst.index};
+  auto it = std::find_if(bytes_.begin(), bytes_.end(), [&](const auto& entry) { return entry.first == key; });
+  if (it == bytes_.end()) {
+    bytes_.emplace_back(key, bytes);
+  } else {
+    it->second += bytes;
+  }
+}
+
+}  // namespace kvcore

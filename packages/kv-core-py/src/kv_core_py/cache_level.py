@@ -1,0 +1,105 @@
+"""One cache level (device, host or disk): its pool groups, each with a slot allocator, pools of
+real memory (or disk) and an eviction queue (docs/manager.md, "Eviction and tiers")."""
+
+from __future__ import annotations
+
+from kv_api.config import DiskCacheTierConfig, KVCacheManagerConfig
+from kv_api.stats import StorageStatistics
+from kv_core_py.disk_pool import DiskPool
+from kv_core_py.eviction import EvictionQueue
+from kv_core_py.life_cycles import LifeCycleRegistry
+from kv_core_py.memory_pool import MemoryPool
+from kv_core_py.slot_allocator import SlotAllocator
+from kv_core_py.slot_counts import SlotCounts
+from kv_core_py.storage_config import StorageConfig
+
+
+class PoolGroup:
+    def __init__(self, index: int, slot_sizes: tuple[int, ...], num_slots: int, directory: str | None) -> None:
+        self.index = index
+        self.allocator = SlotAllocator(num_slots)
+        self.evictable = EvictionQueue()
+        self.pools: list[MemoryPool] = []
+        self.disk_pools: list[DiskPool] = []
+        try:
+            for size in slot_sizes:
+                if directory is None:
+                    self.pools.append(MemoryPool(num_slots, size))
+                else:
+                    self.disk_pools.append(DiskPool(num_slots, size, directory))
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def num_slots(self) -> int:
+        return self.allocator.num_slots
+
+    @property
+    def on_disk(self) -> bool:
+        return bool(self.disk_pools)
+
+    def statistics(self) -> StorageStatistics:
+        return StorageStatistics(self.num_slots, self.allocator.num_free, len(self.evictable))
+
+    def utilization(self) -> float:
+        stats = self.statistics()
+        return stats.unavailable / stats.total
+
+    def new_memory(self, num_slots: int) -> list[MemoryPool]:
+        """The pools a resize to ``num_slots`` maps (a host refusal raises before anything changes)."""
+        return [MemoryPool(num_slots, pool.slot_size) for pool in self.pools]
+
+    def remap(self, num_slots: int, memory: list[MemoryPool], occupied: list[int]) -> None:
+        """Take ``memory`` (from ``new_memory``) as the pools, copying the ``occupied`` slots
+        (all below ``num_slots``); disk files are resized in place. Views of the old pools stay
+        readable (they keep the old mapping) but no longer see the pages."""
+        for old, new in zip(self.pools, memory, strict=True):
+            src, dst, size = old.view(), new.view(), old.slot_size
+            for s in occupied:
+                dst[s * size : (s + 1) * size] = src[s * size : (s + 1) * size]
+        if self.pools:
+            self.pools = memory
+        for pool in self.disk_pools:
+            pool.resize(num_slots)
+
+    def ensure_backed(self, arriving: int) -> None:
+        """Disk blocks for the slots ``arriving`` more pages will take (``DiskOOMError``)."""
+        slots = self.allocator.peek(arriving)
+        for pool in self.disk_pools:
+            pool.ensure_backed(max(slots, default=-1) + 1)
+
+    def close(self) -> None:
+        for pool in self.disk_pools:
+            pool.close()
+
+
+class CacheLevel:
+    """Level ``index`` of ``config.cache_tiers``: every level has the device level's pool groups."""
+
+    def __init__(
+        self, config: KVCacheManagerConfig, registry: LifeCycleRegistry, storage: StorageConfig, index: int
+    ) -> None:
+        self.index = index
+        self.counts = SlotCounts(config, registry, storage, index)
+        tier = config.cache_tiers[index]
+        directory = str(tier.path) if isinstance(tier, DiskCacheTierConfig) else None
+        self.pool_groups: list[PoolGroup] = []
+        try:
+            for pg, n in zip(storage.pool_groups, self.counts.slots, strict=True):
+                self.pool_groups.append(PoolGroup(pg.index, pg.slot_sizes, n, directory))
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def quota(self) -> int:
+        return self.counts.quota
+
+    def statistics(self) -> list[StorageStatistics]:
+        return [pg.statistics() for pg in self.pool_groups]
+
+    def close(self) -> None:
+        """Remove the level's disk files, if it has any."""
+        for pg in self.pool_groups:
+            pg.close()

@@ -1,0 +1,73 @@
+"""Moving page bytes between cache levels: runs of contiguous slots, one copier call or one
+positioned I/O per run, bytes counted per direction (docs/manager.md, "Eviction and tiers")."""
+
+from __future__ import annotations
+
+import ctypes
+
+from kv_api.page_copier import CopyRun, PageCopier
+from kv_core_py.cache_level import CacheLevel
+
+
+def slot_runs(pairs: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """``(src_slot, dst_slot)`` pairs merged into ``(src_first, dst_first, count)`` runs where
+    both sides continue by one."""
+    runs: list[tuple[int, int, int]] = []
+    for src, dst in pairs:
+        if runs:
+            s, d, n = runs[-1]
+            if src == s + n and dst == d + n:
+                runs[-1] = (s, d, n + 1)
+                continue
+        runs.append((src, dst, 1))
+    return runs
+
+
+class PageTransfer:
+    def __init__(self, levels: list[CacheLevel], copier: PageCopier | None) -> None:
+        self.levels = levels
+        self.copier = copier  # None: memmove in this process
+        self.bytes_moved: dict[tuple[int, int], int] = {}
+
+    def copy(self, src_level: int, dst_level: int, pool_group: int, pairs: list[tuple[int, int]]) -> None:
+        """Copy slot ``src`` of ``src_level`` into slot ``dst`` of ``dst_level`` for each pair,
+        in every pool of the group. Raises (the copier's error, or the disk's) before counting."""
+        if not pairs:
+            return
+        runs = slot_runs(pairs)
+        src, dst = self.levels[src_level].pool_groups[pool_group], self.levels[dst_level].pool_groups[pool_group]
+        if src.on_disk and dst.on_disk:  # within the disk level (a quota resize's defragmentation)
+            for disk in src.disk_pools:
+                for s, d, n in runs:
+                    buf = memoryview(bytearray(n * disk.slot_size))
+                    disk.read(s, buf)
+                    disk.ensure_backed(d + n)
+                    disk.write(d, buf)
+            moved = sum(p.slot_size for p in src.disk_pools)
+        elif dst.on_disk:
+            for disk, pool in zip(dst.disk_pools, src.pools, strict=True):
+                view = pool.view()
+                for s, d, n in runs:
+                    disk.ensure_backed(d + n)
+                    disk.write(d, view[s * pool.slot_size : (s + n) * pool.slot_size])
+            moved = sum(p.slot_size for p in dst.disk_pools)
+        elif src.on_disk:
+            for disk, pool in zip(src.disk_pools, dst.pools, strict=True):
+                view = pool.view()
+                for s, d, n in runs:
+                    disk.read(s, view[d * pool.slot_size : (d + n) * pool.slot_size])
+            moved = sum(p.slot_size for p in src.disk_pools)
+        else:
+            memory: list[CopyRun] = [
+                (sp.base_address + s * sp.slot_size, dp.base_address + d * dp.slot_size, n * sp.slot_size)
+                for sp, dp in zip(src.pools, dst.pools, strict=True)
+                for s, d, n in runs
+            ]
+            if self.copier is None:
+                for s_addr, d_addr, size in memory:
+                    ctypes.memmove(d_addr, s_addr, size)
+            else:
+                self.copier.copy(src_level, dst_level, memory)
+            moved = sum(p.slot_size for p in src.pools)
+        key = (src_level, dst_level)
+        self.bytes_moved[key] = self.bytes_moved.get(key, 0) + moved * len(pairs)
