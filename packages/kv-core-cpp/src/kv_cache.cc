@@ -523,8 +523,11 @@ void KVCache::commit_block(std::int64_t ordinal) {
     Page* ours = cb.pages[lc];
     Page* theirs = block->pages[lc];
     if (theirs != nullptr && theirs->num_tokens >= num_tokens) {
-      // A page we lock is replaced only by one on the device level; else ours stays private.
-      if (ours != nullptr && ours != theirs && full && (theirs->level == kGpuLevel || !cb.locked[lc])) {
+      if (ours != nullptr && ours != theirs && full && cb.locked[lc] && theirs->level != kGpuLevel) {
+        // The tree's copy sits on a colder level and ours, locked, is on the device: ours takes
+        // its place (we hold the block's pages, so nothing drops it).
+        storage.replace(block, lc, ours);
+      } else if (ours != nullptr && ours != theirs && full) {
         storage.hold(theirs);
         if (cb.locked[lc]) {
           unlock_page(ordinal, lc);

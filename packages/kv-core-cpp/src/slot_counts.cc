@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <string>
 #include <utility>
 
@@ -118,23 +117,27 @@ std::vector<double> initial_ratio(const KVCacheManagerConfig& config, const Life
                                   const StorageConfig& storage, const std::vector<std::uint64_t>& minimum) {
   const auto& groups = storage.pool_groups();
   if (config.initial_pool_ratio) return pool_group_ratio(*config.initial_pool_ratio, groups);
-  std::vector<std::uint64_t> weights;
+  std::vector<std::uint64_t> slots;
   if (!config.typical_step && !config.constraints.empty()) {
-    for (const PoolGroupConfig& pg : groups) weights.push_back(minimum[pg.index] * pg.slot_bytes());
+    for (const PoolGroupConfig& pg : groups) slots.push_back(minimum[pg.index]);
   } else {
     const BatchDesc batch = config.typical_step ? *config.typical_step : BatchDesc{{{2049, 2048}}, 0};
     for (const PoolGroupConfig& pg : groups) {
-      std::uint64_t slots = 0;
-      for (int lc : pg.life_cycles) slots += static_cast<std::uint64_t>(slots_for_batch(registry, lc, batch));
-      weights.push_back(slots * pg.slot_bytes());
+      std::uint64_t n = 0;
+      for (int lc : pg.life_cycles) n += static_cast<std::uint64_t>(slots_for_batch(registry, lc, batch));
+      slots.push_back(n);
     }
   }
-  // Python sums the ints exactly, then divides each weight by the total as floats.
-  const std::uint64_t total = std::accumulate(weights.begin(), weights.end(), std::uint64_t{0});
-  std::vector<double> ratio;
-  for (std::uint64_t w : weights) {
-    ratio.push_back(total ? static_cast<double>(w) / static_cast<double>(total) : 1.0 / groups.size());
+  // Bytes as doubles, multiplied and added in order, as Python does: exact products could
+  // exceed 64 bits.
+  std::vector<double> weights;
+  double total = 0.0;
+  for (std::size_t p = 0; p < groups.size(); ++p) {
+    weights.push_back(static_cast<double>(slots[p]) * static_cast<double>(groups[p].slot_bytes()));
+    total += weights.back();
   }
+  std::vector<double> ratio;
+  for (double w : weights) ratio.push_back(total != 0.0 ? w / total : 1.0 / groups.size());
   return ratio;
 }
 

@@ -382,6 +382,17 @@ void Storage::adopt(Block* block, Block* sibling) {
   tree_.detach(sibling);  // destroys it
 }
 
+void Storage::replace(Block* block, int life_cycle, Page* page) {
+  Page* old = block->pages[life_cycle];
+  page->block = block;
+  page->num_tokens = old->num_tokens;
+  block->pages[life_cycle] = page;
+  const int old_level = old->level;
+  orphan(old);
+  update(page);
+  if (events_ && old_level != page->level) events_->updated(block, life_cycle, old_level, page->level);
+}
+
 void Storage::orphan(Page* page) {
   page->block = nullptr;
   if (!page->holders) {
@@ -402,6 +413,10 @@ void Storage::drop(Page* page) {
   const LifeCycle& life = registry_.life_cycles()[lc];
   if (!life.window || block->ordinal < life.num_sink_blocks) {
     for (Block* b : RadixTree::subtree(block)) {
+      if (b->pins) {
+        throw Error(ErrorKind::kCorrupted,
+                    "a pinned block in a removed subtree (block " + std::to_string(b->ordinal) + ")");
+      }
       for (int l = 0; l < static_cast<int>(b->pages.size()); ++l) {
         Page* p = b->pages[l];
         if (p == nullptr) continue;

@@ -337,9 +337,14 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
                     c = per_backend[i]
                     check_lengths(c)
                     check_indices(m, c)
+                    assert sum(c.cached_tokens_by_level) == c.num_reused_tokens
                     for lg in range(self.groups):
                         indices = list(c.get_base_page_indices(lg))
-                        assert len(indices) == c.num_blocks
+                        levels = list(c.get_page_levels(lg))
+                        assert len(indices) == len(levels) == c.num_blocks
+                        assert set(levels) <= {-1, *range(self.levels)}
+                        # A locked page is on the device.
+                        assert all(slot < 0 or lv == 0 for lv, slot in zip(levels, indices, strict=True))
                         if c.status != KVCacheStatus.ACTIVE:
                             assert set(indices) <= {-1}
                         for o, slot in enumerate(indices):

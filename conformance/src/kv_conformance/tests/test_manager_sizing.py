@@ -95,3 +95,32 @@ def test_random_constraints_size_alike(backends: list[kv_api.Backend]) -> None:
             descs.append(KVCacheDesc(capacity, rng.randint(0, capacity)))
         batch = BatchDesc(descs, system_prompt_length=rng.randint(0, 70))
         agree(backends, partial(make_config, rng.choice([1, 3, 4]), layers=layers, quota=1, constraints=[batch]))
+
+
+def test_typical_step_weights_beyond_64_bits_split_alike(backends: list[kv_api.Backend]) -> None:
+    """A typical step of 2**40-token requests over 2**31-byte slots weighs some 2**75 bytes per
+    pool group: the split takes the weights as doubles (multiplied, then added in order) on
+    every backend, never as a wrapped 64-bit product. Two pool groups (full attention and a
+    window of another slot size) take shares in proportion to their bytes."""
+    n = TOKEN_LIMIT - 1
+    step = BatchDesc([KVCacheDesc(n, n - 1), KVCacheDesc(n, 0)])
+    layers = [attention(0, 2**31), attention(1, 2**30 + 4096, 64)]
+    config = partial(make_config, 4, layers=layers, quota=64 * 2**31, typical_step=step)
+    _, slots = agree(backends, config)
+    assert isinstance(slots, list) and len(slots) == 2
+    # Full attention needs every block of both requests, the window a few: most go to group 0.
+    assert slots[0] > slots[1] > 0
+
+
+def test_one_block_of_every_layer_is_below_2_63_bytes() -> None:
+    """A slot that no quota could hold is refused when the config is built: eight layers of
+    2**40-byte buffers expanded 2**19 times (tokens per block over the override) are 2**62
+    bytes, sixteen are 2**63."""
+    tpb = 2**19
+
+    def layers(n: int) -> list[kv_api.AttentionLayerConfig]:
+        return [kv_api.AttentionLayerConfig(i, [kv_api.BufferConfig("k", 2**40 - 1, 1)]) for i in range(n)]
+
+    make_config(tpb, layers=layers(8))
+    with pytest.raises(ValueError, match=r"one block of every layer's buffers needs 2\*\*63 bytes or more"):
+        make_config(tpb, layers=layers(17))

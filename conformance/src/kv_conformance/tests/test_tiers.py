@@ -584,3 +584,31 @@ def test_page_levels_of_an_unallocated_cache(backend: kv_api.Backend) -> None:
         cache.get_page_levels(0, 1)
     cache.close()
     empty.close()
+
+
+@pytest.mark.requires("host_tier")
+def test_a_second_writer_takes_the_place_of_a_colder_tree_page(backend: kv_api.Backend) -> None:
+    """Two caches compute the same block. The first commits it, closes, and the block's page
+    falls to the host. The second, still writing on the device, commits the same tokens: its
+    locked device page replaces the tree's colder copy (freed; ``Updated`` host -> device), so
+    the block it pins can never be dropped from under it, and a reader finds the block on the
+    device. (A kept private page here let a drop free the pinned block: a native crash.)"""
+    world = World(backend, tier_config(["host"]))
+    m = world.manager
+    second = active(m, 2 * TPB)  # its own pages, no reuse
+    first = active(m, 2 * TPB, toks(2 * TPB))
+    first.close()
+    world.step()
+    pressure = active(m, 6 * TPB)  # the device's 8 slots: the first's two committed pages fall
+    step = world.step()
+    assert sorted(step.moved) == sorted((x, 0, 1) for x in block_hashes(toks(2 * TPB)))
+    pressure.close()
+    second.commit(toks(2 * TPB))
+    step = world.step()
+    assert sorted(step.moved) == sorted((x, 1, 0) for x in block_hashes(toks(2 * TPB)))
+    assert step.stored == [] and step.removed == []
+    assert m.get_storage_statistics(1) == [StorageStatistics(4, 4, 0)]  # the cold copies are freed
+    reader = m.create_kv_cache(None, toks(2 * TPB))
+    assert reader.cached_tokens_by_level == [2 * TPB, 0]
+    reader.close()
+    second.close()

@@ -272,6 +272,13 @@ class KVCacheManagerConfig:
                     )
             if isinstance(layer, SsmLayerConfig) and not self.commit_min_snapshot:
                 raise ValueError(f"{w}.layers[{i}]: SSM layers require commit_min_snapshot=True")
+        block = sum(
+            b.size * (tpb // b.tokens_per_block_override if b.tokens_per_block_override else 1)
+            for layer in layers
+            for b in layer.buffers
+        )
+        if block >= QUOTA_LIMIT:  # no quota holds one slot, and a slot size must fit 64 bits
+            raise ValueError(f"{w}.layers: one block of every layer's buffers needs 2**63 bytes or more")
         _set(self, "layers", layers)
 
         _set(self, "max_util_for_resume", unit_interval(f"{w}.max_util_for_resume", self.max_util_for_resume))

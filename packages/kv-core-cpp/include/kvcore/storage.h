@@ -105,6 +105,7 @@ class Storage {
   void adopt(Block* block, Block* sibling);
   // `page` leaves the tree undropped (a wider page or a longer block replaced it): freed now if
   // nobody holds it, else when its holders let go, as an uncommitted page is.
+  void replace(Block* block, int life_cycle, Page* page);
   void orphan(Page* page);
   void drop(Page* page);
   void clear();

@@ -568,13 +568,11 @@ class KVCache(kv_api.KVCache):
         for lc in range(len(self._lcs)):
             ours, theirs = cb.pages[lc], block.pages[lc]
             if theirs is not None and theirs.num_tokens >= len(tokens):
-                # A page we lock is replaced only by one on the device level; else ours stays private.
-                if (
-                    ours is not None
-                    and ours is not theirs
-                    and full
-                    and (theirs.level == GPU_LEVEL or not cb.locked[lc])
-                ):
+                if ours is not None and ours is not theirs and full and cb.locked[lc] and theirs.level != GPU_LEVEL:
+                    # The tree's copy sits on a colder level and ours, locked, is on the device:
+                    # ours takes its place (we hold the block's pages, so nothing drops it).
+                    self._context.storage.replace(block, lc, ours)
+                elif ours is not None and ours is not theirs and full:
                     self._context.storage.hold(theirs)
                     if cb.locked[lc]:
                         self._unlock_page(ordinal, lc)

@@ -146,11 +146,16 @@ def initial_ratio(
     if config.initial_pool_ratio is not None:
         return pool_group_ratio(config.initial_pool_ratio, groups)
     if config.typical_step is None and config.constraints:
-        weights = [minimum[pg.index] * pg.slot_bytes for pg in groups]
+        slots = [minimum[pg.index] for pg in groups]
     else:
         batch = config.typical_step or FALLBACK_BATCH
-        weights = [sum(slots_for_batch(registry, lc, batch) for lc in pg.life_cycles) * pg.slot_bytes for pg in groups]
-    total = sum(weights)
+        slots = [sum(slots_for_batch(registry, lc, batch) for lc in pg.life_cycles) for pg in groups]
+    # Bytes as doubles, multiplied and added in order: the native backend does the same float
+    # operations, where the exact products could exceed 64 bits.
+    weights = [float(n) * float(pg.slot_bytes) for n, pg in zip(slots, groups, strict=True)]
+    total = 0.0
+    for w in weights:
+        total += w
     return [w / total for w in weights] if total else [1.0 / len(groups)] * len(groups)
 
 

@@ -342,6 +342,19 @@ class Storage:
                 block.pages[lc] = page
         self.tree.detach(sibling)
 
+    def replace(self, block: Block, life_cycle: int, page: Page) -> None:
+        """``page`` (uncommitted, covering the whole block) takes the place of the block's page
+        in ``life_cycle``, which is orphaned; the block's level changes to ``page``'s."""
+        old = block.pages[life_cycle]
+        assert old is not None
+        page.block = block
+        page.num_tokens = old.num_tokens
+        block.pages[life_cycle] = page
+        self.orphan(old)
+        self._update(page)
+        if self.events is not None and old.level != page.level:
+            self.events.updated(block, life_cycle, old.level, page.level)
+
     def orphan(self, page: Page) -> None:
         """``page`` leaves the tree undropped (a wider page or a longer block replaced it):
         freed now if nobody holds it, else when its holders let go, as an uncommitted page is."""
@@ -362,6 +375,8 @@ class Storage:
         life = self.registry.life_cycles[page.life_cycle]
         if life.window is None or block.ordinal < life.num_sink_blocks:
             for b in list(RadixTree.subtree(block)):
+                if b.pins:
+                    raise CorruptedError(f"a pinned block in a removed subtree (block {b.ordinal})")
                 for lc, p in enumerate(b.pages):
                     if p is not None:
                         if p.holders:
