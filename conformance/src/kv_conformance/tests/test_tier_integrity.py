@@ -155,12 +155,11 @@ def test_disk_pages_come_back_exactly(backend: kv_api.Backend, tmp_path: Path) -
 
 
 @pytest.mark.parametrize("kinds", tier_params("host", "disk"))
-def test_a_writer_keeps_its_page_when_the_tree_page_is_cold(
-    backend: kv_api.Backend, kinds: str, tmp_path: Path
-) -> None:
-    """A second writer committing blocks already in the tree rebases onto the tree's page only
-    where that page is on the device; otherwise it keeps its own (uncommitted) page and data. A
-    reader later gets the first writer's bytes either way."""
+def test_a_writer_on_the_device_replaces_a_cold_tree_page(backend: kv_api.Backend, kinds: str, tmp_path: Path) -> None:
+    """A second writer committing blocks already in the tree rebases onto the tree's page where
+    that page is on the device; where it sits on a colder level, the writer's own (locked, device)
+    page takes its place in the tree, keeping the writer's bytes and index, and the cold copy is
+    freed. A reader then finds the blocks on the device with those bytes."""
     world = World(backend, tier_config(TIER_SETS[kinds], tmp_path))
     m = world.manager
     first = active(m, 2 * TPB)
@@ -178,15 +177,19 @@ def test_a_writer_keeps_its_page_when_the_tree_page_is_cold(
     second.commit(toks(2 * TPB))
     assert list(second.get_base_page_indices(0)) == own
     assert {o: slot_bytes(m, 0, own[o]) for o in range(3)} == mine
-    assert world.step().stored == []  # the blocks were in the tree already
+    step = world.step()
+    assert step.stored == []  # the blocks were in the tree already
+    assert sorted(step.moved) == sorted((x, 1, 0) for x in block_hashes(toks(2 * TPB)))
     second.close()
 
     reader = m.create_kv_cache(None, toks(2 * TPB))
-    assert page_levels(reader) == [1, 1]
+    assert page_levels(reader) == [0, 0]
     assert reader.resume()
+    assert list(reader.get_base_page_indices(0)) == own[:2]
     for o, slot in enumerate(reader.get_base_page_indices(0)):
-        assert slot_bytes(m, 0, slot) == data[o], o
+        assert slot_bytes(m, 0, slot) == mine[o], o
     reader.close()
+    data = mine
 
     # On the device the tree's page wins: the third writer's index changes to it.
     third = active(m, 2 * TPB)
