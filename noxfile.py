@@ -192,3 +192,4 @@ def bench(session: nox.Session) -> None:
     install(session)
     session.run("python", "bench/bench_keys.py", *session.posargs)
     session.run("python", "bench/bench_manager.py")
+    session.run("python", "bench/bench_tiers.py")

@@ -208,6 +208,7 @@ void Storage::make_room(int level, const std::vector<std::uint64_t>& need, const
   // group's plan runs deepest level first (the last level's drops, then the moves into each
   // level), so every slot is emptied before it is filled. The plan's pages stay pointed to
   // throughout: records freed meanwhile (a subtree removal) are recycled after.
+  if (std::all_of(need.begin(), need.end(), [](std::uint64_t n) { return n == 0; })) return;  // a decode step
   const RecordGuard guard(*this);
   const std::vector<Plan> plans = plan(level, need, exclude);
   for (std::size_t pg = 0; pg < plans.size(); ++pg) {

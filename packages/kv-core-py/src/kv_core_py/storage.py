@@ -215,6 +215,8 @@ class Storage:
         changed. Disk blocks for the pages that may fall there are allocated before anything
         moves. Each pool group's plan runs deepest level first (the last level's drops, then
         the moves into each level), so every slot is emptied before it is filled."""
+        if not any(need):
+            return  # the decode step's usual case: nothing to plan
         plans = self.plan(level, need, exclude)
         for pg, plan in enumerate(plans):
             for lv in range(level + 1, len(self.levels)):
