@@ -27,6 +27,7 @@ PY_SOURCES = [
     "packages/kv-api/tests",
     "packages/kv-core-py/src",
     "packages/kv-core-py/tests",
+    "packages/kv-core-py/mutmut_plugin.py",
     "packages/kv-core-cpp/src",
     "packages/kv-replay/src",
     "packages/kv-replay/tests",
@@ -184,6 +185,50 @@ def demo(session: nox.Session) -> None:
     """The main job: ``kvcore replay`` on its embedded default workload (posargs replace that)."""
     install(session)
     session.run("kvcore", *(session.posargs or ["replay"]))
+
+
+@nox.session
+def mutate(session: nox.Session) -> None:
+    """Mutation testing of the Python backend with mutmut (docs/mutation.md); not part of ``tests``.
+    ``-- ARGS`` go to ``mutmut run`` (mutant names, ``--max-children N``; 2 workers by default),
+    then the survivors and the counts are printed. Results are kept in
+    ``packages/kv-core-py/mutants/``: a rerun only tests what changed."""
+    session.install(*BUILD_DEPS, *TEST_DEPS, "mutmut>=3.8")
+    session.install("./packages/kv-api", "./conformance")
+    # The native backend, unmutated: the differential tests hold each mutant to it.
+    build_dir = ROOT / "packages/kv-core-cpp" / _build_dir(session)
+    session.install("--no-build-isolation", f"--config-settings=build-dir={build_dir}", "./packages/kv-core-cpp")
+    # A path (.pth) install: the entry point registers the backend, while mutmut puts its mutated
+    # copy (mutants/src) first on sys.path and drops the original src/ from it.
+    session.install("--no-deps", "--config-settings=editable_mode=compat", "-e", "./packages/kv-core-py")
+    args = list(session.posargs)
+    if not any(a.startswith("--max-children") for a in args):
+        args = ["--max-children", "2", *args]
+    env = {
+        "KV_BACKEND": "all",
+        "KV_HYPOTHESIS_PROFILE": "ci",  # derandomized: a mutant's verdict does not depend on luck
+        "KV_DIFFERENTIAL_EXAMPLES": os.environ.get("KV_DIFFERENTIAL_EXAMPLES", "300"),
+    }
+    # mutmut reruns a test by its node id from mutants/, so the suite must lie there (a fresh copy).
+    suite = ROOT / "packages/kv-core-py/mutants/kv_conformance"
+    shutil.rmtree(suite, ignore_errors=True)
+    shutil.copytree(ROOT / "conformance/src/kv_conformance", suite, ignore=shutil.ignore_patterns("__pycache__"))
+    session.chdir("packages/kv-core-py")  # mutmut's settings: [tool.mutmut] in its pyproject.toml
+    session.run("mutmut", "run", *args, env=env)
+    session.run("mutmut", "results", env=env)
+    session.run("mutmut", "export-cicd-stats", env=env)
+    session.run("python", "-c", _PRINT_SCORE, "mutants/mutmut-cicd-stats.json")
+
+
+# Prints mutmut's counts and the score: killed over every mutant, timeouts and no-tests included.
+_PRINT_SCORE = """
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(", ".join(f"{k}={v}" for k, v in s.items()))
+unchecked = s["total"] - sum(v for k, v in s.items() if k != "total")
+print(f"mutation score: {s['killed']}/{s['total']} killed = {100 * s['killed'] / max(s['total'], 1):.1f}%", end="")
+print(f" ({unchecked} not checked yet)" if unchecked else "")
+"""
 
 
 @nox.session
