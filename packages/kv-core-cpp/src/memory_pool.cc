@@ -2,7 +2,6 @@
 
 #include <sys/mman.h>
 
-#include <cstring>
 #include <string>
 
 #include "kvcore/error.h"
@@ -25,10 +24,6 @@ MemoryPool::~MemoryPool() {
 MemoryPool::MemoryPool(MemoryPool&& other) noexcept
     : data_(other.data_), size_(other.size_), mapped_(other.mapped_), slot_size_(other.slot_size_) {
   other.data_ = nullptr;
-}
-
-void MemoryPool::copy_slot(std::uint64_t src, std::uint64_t dst) {
-  std::memcpy(data_ + dst * slot_size_, data_ + src * slot_size_, slot_size_);
 }
 
 }  // namespace kvcore

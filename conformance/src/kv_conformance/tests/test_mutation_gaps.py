@@ -257,3 +257,66 @@ def test_negative_ids_in_signed_buffers_are_refused(backend: kv_api.Backend, val
         kv_api.keys.block_keys(TPB, None, values, key_format)
     with pytest.raises(ValueError):
         backend.block_keys(TPB, None, np.array(values, dtype=np.int64), key_format)
+
+
+@pytest.mark.requires("host_tier")
+def test_iteration_stats_count_since_the_last_call(backend: kv_api.Backend) -> None:
+    """``get_and_reset_iteration_stats`` counts what happened since the previous call, every
+    counter (evicted and onboarded pages too), and starts afresh; the committed stats keep
+    counting. (The suite never called it: every mutant of the reset survived.)"""
+    config = kv_api.KVCacheManagerConfig(
+        tokens_per_block=4,
+        cache_tiers=[kv_api.GpuCacheTierConfig(GRAIN), kv_api.HostCacheTierConfig(GRAIN // 2)],
+        layers=[attention(0, GRAIN // 8)],
+    )
+    m = backend.KVCacheManager(config)
+    assert m.get_and_reset_iteration_stats() == kv_api.CacheStats()
+    committed(m, toks(8))  # 1 request, 2 pages, 2 blocks
+    first = m.get_and_reset_iteration_stats()
+    assert first == kv_api.CacheStats(requests=1, allocated_pages=2, committed_blocks=2)
+    assert m.get_and_reset_iteration_stats() == kv_api.CacheStats()
+    big = active(m, 8 * 4)  # the device's 8 slots: the two committed pages fall to the host
+    big.close()
+    reader = m.create_kv_cache(None, toks(8))
+    assert reader.resume()  # both come back
+    reader.close()
+    second = m.get_and_reset_iteration_stats()
+    assert second == kv_api.CacheStats(
+        requests=2, lookup_tokens=8, reused_tokens=8, allocated_pages=8, evicted_pages=2, onboarded_pages=2
+    )
+    assert m.get_committed_stats() == kv_api.CacheStats(
+        requests=3,
+        lookup_tokens=8,
+        reused_tokens=8,
+        allocated_pages=10,
+        evicted_pages=2,
+        committed_blocks=2,
+        onboarded_pages=2,
+    )
+    assert m.get_and_reset_iteration_stats() == kv_api.CacheStats()
+
+
+@pytest.mark.requires("host_tier")
+def test_quota_resize_changes_a_later_pool_group_alone(backend: kv_api.Backend) -> None:
+    """Two pool groups (slot sizes 256 and 128 KiB) split a host quota by ratio; a new quota
+    may leave the first group's slot count as it is and change only the second's, which must
+    still be resized (a loop that stopped at the first unchanged group would not)."""
+    layers = [attention(0, 256 << 10), attention(1, 128 << 10, 8)]
+    config = kv_api.KVCacheManagerConfig(
+        tokens_per_block=4,
+        cache_tiers=[kv_api.GpuCacheTierConfig(GRAIN), kv_api.HostCacheTierConfig(GRAIN)],
+        layers=layers,
+        initial_pool_ratio=[0.5, 0.5],
+    )
+    m = backend.KVCacheManager(config)
+    before = [s.total for s in m.get_storage_statistics(1)]
+    changed = None
+    for quota in range(GRAIN - 32 * 4096, GRAIN + 64 * 4096, 4096):
+        assert m.resize(1, quota)
+        now = [s.total for s in m.get_storage_statistics(1)]
+        if now[0] == before[0] and now[1] != before[1]:
+            changed = quota
+            break
+        before = now
+    assert changed is not None, "no quota changed the second group alone"
+    assert m.get_quota(1) == changed

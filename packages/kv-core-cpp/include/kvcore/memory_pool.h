@@ -18,7 +18,6 @@ class MemoryPool {
   std::uint8_t* data() const { return data_; }
   std::uint64_t size() const { return size_; }
   std::uint64_t slot_size() const { return slot_size_; }
-  void copy_slot(std::uint64_t src, std::uint64_t dst);
 
  private:
   std::uint8_t* data_ = nullptr;

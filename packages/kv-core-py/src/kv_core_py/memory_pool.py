@@ -29,7 +29,3 @@ class MemoryPool:
     def view(self) -> memoryview:
         """Writable bytes of the whole pool; slot ``s`` is ``[s * slot_size, (s + 1) * slot_size)``."""
         return memoryview(self._map)[: self.size]
-
-    def copy_slot(self, src: int, dst: int) -> None:
-        s = self.slot_size
-        self._map[dst * s : (dst + 1) * s] = self._map[src * s : (src + 1) * s]
