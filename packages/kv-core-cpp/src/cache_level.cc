@@ -1,5 +1,6 @@
 #include "kvcore/cache_level.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace kvcore {
@@ -39,6 +40,12 @@ void PoolGroup::remap(std::uint64_t num_slots, std::vector<MemoryPool> memory,
 double PoolGroup::utilization() const {
   const StorageStatistics s = statistics();
   return static_cast<double>(s.total - s.free - s.evictable) / static_cast<double>(s.total);
+}
+
+void PoolGroup::ensure_backed(std::uint64_t arriving) {
+  const std::vector<std::uint64_t> slots = allocator.peek(arriving);
+  const std::uint64_t upto = slots.empty() ? 0 : *std::max_element(slots.begin(), slots.end()) + 1;
+  for (DiskPool& pool : disk_pools) pool.ensure_backed(upto);
 }
 
 CacheLevel::CacheLevel(int index, const KVCacheManagerConfig& config, const LifeCycleRegistry& registry,

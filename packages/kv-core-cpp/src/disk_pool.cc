@@ -47,7 +47,7 @@ DiskPool::DiskPool(DiskPool&& other) noexcept
       path_(std::move(other.path_)),
       size_(other.size_),
       slot_size_(other.slot_size_),
-      reserved_(other.reserved_) {
+      backed_(other.backed_) {
   other.fd_ = -1;
   other.path_.clear();
 }
@@ -62,19 +62,19 @@ void DiskPool::close() noexcept {
 void DiskPool::resize(std::uint64_t num_slots) {
   if (ftruncate(fd_, static_cast<off_t>(num_slots * slot_size_)) != 0) io_error(errno);
   size_ = num_slots * slot_size_;
-  reserved_ = std::min(reserved_, num_slots);
+  backed_ = std::min(backed_, num_slots);
 }
 
-void DiskPool::reserve(std::uint64_t end) {
-  if (end <= reserved_) return;
+void DiskPool::ensure_backed(std::uint64_t end) {
+  if (end <= backed_) return;
   int e;
   do {
-    e = posix_fallocate(fd_, static_cast<off_t>(reserved_ * slot_size_),
-                        static_cast<off_t>((end - reserved_) * slot_size_));
+    e = posix_fallocate(fd_, static_cast<off_t>(backed_ * slot_size_),
+                        static_cast<off_t>((end - backed_) * slot_size_));
   } while (e == EINTR);
   // A file system without fallocate: blocks are allocated as written (as disk_pool.py).
   if (e != 0 && e != EOPNOTSUPP && e != EINVAL) io_error(e);
-  reserved_ = end;
+  backed_ = end;
 }
 
 void DiskPool::write(std::uint64_t slot, const std::uint8_t* src, std::uint64_t n) {

@@ -44,7 +44,7 @@ void PageTransfer::copy(CacheLevel& src, CacheLevel& dst, int pool_group, const 
       for (const SlotRun& r : runs) {
         std::vector<std::uint8_t> buf(r.count * size);
         disk.read(r.src, buf.data(), buf.size());
-        disk.reserve(r.dst + r.count);
+        disk.ensure_backed(r.dst + r.count);
         disk.write(r.dst, buf.data(), buf.size());
         bytes += r.count * size;
       }
@@ -53,7 +53,7 @@ void PageTransfer::copy(CacheLevel& src, CacheLevel& dst, int pool_group, const 
     for (std::size_t p = 0; p < to.disk_pools.size(); ++p) {
       const std::uint64_t size = to.slot_sizes[p];
       for (const SlotRun& r : runs) {
-        to.disk_pools[p].reserve(r.dst + r.count);
+        to.disk_pools[p].ensure_backed(r.dst + r.count);
         to.disk_pools[p].write(r.dst, from.pools[p].data() + r.src * size, r.count * size);
         bytes += r.count * size;
       }

@@ -217,7 +217,7 @@ void Storage::make_room(int level, const std::vector<std::uint64_t>& need, const
       if (group.disk_pools.empty()) continue;
       const auto arriving = static_cast<std::uint64_t>(std::count_if(plans[pg].moves.begin(), plans[pg].moves.end(),
                                                                      [lv](const auto& m) { return m.second == lv; }));
-      ensure_backed(group, arriving);
+      group.ensure_backed(arriving);
     }
   }
   for (std::size_t pg = 0; pg < plans.size(); ++pg) {
@@ -244,13 +244,6 @@ void Storage::make_room(int level, const std::vector<std::uint64_t>& need, const
       }
     }
   }
-}
-
-void Storage::ensure_backed(PoolGroup& group, std::uint64_t arriving) {
-  // cache_level.py's PoolGroup.ensure_backed: disk blocks for the slots `arriving` more pages will take.
-  const std::vector<std::uint64_t> slots = group.allocator.peek(arriving);
-  const std::uint64_t upto = slots.empty() ? 0 : *std::max_element(slots.begin(), slots.end()) + 1;
-  for (DiskPool& pool : group.disk_pools) pool.reserve(upto);
 }
 
 void Storage::evict_drop(Page* page) {

@@ -47,6 +47,8 @@ class PoolGroup {
   void remap(std::uint64_t num_slots, std::vector<MemoryPool> memory, const std::vector<std::uint64_t>& occupied);
   StorageStatistics statistics() const { return {allocator.num_slots(), allocator.num_free(), evictable.size()}; }
   double utilization() const;
+  // Disk blocks for the slots `arriving` more pages will take (Error(kDiskOOM) if the disk is full).
+  void ensure_backed(std::uint64_t arriving);
 };
 
 class CacheLevel {

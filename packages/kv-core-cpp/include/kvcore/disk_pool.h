@@ -22,10 +22,8 @@ class DiskPool {
   std::uint64_t size() const { return size_; }
   std::uint64_t slot_size() const { return slot_size_; }
   // The file's blocks for slots [0, end) allocated (posix_fallocate up to the high-water mark):
-  // Error(kDiskOOM) on ENOSPC/EDQUOT, Error(kOS) otherwise; nothing changes on failure. Named
-  // ensure_backed in disk_pool.py.
-  void reserve(std::uint64_t end);
-  std::uint64_t reserved() const { return reserved_; }
+  // Error(kDiskOOM) on ENOSPC/EDQUOT, Error(kOS) otherwise; nothing changes on failure.
+  void ensure_backed(std::uint64_t end);
   // n bytes at slot `slot` (runs of contiguous slots in one call); short I/O and EINTR retried.
   void write(std::uint64_t slot, const std::uint8_t* src, std::uint64_t n);
   void read(std::uint64_t slot, std::uint8_t* dst, std::uint64_t n) const;
@@ -42,7 +40,7 @@ class DiskPool {
   std::string path_;
   std::uint64_t size_ = 0;
   std::uint64_t slot_size_ = 0;
-  std::uint64_t reserved_ = 0;  // slots whose blocks are allocated
+  std::uint64_t backed_ = 0;  // slots whose blocks are allocated
 };
 
 }  // namespace kvcore

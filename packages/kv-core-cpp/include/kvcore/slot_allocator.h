@@ -21,7 +21,6 @@ class SlotAllocator {
   std::vector<std::uint64_t> peek(std::uint64_t n, std::optional<std::uint64_t> below = std::nullopt) const;
   // Hand out ids below num_slots from now on; every id at or above it must be free.
   void resize(std::uint64_t num_slots);
-  std::uint64_t high_water() const { return next_fresh_; }  // one above the largest id ever handed out
 
  private:
   std::uint64_t num_slots_;

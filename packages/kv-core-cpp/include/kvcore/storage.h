@@ -117,7 +117,6 @@ class Storage {
   void dequeue(Page* page);  // out of its queue, if queued
   void evict_drop(Page* page);
   void move_down(const std::vector<Page*>& pages, int dst_level);
-  void ensure_backed(PoolGroup& group, std::uint64_t arriving);
   void discard(Block* block, int life_cycle);
   Page* new_record();
   void retire(Page* page);  // the record is unreferenced: recycled (once no RecordGuard lives)
