@@ -1,5 +1,7 @@
 """Manager benchmark: admission of a long prompt (cold and fully cached) against the pure hashing
-time of the same tokens, and a decode step, per backend, measured side by side in one run.
+time of the same tokens, and a decode step, per backend, measured side by side in one run; then
+the same on a hybrid model (full attention, a 4,096-token window and an SSM layer, with
+``commit_min_snapshot``: each commit snapshots the state).
 
 Admission is ``create_kv_cache`` + ``resume`` + ``resize`` to the prompt length, as an engine
 admits a request; a decode step is ``resize`` by one token and ``commit`` of one token.
@@ -23,17 +25,26 @@ from kv_api import (
     GpuCacheTierConfig,
     HostCacheTierConfig,
     KVCacheManagerConfig,
+    SsmLayerConfig,
 )
 
 
-def config(tokens: int, tpb: int, tiers_in: str | None = None) -> KVCacheManagerConfig:
+def config(tokens: int, tpb: int, tiers_in: str | None = None, hybrid: bool = False) -> KVCacheManagerConfig:
     """Room for two prompts with headroom; with ``tiers_in``, a host and a disk tier (in that
-    directory) of the device's size below it."""
+    directory) of the device's size below it. ``hybrid``: one full-attention, one window and one
+    SSM layer instead of two full-attention layers."""
     kv = [BufferConfig("key", 512), BufferConfig("value", 512)]
     quota = 4 * (tokens // tpb + 16) * 2 * 1024
     tiers: list[CacheTierConfig] = [GpuCacheTierConfig(quota)]
     if tiers_in is not None:
         tiers += [HostCacheTierConfig(quota), DiskCacheTierConfig(quota, tiers_in)]
+    if hybrid:
+        layers = [
+            AttentionLayerConfig(0, kv),
+            AttentionLayerConfig(1, kv, sliding_window_size=4096),
+            SsmLayerConfig(2, [BufferConfig("state", 4096)]),
+        ]
+        return KVCacheManagerConfig(tpb, tiers, layers, commit_min_snapshot=True)
     return KVCacheManagerConfig(
         tokens_per_block=tpb,
         cache_tiers=tiers,
@@ -60,18 +71,19 @@ def measure(
     repeat: int,
     steps: int,
     tiers_in: str | None = None,
+    hybrid: bool = False,
 ) -> dict[str, float]:
     out: dict[str, float] = {}
     out["hash"] = best_of(lambda: timed(lambda: backend.block_keys(tpb, None, tokens)), repeat)
 
     def cold() -> float:
-        manager = backend.KVCacheManager(config(len(tokens), tpb, tiers_in))
+        manager = backend.KVCacheManager(config(len(tokens), tpb, tiers_in, hybrid))
         seconds, cache = admit(manager, tokens)
         cache.close()
         return seconds
 
     out["cold"] = best_of(cold, repeat)
-    manager = backend.KVCacheManager(config(len(tokens), tpb, tiers_in))
+    manager = backend.KVCacheManager(config(len(tokens), tpb, tiers_in, hybrid))
     _, first = admit(manager, tokens)
     first.commit(tokens)
     first.close()
@@ -114,13 +126,29 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2000)
     args = parser.parse_args()
     tokens = np.random.default_rng(0).integers(0, 2**31, args.tokens, dtype=np.int32)
-    results = {
-        name: measure(kv_api.load_backend(name), tokens, args.tokens_per_block, args.repeat, args.steps)
-        for name in kv_api.available_backends()
-    }
-    print(
-        f"{args.tokens}-token prompt as an int32 buffer, {args.tokens_per_block} tokens per block, 2 layers in one layer group\n"
-    )
+    plain_results: dict[str, dict[str, float]] = {}
+    for hybrid in (False, True):
+        results = {
+            name: measure(
+                kv_api.load_backend(name), tokens, args.tokens_per_block, args.repeat, args.steps, None, hybrid
+            )
+            for name in kv_api.available_backends()
+        }
+        layers = "full attention + window + SSM, commit_min_snapshot" if hybrid else "2 layers in one layer group"
+        print(f"{args.tokens}-token prompt as an int32 buffer, {args.tokens_per_block} tokens per block, {layers}\n")
+        report(results)
+        if hybrid:
+            for name, r in results.items():
+                plain = plain_results[name]
+                print(
+                    f"{name}: hybrid vs attention only: cold admission {r['cold'] / plain['cold']:.2f}x, "
+                    f"cached {r['cached'] / plain['cached']:.2f}x, decode step {r['decode'] / plain['decode']:.2f}x"
+                )
+        plain_results = results
+        print()
+
+
+def report(results: dict[str, dict[str, float]]) -> None:
     print(
         "| backend | hashing (ms) | cold admission (ms) | x hashing | cached admission (ms) | x hashing | decode step (us) |"
     )

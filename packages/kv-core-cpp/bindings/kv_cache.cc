@@ -178,6 +178,14 @@ void bind_kv_cache(nb::module_& m) {
           },
           nb::arg("layer_group").none(), nb::arg("beam").none() = 0)
       .def(
+          "get_ssm_block_base_index",
+          [](PyKVCache& self, nb::handle layer_group) {
+            const ManagerLock lock(self.cache->context());
+            const int lg = group_arg(self, layer_group, nb::int_(0));
+            return unlocked([&] { return self.cache->get_ssm_block_base_index(lg); });
+          },
+          nb::arg("layer_group").none())
+      .def(
           "get_page_levels",
           [](PyKVCache& self, nb::handle layer_group, nb::handle beam) {
             const ManagerLock lock(self.cache->context());

@@ -79,8 +79,8 @@ KVCacheManagerConfig manager_config(nb::handle c) {
 nb::tuple life_cycle_objects(const KVCacheManager& manager) {
   nb::list out;
   for (const LifeCycle& lc : manager.registry().life_cycles()) {
-    out.append(
-        api("LifeCycle")(lc.id, optional_int(lc.window), lc.num_sink_blocks, manager.registry().tokens_per_block()));
+    out.append(api("LifeCycle")(lc.id, optional_int(lc.window), lc.num_sink_blocks,
+                                manager.registry().tokens_per_block(), lc.ssm));
   }
   return nb::tuple(out);
 }

@@ -23,6 +23,7 @@ CacheContext::CacheContext(const KVCacheManagerConfig& config, const LifeCycleRe
     : tokens_per_block_(config.tokens_per_block),
       key_format_(config.key_format),
       max_util_for_resume_(config.max_util_for_resume),
+      commit_min_snapshot_(config.commit_min_snapshot),
       registry_(registry),
       storage_(storage),
       tree_(tree),

@@ -38,10 +38,15 @@ KVCache::KVCache(CacheContext& context, std::int64_t id, const ReuseScope& scope
       capacity_(history_),
       tpb_(context.tokens_per_block()),
       num_lcs_(context.registry().size()),
+      block_lcs_(context.registry().block_life_cycles()),
+      ssm_lcs_(context.registry().ssm_life_cycles()),
       num_reused_(history_),
       index_(num_lcs_),
       stale_scan_(num_lcs_, 0),
-      cached_by_level_(static_cast<std::size_t>(context.storage().num_levels()), 0) {
+      cached_by_level_(static_cast<std::size_t>(context.storage().num_levels()), 0),
+      ssm_state_(num_lcs_, nullptr),
+      ssm_locked_(num_lcs_, false),
+      ssm_snapshot_(num_lcs_, nullptr) {
   // Priorities first: a failing callback must leave the tree untouched.
   struct Reused {
     std::int64_t ordinal;
@@ -52,15 +57,22 @@ KVCache::KVCache(CacheContext& context, std::int64_t id, const ReuseScope& scope
   std::vector<Reused> reused;
   for (std::size_t o = 0; o < path.size(); ++o) {
     Block* block = path[o].first;
-    for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
+    for (int lc : block_lcs_) {
       Page* page = block->pages[lc];
       const auto ordinal = static_cast<std::int64_t>(o);
       if (page != nullptr && !is_stale(lc, ordinal, history_))
         reused.push_back({ordinal, lc, page, priority_of(ordinal, lc)});
     }
   }
+  std::vector<Reused> snapshots;
+  for (int lc : ssm_lcs_) {
+    const auto last = static_cast<std::int64_t>(path.size()) - 1;
+    Page* page = path.empty() ? nullptr : path.back().first->pages[lc];
+    if (page != nullptr) snapshots.push_back({last, lc, page, priority_of(last, lc)});
+  }
   std::vector<int> block_level(path.size(), 0);  // the coldest level among a block's reused pages
   for (const Reused& r : reused) block_level[r.ordinal] = std::max(block_level[r.ordinal], r.page->level);
+  for (const Reused& r : snapshots) block_level[r.ordinal] = std::max(block_level[r.ordinal], r.page->level);
   for (std::size_t o = 0; o < path.size(); ++o) cached_by_level_[block_level[o]] += path[o].second;
   for (const auto& [block, matched] : path) {
     CacheBlock cb(num_lcs_);
@@ -77,6 +89,10 @@ KVCache::KVCache(CacheContext& context, std::int64_t id, const ReuseScope& scope
   for (const Reused& r : reused) {
     storage.hold(r.page, r.priority);  // reuse may raise a block's priority
     blocks_[r.ordinal].pages[r.lc] = r.page;
+  }
+  for (const Reused& r : snapshots) {
+    storage.hold(r.page, r.priority);
+    ssm_snapshot_[r.lc] = r.page;
   }
 }
 
@@ -149,15 +165,17 @@ bool KVCache::is_stale(int lc, std::int64_t ordinal, std::int64_t history) const
 
 std::vector<KVCache::Release> KVCache::stale_releases(std::int64_t history) const {
   // Pages of blocks stale at `history`; an uncommitted page is kept (held, unlocked) while it
-  // may still be committed.
+  // may still be committed. With commit_min_snapshot a page out of the window is not kept for a
+  // commit: the tree only gets the state reusable at the committed length.
+  const bool allowed = commit_state_ == CommitState::kAllowed && !context_.commit_min_snapshot();
   std::vector<Release> out;
-  for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
+  for (int lc : block_lcs_) {
     const auto [begin, end] = context_.registry().stale_range(lc, history);
     for (std::int64_t o = std::max(begin, stale_scan_[lc]); o < std::min<std::int64_t>(end, num_blocks()); ++o) {
       const CacheBlock& cb = blocks_[o];
       const Page* page = cb.pages[lc];
       if (page == nullptr || (!cb.locked[lc] && !page->committed())) continue;
-      out.push_back({o, lc, !page->committed() && commit_state_ == CommitState::kAllowed});
+      out.push_back({o, lc, !page->committed() && allowed});
     }
   }
   return out;
@@ -171,7 +189,7 @@ void KVCache::apply_stale_releases(const std::vector<Release>& releases, std::in
       release_page(r.ordinal, r.lc);
     }
   }
-  for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
+  for (int lc : block_lcs_) {
     const auto [begin, end] = context_.registry().stale_range(lc, history);
     std::int64_t o = std::max(begin, stale_scan_[lc]);
     while (o < std::min<std::int64_t>(end, num_blocks()) && blocks_[o].pages[lc] == nullptr) ++o;
@@ -228,7 +246,7 @@ std::vector<std::pair<std::int64_t, int>> KVCache::missing(std::int64_t first, s
   // Non-stale blocks in [first, num_blocks) without a page, by ordinal then life cycle. (Every
   // non-stale block of an open cache has its pages, so a resize only looks at those it adds.)
   std::vector<std::pair<std::int64_t, int>> out;
-  for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
+  for (int lc : block_lcs_) {
     for (const auto& [lo, hi] : live_ranges(lc, first, num_blocks, history)) {
       for (std::int64_t o = lo; o < hi; ++o) {
         if (o >= this->num_blocks() || blocks_[o].pages[lc] == nullptr) out.emplace_back(o, lc);
@@ -243,7 +261,7 @@ bool KVCache::may_fit(std::int64_t first, std::int64_t num_blocks, std::int64_t 
   // Counted, not listed: a request beyond a pool group's slots is refused in constant time.
   Storage& storage = context_.storage();
   std::vector<std::uint64_t> per_pg(storage.pool_groups().size(), 0);
-  for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
+  for (int lc : block_lcs_) {
     for (const auto& [lo, hi] : live_ranges(lc, first, num_blocks, history)) {
       if (hi > lo) per_pg[storage.config().pool_group_of(lc)] += static_cast<std::uint64_t>(hi - lo);
     }
@@ -261,11 +279,17 @@ std::vector<Page*> KVCache::held_pages() const {
       if (p != nullptr) out.push_back(p);
     }
   }
+  for (const std::vector<Page*>* held : {&ssm_state_, &ssm_snapshot_}) {
+    for (Page* p : *held) {
+      if (p != nullptr) out.push_back(p);
+    }
+  }
   return out;
 }
 
 std::vector<Page*> KVCache::to_lock() const {
-  // The pages resume() locks: held, not stale, not a reused partial block's (copied).
+  // The pages resume() locks: held, not stale, not a reused partial block's (copied), and the
+  // SSM states.
   std::vector<Page*> out;
   for (std::int64_t o = 0; o < num_blocks(); ++o) {
     const CacheBlock& cb = blocks_[o];
@@ -274,7 +298,14 @@ std::vector<Page*> KVCache::to_lock() const {
       if (cb.pages[lc] != nullptr && !is_stale(lc, o, history_)) out.push_back(cb.pages[lc]);
     }
   }
+  for (Page* p : ssm_state_) {
+    if (p != nullptr) out.push_back(p);
+  }
   return out;
+}
+
+Page* KVCache::source_of(std::int64_t ordinal, int lc) const {
+  return context_.registry().is_ssm(lc) ? ssm_snapshot_[lc] : blocks_[ordinal].pages[lc];
 }
 
 bool KVCache::make_room(int level, const std::vector<Page*>& pages,
@@ -313,6 +344,10 @@ bool KVCache::resume() {
   }
   const auto more = missing(0, num_blocks(), history_);
   needs.insert(needs.end(), more.begin(), more.end());
+  // A new SSM state is filed under the block of the next token (for its priority).
+  for (int lc : ssm_lcs_) {
+    if (ssm_state_[lc] == nullptr) needs.emplace_back(history_ / tpb_, lc);
+  }
   std::vector<int> priorities;
   for (const auto& [o, lc] : needs) priorities.push_back(priority_of(o, lc));
   const std::vector<Page*> locking = to_lock();
@@ -325,24 +360,33 @@ bool KVCache::resume() {
   const std::vector<Page*> fresh = new_pages(needs, priorities);
   try {
     for (std::size_t i = 0; i < needs.size(); ++i) {
-      Page* source = blocks_[needs[i].first].pages[needs[i].second];
-      if (source != nullptr) storage.copy(source, fresh[i]);  // copy-on-write of a reused partial block
+      Page* source = source_of(needs[i].first, needs[i].second);
+      if (source != nullptr) storage.copy(source, fresh[i]);  // copy-on-write of a reused partial block or snapshot
     }
   } catch (...) {
     for (Page* page : fresh) storage.unhold(page);  // the cache stays suspended, as it was
     throw;
   }
   for (std::size_t i = 0; i < needs.size(); ++i) {
-    CacheBlock& cb = blocks_[needs[i].first];
-    Page* source = cb.pages[needs[i].second];
+    const auto [o, lc] = needs[i];
+    Page* source = source_of(o, lc);
     if (source != nullptr) storage.unhold(source);
-    cb.pages[needs[i].second] = fresh[i];
+    if (context_.registry().is_ssm(lc)) {
+      ssm_state_[lc] = fresh[i];
+      ssm_snapshot_[lc] = nullptr;
+    } else {
+      blocks_[o].pages[lc] = fresh[i];
+    }
   }
   for (CacheBlock& cb : blocks_) cb.copy_on_resume = false;
   for (std::int64_t o = 0; o < num_blocks(); ++o) {
     for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
       if (blocks_[o].pages[lc] != nullptr && !is_stale(lc, o, history_)) lock_page(o, lc);
     }
+  }
+  for (int lc : ssm_lcs_) {
+    storage.lock(ssm_state_[lc]);
+    ssm_locked_[lc] = true;
   }
   status_ = CacheStatus::kActive;
   return true;
@@ -372,7 +416,17 @@ void KVCache::suspend_locked() {
   for (std::int64_t o = 0; o < num_blocks(); ++o) {
     for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) unlock_page(o, lc);
   }
+  unlock_states();
   status_ = CacheStatus::kSuspended;
+}
+
+void KVCache::unlock_states() {
+  for (int lc : ssm_lcs_) {
+    if (ssm_locked_[lc] && ssm_state_[lc] != nullptr) {
+      context_.storage().unlock(ssm_state_[lc]);
+      ssm_locked_[lc] = false;
+    }
+  }
 }
 
 bool KVCache::resize(std::optional<std::int64_t> capacity, std::optional<std::int64_t> history_length) {
@@ -470,12 +524,21 @@ void KVCache::commit(const TokenList& tokens, bool is_end) {
     throw Error(ErrorKind::kValue, "commit: " + std::to_string(committed) + " committed + " + std::to_string(added) +
                                        " new tokens exceed capacity " + std::to_string(capacity_));
   }
+  const bool cms = context_.commit_min_snapshot();
+  if (cms && history_ != committed && history_ != committed + added) {
+    throw Error(ErrorKind::kLogic, "commit: with commit_min_snapshot, history_length (" + std::to_string(history_) +
+                                       ") must equal the committed tokens before (" + std::to_string(committed) +
+                                       ") or after (" + std::to_string(committed + added) + ") the commit");
+  }
   const std::int64_t first = committed / tpb_;
   tokens_.append(tokens);
   history_ = std::max(history_, static_cast<std::int64_t>(tokens_.size()));
+  // With commit_min_snapshot, pages out of the window go before their blocks could enter the tree.
+  if (cms) apply_stale_releases(stale_releases(history_), history_);
   for (std::int64_t o = first; o < static_cast<std::int64_t>(tokens_.size()) / tpb_; ++o) commit_block(o);
+  if (cms && added > 0 && !is_end) snapshot(false);
   apply_stale_releases(stale_releases(history_), history_);
-  if (is_end) stop_committing_locked();
+  if (is_end) stop_committing_locked(cms);
 }
 
 Node* KVCache::parent_node(std::int64_t ordinal) {
@@ -483,7 +546,7 @@ Node* KVCache::parent_node(std::int64_t ordinal) {
   return blocks_[ordinal - 1].tree_block;
 }
 
-void KVCache::commit_block(std::int64_t ordinal) {
+void KVCache::commit_block(std::int64_t ordinal, const std::vector<Page*>* pages) {
   // Put block `ordinal` (full, or the partial tail on stop) into the tree. A block already
   // there keeps the pages covering it and ours are given up for them (rebase); ours fill the
   // life cycles it lacks or covers only in part. A partial block a sibling extends is not added
@@ -518,9 +581,9 @@ void KVCache::commit_block(std::int64_t ordinal) {
     context_.add_stats(delta);
     if (shorter != nullptr) storage.adopt(block, shorter);
   }
-  KVCacheEventManager* events = context_.events();
+  const std::vector<Page*>& ours_by_lc = pages == nullptr ? cb.pages : *pages;
   for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
-    Page* ours = cb.pages[lc];
+    Page* ours = ours_by_lc[lc];
     Page* theirs = block->pages[lc];
     if (theirs != nullptr && theirs->num_tokens >= num_tokens) {
       if (ours != nullptr && ours != theirs && full && cb.locked[lc] && theirs->level != kGpuLevel) {
@@ -539,11 +602,7 @@ void KVCache::commit_block(std::int64_t ordinal) {
         storage.unhold(ours);
       }
     } else if (ours != nullptr && !ours->committed()) {
-      if (theirs != nullptr) storage.orphan(theirs);  // an adopted page covering only a prefix
-      ours->block = block;
-      ours->num_tokens = num_tokens;
-      block->pages[lc] = ours;
-      if (events) events->stored(block, lc, ours->priority, ours->level);
+      attach(block, lc, ours, num_tokens);
     }
   }
   if (cb.tree_block == nullptr && full) {
@@ -557,16 +616,98 @@ void KVCache::commit_block(std::int64_t ordinal) {
   }
 }
 
+void KVCache::attach(Block* block, int lc, Page* page, std::int64_t num_tokens) {
+  // A page the block had covers fewer tokens (an adopted one covering a prefix): orphaned.
+  if (block->pages[lc] != nullptr) context_.storage().orphan(block->pages[lc]);
+  page->block = block;
+  page->num_tokens = num_tokens;
+  block->pages[lc] = page;
+  if (KVCacheEventManager* events = context_.events()) events->stored(block, lc, page->priority, page->level);
+}
+
+void KVCache::snapshot(bool move) {
+  // What a request reusing exactly the committed tokens needs: a partial tail's attention pages
+  // and the SSM states, each valid for the committed tokens of its block. Copies are made only
+  // if room can be (no snapshot else: it is a cache, not state).
+  const auto n = static_cast<std::int64_t>(tokens_.size());
+  if (n == 0 || commit_state_ == CommitState::kVirtualStop) return;
+  std::vector<std::pair<int, Page*>> states;
+  for (int lc : ssm_lcs_) {
+    if (ssm_state_[lc] != nullptr && !ssm_state_[lc]->committed()) states.emplace_back(lc, ssm_state_[lc]);
+  }
+  const bool tail = n % tpb_ != 0;
+  Block* block = tail ? nullptr : blocks_[n / tpb_ - 1].tree_block;
+  std::vector<std::pair<int, Page*>> sources;
+  if (tail) {
+    const CacheBlock& cb = blocks_[n / tpb_];
+    if (cb.copy_on_resume) return;  // a reused partial block not copied yet: nothing of ours
+    for (int lc : block_lcs_) {
+      if (cb.pages[lc] != nullptr && !cb.pages[lc]->committed()) sources.emplace_back(lc, cb.pages[lc]);
+    }
+    sources.insert(sources.end(), states.begin(), states.end());
+  } else if (block == nullptr) {
+    return;
+  } else {  // the full block is in the tree already: only states it lacks
+    for (const auto& [lc, p] : states) {
+      if (block->pages[lc] == nullptr || block->pages[lc]->num_tokens < tpb_) sources.emplace_back(lc, p);
+    }
+  }
+  if (sources.empty()) return;
+  std::vector<Page*> pages;
+  for (const auto& source : sources) pages.push_back(source.second);
+  if (!move) {
+    pages = copies(pages);
+    if (pages.empty()) return;
+  }
+  if (block == nullptr) {
+    std::vector<Page*> override(num_lcs_, nullptr);
+    for (std::size_t i = 0; i < sources.size(); ++i) override[sources[i].first] = pages[i];
+    commit_block(n / tpb_, &override);
+  } else {
+    for (std::size_t i = 0; i < sources.size(); ++i) attach(block, sources[i].first, pages[i], tpb_);
+  }
+  if (!move) {
+    for (Page* page : pages) context_.storage().unhold(page);  // the tree keeps those that went in
+  }
+}
+
+std::vector<Page*> KVCache::copies(const std::vector<Page*>& sources) {
+  Storage& storage = context_.storage();
+  std::vector<std::pair<int, int>> requests;
+  for (const Page* p : sources) requests.emplace_back(p->life_cycle, p->priority);
+  std::vector<Page*> pages;
+  try {
+    pages = storage.new_pages(requests);
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::kOutOfPages) return {};
+    throw;
+  }
+  for (Page* p : pages) p->holders = 1;
+  try {
+    for (std::size_t i = 0; i < sources.size(); ++i) storage.copy(sources[i], pages[i]);
+  } catch (...) {
+    for (Page* p : pages) storage.unhold(p);
+    throw;
+  }
+  return pages;
+}
+
 void KVCache::stop_committing() {
   const auto lock = context_.lock();
   stop_committing_locked();
 }
 
-void KVCache::stop_committing_locked() {
+void KVCache::stop_committing_locked(bool move_state) {
+  // `move_state` (commit_min_snapshot, is_end): the live tail pages and SSM states go into the
+  // tree, not copies of them.
   if (commit_state_ == CommitState::kUserStop || status_ == CacheStatus::kClosed) return;
   const auto n = static_cast<std::int64_t>(tokens_.size());
   const std::int64_t ordinal = n / tpb_;
-  if (n % tpb_ && ordinal < num_blocks() && !blocks_[ordinal].copy_on_resume) commit_block(ordinal);
+  if (move_state) {
+    snapshot(true);
+  } else if (n % tpb_ && ordinal < num_blocks() && !blocks_[ordinal].copy_on_resume) {
+    commit_block(ordinal);
+  }
   commit_state_ = CommitState::kUserStop;
   apply_stale_releases(stale_releases(history_), history_);
 }
@@ -582,6 +723,16 @@ void KVCache::close_locked() {
   for (std::int64_t o = num_blocks() - 1; o >= 0; --o) {
     for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) release_page(o, lc);
   }
+  unlock_states();
+  for (int lc : ssm_lcs_) {
+    for (std::vector<Page*>* held : {&ssm_state_, &ssm_snapshot_}) {
+      Page* page = (*held)[lc];
+      if (page != nullptr) {
+        (*held)[lc] = nullptr;
+        context_.storage().unhold(page);
+      }
+    }
+  }
   for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {  // blocks left without pages go now
     if (it->tree_block != nullptr) {
       --it->tree_block->pins;
@@ -596,6 +747,12 @@ void KVCache::close_locked() {
 std::vector<std::int32_t> KVCache::get_base_page_indices(int layer_group) const {
   const auto lock = context_.lock();
   return index_[layer_group];
+}
+
+std::int32_t KVCache::get_ssm_block_base_index(int layer_group) const {
+  const auto lock = context_.lock();
+  const Page* state = ssm_state_[layer_group];
+  return state != nullptr && ssm_locked_[layer_group] ? static_cast<std::int32_t>(state->slot) : kBadPageIndex;
 }
 
 std::vector<std::int32_t> KVCache::get_page_levels(int layer_group) const {

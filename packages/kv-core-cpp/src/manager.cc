@@ -10,11 +10,6 @@ namespace kvcore {
 
 namespace {
 
-const KVCacheManagerConfig& supported(const KVCacheManagerConfig& config) {
-  if (config.commit_min_snapshot) throw Error(ErrorKind::kNotImplemented, "commit_min_snapshot is not supported yet");
-  return config;
-}
-
 KVCacheEventManager* bind_events(KVCacheEventManager* events, const LifeCycleRegistry& registry) {
   if (events != nullptr) {
     std::vector<std::optional<std::int64_t>> windows;
@@ -27,7 +22,7 @@ KVCacheEventManager* bind_events(KVCacheEventManager* events, const LifeCycleReg
 }  // namespace
 
 KVCacheManager::KVCacheManager(const KVCacheManagerConfig& config, KVCacheEventManager* events, PageCopier* copier)
-    : config_(supported(config)),
+    : config_(config),
       registry_(config_),
       storage_config_(config_, registry_),
       tree_(registry_.size()),
@@ -48,8 +43,9 @@ void KVCacheManager::require_live() const {
 }
 
 MatchPath KVCacheManager::match(const Digest& root_key, const Tokens& tokens) {
-  // The reusable prefix: walk, back off, then cut until every life cycle has, for each block
-  // it needs at the endpoint, a page covering the matched tokens.
+  // The reusable prefix: walk, back off, then cut until the endpoint has an SSM snapshot taken
+  // exactly there and every attention life cycle has, for each block it needs at the endpoint, a
+  // page covering the matched tokens.
   const std::int64_t tpb = config_.tokens_per_block;
   MatchPath path = tree_.walk(root_key, tokens, tpb, config_.key_format, config_.enable_partial_reuse);
   std::int64_t backoff = config_.reuse_match_backoff;
@@ -65,10 +61,12 @@ MatchPath KVCacheManager::match(const Digest& root_key, const Tokens& tokens) {
   }
   bool changed = true;
   while (changed && !path.empty()) {
-    changed = false;
+    changed = prune_ssm(path);
+    if (changed) continue;
     std::int64_t total = 0;
     for (const auto& step : path) total += step.second;
-    for (int lc = 0; lc < static_cast<int>(registry_.size()) && !changed; ++lc) {
+    for (int lc : registry_.block_life_cycles()) {
+      if (changed) break;
       const auto [begin, end] = registry_.stale_range(lc, total);
       for (std::size_t o = 0; o < path.size(); ++o) {
         const auto ordinal = static_cast<std::int64_t>(o);
@@ -86,6 +84,30 @@ MatchPath KVCacheManager::match(const Digest& root_key, const Tokens& tokens) {
     }
   }
   return path;
+}
+
+bool KVCacheManager::prune_ssm(MatchPath& path) const {
+  // Cut to the last block with an SSM snapshot inside its matched tokens, at the snapshot's
+  // length (a state is valid at one position only); empty without one. Whether it changed.
+  for (int lc : registry_.ssm_life_cycles()) {
+    std::size_t keep = 0;
+    for (std::size_t o = 0; o < path.size(); ++o) {
+      const Page* page = path[o].first->pages[lc];
+      if (page != nullptr && 0 < page->num_tokens && page->num_tokens <= path[o].second) keep = o + 1;
+    }
+    if (keep == 0) {
+      path.clear();
+      return true;
+    }
+    Block* block = path[keep - 1].first;
+    const std::int64_t coverage = block->pages[lc]->num_tokens;
+    if (keep < path.size() || coverage != path[keep - 1].second) {
+      path.resize(keep - 1);
+      path.emplace_back(block, coverage);
+      return true;
+    }
+  }
+  return false;
 }
 
 std::int64_t KVCacheManager::probe_reuse(const ReuseScope& scope, const Tokens& tokens) {

@@ -247,6 +247,7 @@ std::uint64_t max_slots(std::uint64_t grains, const std::vector<std::uint64_t>& 
 }
 
 std::int64_t slots_for_batch(const LifeCycleRegistry& registry, int life_cycle, const BatchDesc& batch) {
+  if (registry.is_ssm(life_cycle)) return static_cast<std::int64_t>(batch.kv_caches.size());  // a state each
   const std::int64_t tpb = registry.tokens_per_block();
   const std::int64_t sys_blocks = batch.system_prompt_length / tpb;
   // Counted as ranges, never block by block: a system prompt may span 2**40 blocks. A request's

@@ -400,12 +400,12 @@ void Storage::orphan(Page* page) {
 
 void Storage::drop(Page* page) {
   // Losing a full-attention or sink page makes every later block unusable, so the block's
-  // whole subtree goes; a window page goes alone. Then empty, page-less ancestors are pruned.
+  // whole subtree goes; a window page or an SSM snapshot goes alone. Then empty, page-less ancestors are pruned.
   Block* block = page->block;
   const int lc = page->life_cycle;
   discard(block, lc);
   const LifeCycle& life = registry_.life_cycles()[lc];
-  if (!life.window || block->ordinal < life.num_sink_blocks) {
+  if (!life.ssm && (!life.window || block->ordinal < life.num_sink_blocks)) {
     for (Block* b : RadixTree::subtree(block)) {
       if (b->pins) {
         throw Error(ErrorKind::kCorrupted,

@@ -123,14 +123,17 @@ def committed(
 
 def expected_life_cycles(config: KVCacheManagerConfig) -> list[LifeCycle]:
     """behaviour-spec §3: one life cycle per distinct (window, sink blocks), ids by first
-    appearance in ``config.layers``; sinks count in blocks, rounded up."""
+    appearance in ``config.layers``; sinks count in blocks, rounded up; SSM layers share one."""
     out: list[LifeCycle] = []
     for layer in config.layers:
-        assert isinstance(layer, AttentionLayerConfig)
-        window = layer.sliding_window_size
-        sinks = ceil_div(layer.num_sink_tokens or 0, config.tokens_per_block) if window is not None else 0
-        if not any(lc.window == window and lc.num_sink_blocks == sinks for lc in out):
-            out.append(LifeCycle(len(out), window, sinks, config.tokens_per_block))
+        if isinstance(layer, AttentionLayerConfig):
+            window = layer.sliding_window_size
+            sinks = ceil_div(layer.num_sink_tokens or 0, config.tokens_per_block) if window is not None else 0
+            ssm = False
+        else:
+            window, sinks, ssm = None, 0, True
+        if not any(lc.window == window and lc.num_sink_blocks == sinks and lc.ssm == ssm for lc in out):
+            out.append(LifeCycle(len(out), window, sinks, config.tokens_per_block, ssm))
     return out
 
 
@@ -163,11 +166,19 @@ def check_lengths(cache: KVCache) -> None:
 
 def check_indices(manager: KVCacheManager, cache: KVCache) -> None:
     """Invariant 6: an ACTIVE cache has a valid slot for every non-stale block and -1 for stale
-    ones; any other cache reports -1 everywhere. Slots of one layer group are distinct."""
+    ones; any other cache reports -1 everywhere. Slots of one layer group are distinct. An SSM
+    layer group has no page per block, only the request's state while it is active."""
     tpb = manager.tokens_per_block
     for lc in life_cycles(manager):
         indices = list(cache.get_base_page_indices(lc.id))
         assert len(indices) == cache.num_blocks
+        state = cache.get_ssm_block_base_index(lc.id)
+        if lc.ssm:
+            assert indices == [BAD_PAGE_INDEX] * cache.num_blocks
+            active = cache.status == KVCacheStatus.ACTIVE
+            assert 0 <= state < pool_group_of(manager, lc.id).num_slots if active else state == BAD_PAGE_INDEX
+            continue
+        assert state == BAD_PAGE_INDEX
         if cache.status != KVCacheStatus.ACTIVE:
             assert indices == [BAD_PAGE_INDEX] * cache.num_blocks
             continue

@@ -35,6 +35,7 @@ from kv_api import (
     KVCacheManagerConfig,
     KVCacheStatus,
     ReuseScope,
+    SsmLayerConfig,
 )
 
 from ._manager import check_indices, check_lengths
@@ -62,6 +63,8 @@ PRIORITIES: dict[str, Callable[[int, Any], int] | None] = {
 
 #: Cache levels below the device: small, so pages fall through them and get dropped.
 TIERS = ["device", "device", "host", "host+disk", "disk"]
+#: Layer mixes (config_for's ``hybrid``): attention alone most often.
+HYBRID = ["attention", "attention", "cms", "ssm"]
 SLOT = 128 << 10  # bytes of a slot with one life cycle (key + value)
 
 
@@ -82,12 +85,19 @@ def config_for(
     backoff: int,
     partial: bool,
     tiers: list[CacheTierConfig] | None = None,
+    hybrid: str = "attention",
 ) -> KVCacheManagerConfig:
+    """``hybrid``: ``attention`` alone, with ``commit_min_snapshot`` (``cms``), or with an SSM
+    layer too (``ssm``, whose state slots are a pool group of their own)."""
     kv = [BufferConfig("key", 64 << 10), BufferConfig("value", 64 << 10)]
     # A zero sink count is valid without a window too (no sinks); a positive one goes to the window only.
-    layers = [AttentionLayerConfig(0, kv, None, 0 if sinks == 0 else None)] if full or window is None else []
+    layers: list[AttentionLayerConfig | SsmLayerConfig] = (
+        [AttentionLayerConfig(0, kv, None, 0 if sinks == 0 else None)] if full or window is None else []
+    )
     if window is not None:
         layers.append(AttentionLayerConfig(1, kv, window, sinks))
+    if hybrid == "ssm":
+        layers.append(SsmLayerConfig(2, [BufferConfig("state", 96 << 10)]))
     # 2 MiB of 128 KiB slots: 16 slots the life cycles share (more if the floors need them), so
     # caches compete for pages and committed blocks get evicted.
     return KVCacheManagerConfig(
@@ -96,6 +106,7 @@ def config_for(
         layers=layers,
         reuse_match_backoff=backoff,
         enable_partial_reuse=partial,
+        commit_min_snapshot=hybrid != "attention",
     )
 
 
@@ -120,6 +131,7 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
             ring=st.sampled_from([100_000, 8]),
             tiers=st.sampled_from(TIERS),
             host_slots=st.sampled_from([2, 4, 8]),
+            hybrid=st.sampled_from(HYBRID),
         )
         def build(
             self,
@@ -133,10 +145,11 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
             ring: int,
             tiers: str,
             host_slots: int,
+            hybrid: str,
         ) -> None:
             self.dirs = [tempfile.mkdtemp(prefix="kv-differential-") for _ in backends]
             self.configs = [
-                config_for(tpb, window, sinks, full, backoff, partial, tiers_for(tiers, host_slots, d))
+                config_for(tpb, window, sinks, full, backoff, partial, tiers_for(tiers, host_slots, d), hybrid)
                 for d in self.dirs
             ]
             self.levels = len(self.configs[0].cache_tiers)
@@ -315,6 +328,7 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
                         c[i].cached_tokens_by_level,
                         *(tuple(c[i].get_base_page_indices(lg)) for lg in range(self.groups)),
                         *(tuple(c[i].get_page_levels(lg)) for lg in range(self.groups)),
+                        *(c[i].get_ssm_block_base_index(lg) for lg in range(self.groups)),
                     )
                     for c in self.caches
                 ]

@@ -15,7 +15,7 @@ class Capabilities:
 
     - ``key_formats``: block-key formats the backend computes (both are required).
     - ``host_tier`` / ``disk_tier``: the backend accepts those cache tiers.
-    - ``ssm_layers``: the backend accepts ``SsmLayerConfig`` layers.
+    - ``ssm_layers``: the backend accepts ``SsmLayerConfig`` layers and ``commit_min_snapshot``.
     - ``native_buffers``: token buffers are read in place, without per-token Python objects.
     - ``sha256_transforms``: SHA-256 transforms that can be forced (native backends only).
     """

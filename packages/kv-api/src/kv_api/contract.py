@@ -88,7 +88,7 @@ class KVCacheManager(abc.ABC):
     ``config`` must be a ``KVCacheManagerConfig`` (else ``TypeError``); ``event_manager`` must
     be the same backend's ``KVCacheEventManager`` (else ``TypeError``) and serves one manager
     only (``ValueError``); ``page_copier`` (a ``PageCopier``, else ``TypeError``) moves page
-    bytes between memory levels (default: host-memory copies). Host/disk tiers and
+    bytes between memory levels (default: host-memory copies). Host/disk tiers, SSM layers and
     ``commit_min_snapshot`` raise ``NotImplementedError`` unless the backend's capabilities say
     otherwise. Every method is
     safe to call from several threads. After ``shutdown()`` every method but ``shutdown()``
@@ -361,7 +361,10 @@ class KVCache(abc.ABC):
     def commit(self, tokens: TokenInput, is_end: bool = False) -> None:
         """ACTIVE only: record computed tokens; full blocks enter the radix tree. ``ValueError``
         beyond capacity; ``LogicError`` after ``stop_committing()``. ``is_end`` then stops
-        committing."""
+        committing. With ``commit_min_snapshot`` the history must equal the committed count
+        before or after the call (else ``LogicError``, nothing changed), and the state reusable
+        at the new length (a partial tail's attention pages, the SSM state) is copied into the
+        tree; with ``is_end`` the live pages move there instead (docs/manager.md)."""
 
     @abc.abstractmethod
     def stop_committing(self) -> None:
@@ -378,6 +381,12 @@ class KVCache(abc.ABC):
     def get_base_page_indices(self, layer_group: int, beam: int = 0) -> array[int]:
         """``array('i')``: one slot id per block, ``BAD_PAGE_INDEX`` where no page is locked.
         ``IndexError`` for a bad layer group or beam."""
+
+    @abc.abstractmethod
+    def get_ssm_block_base_index(self, layer_group: int) -> int:
+        """The slot of the request's state in an SSM layer group while the cache is active,
+        else (suspended, or not an SSM group) ``BAD_PAGE_INDEX``. ``IndexError`` for a bad
+        layer group."""
 
     @abc.abstractmethod
     def get_page_levels(self, layer_group: int, beam: int = 0) -> array[int]:

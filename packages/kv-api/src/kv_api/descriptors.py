@@ -20,14 +20,16 @@ class BufferId:
 
 @dataclass(frozen=True)
 class LifeCycle:
-    """Layers whose pages live and die together: full attention (``window is None``) or one
-    sliding window with ``num_sink_blocks`` sink blocks, in blocks of ``tokens_per_block``
-    tokens. ``id`` is also the layer-group id. Priority callbacks receive it."""
+    """Layers whose pages live and die together: full attention (``window is None``), one
+    sliding window with ``num_sink_blocks`` sink blocks, or (``ssm``) the state-space layers, in
+    blocks of ``tokens_per_block`` tokens. ``id`` is also the layer-group id. Priority callbacks
+    receive it."""
 
     id: int
     window: int | None
     num_sink_blocks: int
     tokens_per_block: int
+    ssm: bool = False
 
     def get_stale_range(self, history_length: int, tokens_per_block: int | None = None) -> tuple[int, int]:
         """Blocks ``[begin, end)`` not needed for the next step at ``history_length`` tokens.
@@ -35,9 +37,12 @@ class LifeCycle:
         With ``s = min(ceil(H / tpb), sink blocks)``: full attention has none (``(s, s)``); a
         window ``W`` makes ``[s, max(s, (H + 1 - W) // tpb))`` stale. The +1 is the token in
         flight at position ``H``; sink blocks are never stale. ``tokens_per_block`` defaults to
-        the manager's (the reference's callers pass it).
+        the manager's (the reference's callers pass it). SSM layers need no block's pages, only
+        the request's state: ``[0, H // tpb)`` is stale.
         """
         tpb = self.tokens_per_block if tokens_per_block is None else tokens_per_block
+        if self.ssm:
+            return 0, history_length // tpb
         s = min(ceil_div(history_length, tpb), self.num_sink_blocks)
         if self.window is None:
             return s, s

@@ -48,6 +48,7 @@ class CacheContext {
   std::int64_t tokens_per_block() const { return tokens_per_block_; }
   KeyFormat key_format() const { return key_format_; }
   double max_util_for_resume() const { return max_util_for_resume_; }
+  bool commit_min_snapshot() const { return commit_min_snapshot_; }
 
   const LifeCycleRegistry& registry() const { return registry_; }
   Storage& storage() { return storage_; }
@@ -70,6 +71,7 @@ class CacheContext {
   std::int64_t tokens_per_block_;
   KeyFormat key_format_;
   double max_util_for_resume_;
+  bool commit_min_snapshot_;
   const LifeCycleRegistry& registry_;
   Storage& storage_;
   RadixTree& tree_;

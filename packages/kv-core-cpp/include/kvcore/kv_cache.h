@@ -71,11 +71,15 @@ class KVCache {
   bool prefetch(int target_level);
   void suspend();
   bool resize(std::optional<std::int64_t> capacity, std::optional<std::int64_t> history_length);
+  // Throws Error(kLogic) with commit_min_snapshot when the history is neither the committed count
+  // before nor after the call.
   void commit(const TokenList& tokens, bool is_end);
   void stop_committing();
   void close();
 
   std::vector<std::int32_t> get_base_page_indices(int layer_group) const;
+  // The slot of the request's state in an SSM layer group while active, else kBadPageIndex.
+  std::int32_t get_ssm_block_base_index(int layer_group) const;
   // Per block, the level of the cache's page in `layer_group` (-1 where it has none).
   std::vector<std::int32_t> get_page_levels(int layer_group) const;
   // Per cache level, the reused tokens found there when the cache was created.
@@ -100,6 +104,17 @@ class KVCache {
   void apply_stale_releases(const std::vector<Release>& releases, std::int64_t history);
   bool fits(const std::vector<std::pair<std::int64_t, int>>& needs, const std::vector<Release>& releases);
   std::vector<Page*> to_lock() const;
+  // What a page resume() allocates starts as: the reused snapshot (SSM state), the reused partial
+  // block's page (a copy), or nothing.
+  Page* source_of(std::int64_t ordinal, int lc) const;
+  void unlock_states();
+  // `page` (uncommitted) becomes the block's page in `lc`, valid for `num_tokens`.
+  void attach(Block* block, int lc, Page* page, std::int64_t num_tokens);
+  // commit_min_snapshot: the state reusable at the committed length enters the tree; `move`
+  // gives the live pages, otherwise copies.
+  void snapshot(bool move);
+  // New device pages holding `sources`' data (held once each); empty without room.
+  std::vector<Page*> copies(const std::vector<Page*>& sources);
   // Room at `level` for `pages` and `needs`, never evicting `keep`; false (nothing changed) if short.
   bool make_room(int level, const std::vector<Page*>& pages, const std::vector<std::pair<std::int64_t, int>>& needs,
                  const std::vector<Page*>& keep = {});
@@ -112,8 +127,9 @@ class KVCache {
                                                                    std::int64_t history) const;
   bool may_fit(std::int64_t first, std::int64_t num_blocks, std::int64_t history) const;
   Node* parent_node(std::int64_t ordinal);
-  void commit_block(std::int64_t ordinal);
-  void stop_committing_locked();
+  // `pages` (a partial tail only) replaces the block's own: snapshot copies, or live pages and states.
+  void commit_block(std::int64_t ordinal, const std::vector<Page*>* pages = nullptr);
+  void stop_committing_locked(bool move_state = false);
   void suspend_locked();
   void sync_user_buffers();
   void close_locked();
@@ -130,12 +146,19 @@ class KVCache {
   std::int64_t capacity_;
   std::int64_t tpb_;
   std::size_t num_lcs_;
+  const std::vector<int>& block_lcs_;  // life cycles with a page per block (attention)
+  const std::vector<int>& ssm_lcs_;
   std::int64_t num_reused_;
   std::vector<CacheBlock> blocks_;
   std::vector<std::vector<std::int32_t>> index_;
   std::map<int, IndexBuffer> user_buffers_;
   std::vector<std::int64_t> stale_scan_;  // per life cycle: stale blocks below are cleared
   std::vector<std::int64_t> cached_by_level_;
+  // Per SSM life cycle: the request's state (allocated by the first resume), whether it is
+  // locked, and the reused snapshot resume copies into it (the match ends on it).
+  std::vector<Page*> ssm_state_;
+  std::vector<bool> ssm_locked_;
+  std::vector<Page*> ssm_snapshot_;
 };
 
 }  // namespace kvcore

@@ -15,10 +15,12 @@ struct LifeCycle {
   int id = 0;
   std::optional<std::int64_t> window;  // none: full attention
   std::int64_t num_sink_blocks = 0;
+  bool ssm = false;  // the state-space layers: a state per request, no page per block
 };
 
-// Ids by first appearance in config.layers; layers with the same (window, sink blocks) share
-// one. The id doubles as the layer-group id.
+// Ids by first appearance in config.layers; attention layers with the same (window, sink blocks)
+// share one, and every SSM layer shares the one SSM life cycle. The id doubles as the layer-group
+// id.
 class LifeCycleRegistry {
  public:
   explicit LifeCycleRegistry(const KVCacheManagerConfig& config);
@@ -29,6 +31,10 @@ class LifeCycleRegistry {
   // Layer ids with their life cycle, in config order.
   const std::vector<std::pair<std::int64_t, int>>& layers() const { return layers_; }
   int life_cycle_of(std::int64_t layer_id) const;  // throws Error(kKey)
+  // Life cycles with a page per block (attention), and the SSM one (at most one).
+  const std::vector<int>& block_life_cycles() const { return block_life_cycles_; }
+  const std::vector<int>& ssm_life_cycles() const { return ssm_life_cycles_; }
+  bool is_ssm(int life_cycle) const { return life_cycles_[life_cycle].ssm; }
 
   // Blocks [first, second) not needed for the next step at `history` tokens (the rule of
   // kv_api.LifeCycle.get_stale_range, which priority callbacks see).
@@ -37,12 +43,15 @@ class LifeCycleRegistry {
     const auto r = stale_range(life_cycle, history);
     return r.first <= ordinal && ordinal < r.second;
   }
-  // Slots one request may need at once: a window straddles one extra block while it slides.
+  // Slots one request may need at once: a window straddles one extra block while it slides; an
+  // SSM state is one slot.
   std::int64_t min_slots_floor(int life_cycle) const;
 
  private:
   std::int64_t tokens_per_block_;
   std::vector<LifeCycle> life_cycles_;
+  std::vector<int> block_life_cycles_;
+  std::vector<int> ssm_life_cycles_;
   std::vector<std::pair<std::int64_t, int>> layers_;
   std::map<std::int64_t, int> layer_index_;
 };

@@ -57,6 +57,7 @@ class KVCacheManager {
 
  private:
   MatchPath match(const Digest& root_key, const Tokens& tokens);
+  bool prune_ssm(MatchPath& path) const;
   void require_no_open_caches(const char* api) const;
 
   KVCacheManagerConfig config_;

@@ -34,7 +34,11 @@ name = "cpp"
 version = "0.1.0"
 priority = 20  # the default wherever it loads
 capabilities = Capabilities(
-    native_buffers=True, host_tier=True, disk_tier=True, sha256_transforms=tuple(sha256_transforms())
+    native_buffers=True,
+    host_tier=True,
+    disk_tier=True,
+    ssm_layers=True,
+    sha256_transforms=tuple(sha256_transforms()),
 )
 
 # nanobind classes cannot subclass the ABCs; registering makes isinstance() hold.

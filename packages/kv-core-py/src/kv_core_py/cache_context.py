@@ -36,6 +36,7 @@ class CacheContext:
         self.tokens_per_block = config.tokens_per_block
         self.key_format = config.key_format
         self.max_util_for_resume = config.max_util_for_resume
+        self.commit_min_snapshot = config.commit_min_snapshot
         self.registry = registry
         self.storage = storage
         self.tree = tree

@@ -67,6 +67,8 @@ class KVCache(kv_api.KVCache):
         self._context = context  # all the cache uses of its manager's state (the manager owns it)
         self._tpb = context.tokens_per_block
         self._lcs = context.registry.life_cycles
+        self._block_lcs = context.registry.block_life_cycles  # a page per block: attention
+        self._ssm_lcs = context.registry.ssm_life_cycles
         self._id = cache_id
         self._reuse_scope = scope
         self._root_key = root_key
@@ -80,12 +82,22 @@ class KVCache(kv_api.KVCache):
         self._user_buffers: dict[int, memoryview] = {}
         self._stale_scan = [0] * len(self._lcs)  # per life cycle: stale blocks below are cleared
         self._num_reused_tokens = len(tokens)
+        # Per SSM life cycle: the request's state (allocated by the first resume), whether it is
+        # locked, and the reused snapshot that resume copies into it (the match ends on it).
+        self._ssm_state: list[Page | None] = [None] * len(self._lcs)
+        self._ssm_locked = [False] * len(self._lcs)
+        self._ssm_snapshot: list[Page | None] = [None] * len(self._lcs)
         # Priorities first: a failing callback must leave the tree untouched.
         reused = [
             (o, lc, page, self._priority_of(o, lc))
             for o, (block, _) in enumerate(path)
-            for lc, page in enumerate(block.pages)
-            if page is not None and not self._is_stale(lc, o, self._history)
+            for lc in self._block_lcs
+            if (page := block.pages[lc]) is not None and not self._is_stale(lc, o, self._history)
+        ]
+        snapshots = [
+            (len(path) - 1, lc, page, self._priority_of(len(path) - 1, lc))
+            for lc in self._ssm_lcs
+            if path and (page := path[-1][0].pages[lc]) is not None
         ]
         for block, matched in path:
             cb = CacheBlock(len(self._lcs))
@@ -99,7 +111,7 @@ class KVCache(kv_api.KVCache):
                 idx.append(BAD_PAGE_INDEX)
         # Each block's tokens count at the coldest level among its reused pages (0 with none).
         coldest = [0] * len(path)
-        for o, _, page, _ in reused:
+        for o, _, page, _ in reused + snapshots:
             coldest[o] = max(coldest[o], page.level)
         self._cached_tokens_by_level = [0] * len(self._context.storage.levels)
         for o, (_, matched) in enumerate(path):
@@ -107,6 +119,9 @@ class KVCache(kv_api.KVCache):
         for o, lc, page, raised in reused:
             self._context.storage.hold(page, raised)  # reuse may raise a block's priority
             self._blocks[o].pages[lc] = page
+        for _, lc, page, raised in snapshots:
+            self._context.storage.hold(page, raised)
+            self._ssm_snapshot[lc] = page
 
     # -- lengths and state --------------------------------------------------------------------
 
@@ -239,14 +254,17 @@ class KVCache(kv_api.KVCache):
         kept (held, unlocked) while it may still be committed. Starts past the blocks already
         cleared, so a decode step does not rescan the whole history."""
         out = []
-        for lc in range(len(self._lcs)):
+        # With commit_min_snapshot a page out of the window is not kept for a commit: the tree
+        # only gets the state reusable at the committed length.
+        allowed = self._commit_state == CommitState.ALLOWED and not self._context.commit_min_snapshot
+        for lc in self._block_lcs:
             begin, end = self._context.registry.stale_range(lc, history)
             for ordinal in range(max(begin, self._stale_scan[lc]), min(end, len(self._blocks))):
                 cb = self._blocks[ordinal]
                 page = cb.pages[lc]
                 if page is None or (not cb.locked[lc] and not page.committed):
                     continue  # nothing, or already kept for commit
-                keep = not page.committed and self._commit_state == CommitState.ALLOWED
+                keep = not page.committed and allowed
                 out.append((ordinal, lc, keep))
         return out
 
@@ -256,7 +274,7 @@ class KVCache(kv_api.KVCache):
                 self._unlock_page(ordinal, lc)
             else:
                 self._release_page(ordinal, lc)
-        for lc in range(len(self._lcs)):
+        for lc in self._block_lcs:
             begin, end = self._context.registry.stale_range(lc, history)
             o = max(begin, self._stale_scan[lc])
             while o < min(end, len(self._blocks)) and self._blocks[o].pages[lc] is None:
@@ -309,7 +327,7 @@ class KVCache(kv_api.KVCache):
         only needs to look at the blocks it adds.)"""
         out = [
             (o, lc)
-            for lc in range(len(self._lcs))
+            for lc in self._block_lcs
             for live in self._live_ranges(lc, first, num_blocks, history)
             for o in live
             if o >= len(self._blocks) or self._blocks[o].pages[lc] is None
@@ -322,7 +340,7 @@ class KVCache(kv_api.KVCache):
         counted, not listed, so a request too large for the pool is refused in constant time."""
         storage = self._context.storage
         per_pg = [0] * len(storage.pool_groups)
-        for lc in range(len(self._lcs)):
+        for lc in self._block_lcs:
             per_pg[storage.config.pool_group_of(lc)] += sum(
                 len(r) for r in self._live_ranges(lc, first, num_blocks, history)
             )
@@ -345,17 +363,19 @@ class KVCache(kv_api.KVCache):
 
     def held_pages(self) -> list[Page]:
         """Every page the cache holds (for the manager's quota resize)."""
-        return [page for cb in self._blocks for page in cb.pages if page is not None]
+        blocks = [page for cb in self._blocks for page in cb.pages if page is not None]
+        return blocks + [p for p in self._ssm_state + self._ssm_snapshot if p is not None]
 
     def _to_lock(self) -> list[Page]:
-        """The pages ``resume`` locks: held, not stale, not a reused partial block's (copied)."""
+        """The pages ``resume`` locks: held, not stale, not a reused partial block's (copied),
+        and the SSM states."""
         return [
             page
             for o, cb in enumerate(self._blocks)
             if not cb.copy_on_resume
             for lc, page in enumerate(cb.pages)
             if page is not None and not self._is_stale(lc, o, self._history)
-        ]
+        ] + [p for p in self._ssm_state if p is not None]
 
     def _make_room(
         self, level: int, pages: list[Page], needs: list[tuple[int, int]], keep: list[Page] | None = None
@@ -391,7 +411,9 @@ class KVCache(kv_api.KVCache):
                 for lc in range(len(self._lcs))
                 if cb.pages[lc] is not None
             ]
-            needs = copies + self._missing(0, len(self._blocks), self._history)
+            # A new SSM state is filed under the block of the next token (for its priority).
+            states = [(self._history // self._tpb, lc) for lc in self._ssm_lcs if self._ssm_state[lc] is None]
+            needs = copies + self._missing(0, len(self._blocks), self._history) + states
             priorities = [self._priority_of(o, lc) for o, lc in needs]
             locking = self._to_lock()
             below = [p for p in locking if p.level != GPU_LEVEL]
@@ -402,27 +424,40 @@ class KVCache(kv_api.KVCache):
             storage = self._context.storage
             try:
                 for (o, lc), page in zip(needs, new, strict=True):
-                    source = self._blocks[o].pages[lc]
-                    if source is not None:  # copy-on-write of a reused partial block
+                    source = self._source_of(o, lc)
+                    if source is not None:  # copy-on-write of a reused partial block or snapshot
                         storage.copy(source, page)
             except Exception:
                 for page in new:  # the cache stays suspended, as it was
                     storage.unhold(page)
                 raise
             for (o, lc), page in zip(needs, new, strict=True):
-                cb = self._blocks[o]
-                source = cb.pages[lc]
+                source = self._source_of(o, lc)
                 if source is not None:
                     storage.unhold(source)
-                cb.pages[lc] = page
+                if self._lcs[lc].ssm:
+                    self._ssm_state[lc] = page
+                    self._ssm_snapshot[lc] = None
+                else:
+                    self._blocks[o].pages[lc] = page
             for cb in self._blocks:
                 cb.copy_on_resume = False
             for o, cb in enumerate(self._blocks):
                 for lc, held in enumerate(cb.pages):
                     if held is not None and not self._is_stale(lc, o, self._history):
                         self._lock_page(o, lc)
+            for lc in self._ssm_lcs:
+                state = self._ssm_state[lc]
+                assert state is not None
+                storage.lock(state)
+                self._ssm_locked[lc] = True
             self._status = KVCacheStatus.ACTIVE
             return True
+
+    def _source_of(self, ordinal: int, lc: int) -> Page | None:
+        """What a page ``resume`` allocates starts as: the reused snapshot for an SSM state, the
+        reused partial block's page for a copy, else nothing."""
+        return self._ssm_snapshot[lc] if self._lcs[lc].ssm else self._blocks[ordinal].pages[lc]
 
     def prefetch(self, target_level: int = GPU_LEVEL) -> bool:
         """SUSPENDED only: the pages ``resume`` would lock that sit below ``target_level`` move
@@ -450,7 +485,15 @@ class KVCache(kv_api.KVCache):
         for o in range(len(self._blocks)):
             for lc in range(len(self._lcs)):
                 self._unlock_page(o, lc)
+        self._unlock_states()
         self._status = KVCacheStatus.SUSPENDED
+
+    def _unlock_states(self) -> None:
+        for lc in self._ssm_lcs:
+            state = self._ssm_state[lc]
+            if self._ssm_locked[lc] and state is not None:
+                self._context.storage.unlock(state)
+                self._ssm_locked[lc] = False
 
     def resize(self, capacity: int | None = None, history_length: int | None = None) -> bool:
         """Set capacity and/or history (ACTIVE only). History never decreases and capacity never
@@ -524,26 +567,38 @@ class KVCache(kv_api.KVCache):
                 raise ValueError(
                     f"commit: {len(self._tokens)} committed + {len(new)} new tokens exceed capacity {self._capacity}"
                 )
+            cms = self._context.commit_min_snapshot
+            if cms and self._history not in (len(self._tokens), len(self._tokens) + len(new)):
+                raise LogicError(
+                    f"commit: with commit_min_snapshot, history_length ({self._history}) must equal the committed"
+                    f" tokens before ({len(self._tokens)}) or after ({len(self._tokens) + len(new)}) the commit"
+                )
             first = len(self._tokens) // self._tpb
             self._tokens.extend(new)
             self._history = max(self._history, len(self._tokens))
+            if cms:  # pages out of the window go before their blocks could enter the tree
+                self._apply_stale_releases(self._stale_releases(self._history), self._history)
             for ordinal in range(first, len(self._tokens) // self._tpb):
                 self._commit_block(ordinal)
+            if cms and new and not end:
+                self._snapshot(move=False)
             self._apply_stale_releases(self._stale_releases(self._history), self._history)
             if end:
-                self._stop_committing_locked()
+                self._stop_committing_locked(move_state=cms)
 
     def _parent_node(self, ordinal: int) -> Node | None:
         if ordinal == 0:
             return self._context.tree.root(self._root_key, self.reuse_scope)
         return self._blocks[ordinal - 1].tree_block
 
-    def _commit_block(self, ordinal: int) -> None:
+    def _commit_block(self, ordinal: int, pages: list[Page | None] | None = None) -> None:
         """Put block ``ordinal`` (full, or the partial tail on stop) into the tree. A block
         already there keeps the pages covering it and ours are given up for them (rebase); ours
         fill the life cycles it lacks or covers only in part. A partial block a sibling extends
         is not added (ours stay private); a new block replaces the partial sibling it extends
-        and adopts its pages. Without a parent in the tree the cache stops committing."""
+        and adopts its pages. Without a parent in the tree the cache stops committing.
+        ``pages`` (a partial tail only) replaces the block's own: its snapshot copies, or its
+        live pages and SSM state."""
         if self._commit_state == CommitState.VIRTUAL_STOP:
             return
         parent = self._parent_node(ordinal)
@@ -551,6 +606,7 @@ class KVCache(kv_api.KVCache):
             self._commit_state = CommitState.VIRTUAL_STOP
             return
         cb = self._blocks[ordinal]
+        ours_by_lc = cb.pages if pages is None else pages
         tokens = tuple(self._tokens[ordinal * self._tpb : (ordinal + 1) * self._tpb])
         full = len(tokens) == self._tpb
         key = chained_keys(parent.key, Tokens(tokens, self._context.key_format), 0, 1, self._tpb)[1]
@@ -564,9 +620,8 @@ class KVCache(kv_api.KVCache):
             self._context.add_stats(committed_blocks=1)
             if shorter is not None:
                 self._context.storage.adopt(block, shorter)
-        events = self._context.events
         for lc in range(len(self._lcs)):
-            ours, theirs = cb.pages[lc], block.pages[lc]
+            ours, theirs = ours_by_lc[lc], block.pages[lc]
             if theirs is not None and theirs.num_tokens >= len(tokens):
                 if ours is not None and ours is not theirs and full and cb.locked[lc] and theirs.level != GPU_LEVEL:
                     # The tree's copy sits on a colder level and ours, locked, is on the device:
@@ -582,13 +637,7 @@ class KVCache(kv_api.KVCache):
                         cb.pages[lc] = theirs
                     self._context.storage.unhold(ours)
             elif ours is not None and not ours.committed:
-                if theirs is not None:
-                    self._context.storage.orphan(theirs)  # an adopted page covering only a prefix
-                ours.block = block
-                ours.num_tokens = len(tokens)
-                block.pages[lc] = ours
-                if events is not None:
-                    events.stored(block, lc, ours.priority, ours.level)
+                self._attach(block, lc, ours, len(tokens))
         if cb.tree_block is None and full:
             # Later blocks hang under a full block, so it stays in the tree while we are open (we
             # hold all its pages). A partial tail is the last block: nothing hangs under it, and
@@ -598,17 +647,89 @@ class KVCache(kv_api.KVCache):
         else:
             self._context.tree.prune(block)  # a new partial block none of our pages went into
 
+    def _attach(self, block: Block, lc: int, page: Page, num_tokens: int) -> None:
+        """``page`` (uncommitted) becomes the block's page in ``lc``, valid for ``num_tokens``;
+        a page it had covers fewer (an adopted one covering a prefix) and is orphaned."""
+        theirs = block.pages[lc]
+        if theirs is not None:
+            self._context.storage.orphan(theirs)
+        page.block = block
+        page.num_tokens = num_tokens
+        block.pages[lc] = page
+        if self._context.events is not None:
+            self._context.events.stored(block, lc, page.priority, page.level)
+
+    def _snapshot(self, move: bool) -> None:
+        """commit_min_snapshot: what a request reusing exactly the committed tokens needs enters
+        the tree: a partial tail's attention pages and the SSM states, each valid for the tokens
+        of its block that are committed. ``move`` gives the live pages (the request ends),
+        otherwise copies, made only if room can be (no snapshot else: it is a cache, not state)."""
+        n = len(self._tokens)
+        if n == 0 or self._commit_state == CommitState.VIRTUAL_STOP:
+            return
+        states = [(lc, p) for lc in self._ssm_lcs if (p := self._ssm_state[lc]) is not None and not p.committed]
+        tail = n % self._tpb
+        block = None if tail else self._blocks[n // self._tpb - 1].tree_block
+        if tail:
+            cb = self._blocks[n // self._tpb]
+            if cb.copy_on_resume:
+                return  # a reused partial block not copied yet: nothing of ours to snapshot
+            live = [(lc, p) for lc in self._block_lcs if (p := cb.pages[lc]) is not None and not p.committed]
+            sources = live + states
+        elif block is None:
+            return
+        else:  # the full block is in the tree already: only states it lacks
+            sources = [(lc, p) for lc, p in states if (t := block.pages[lc]) is None or t.num_tokens < self._tpb]
+        if not sources:
+            return
+        pages = [p for _, p in sources] if move else self._copies([p for _, p in sources])
+        if pages is None:
+            return
+        if block is None:
+            override: list[Page | None] = [None] * len(self._lcs)
+            for (lc, _), page in zip(sources, pages, strict=True):
+                override[lc] = page
+            self._commit_block(n // self._tpb, override)
+        else:
+            for (lc, _), page in zip(sources, pages, strict=True):
+                self._attach(block, lc, page, self._tpb)
+        if not move:
+            for page in pages:  # the tree keeps the copies that went in; the others are freed
+                self._context.storage.unhold(page)
+
+    def _copies(self, sources: list[Page]) -> list[Page] | None:
+        """New device pages holding ``sources``' data (held once each), or None without room."""
+        storage = self._context.storage
+        try:
+            pages = storage.new_pages([(p.life_cycle, p.priority) for p in sources])
+        except OutOfPagesError:
+            return None
+        for page in pages:
+            page.holders = 1
+        try:
+            for src, dst in zip(sources, pages, strict=True):
+                storage.copy(src, dst)
+        except Exception:
+            for page in pages:
+                storage.unhold(page)
+            raise
+        return pages
+
     def stop_committing(self) -> None:
         """Commit the partial tail block, then accept no more commits. Idempotent."""
         with self._context.lock:
             self._stop_committing_locked()
 
-    def _stop_committing_locked(self) -> None:
+    def _stop_committing_locked(self, move_state: bool = False) -> None:
+        """``move_state`` (commit_min_snapshot, ``is_end``): the live tail pages and SSM states
+        go into the tree, not copies of them."""
         if self._commit_state == CommitState.USER_STOP or self._status == KVCacheStatus.CLOSED:
             return
         tail = len(self._tokens) % self._tpb
         ordinal = len(self._tokens) // self._tpb
-        if tail and ordinal < len(self._blocks) and not self._blocks[ordinal].copy_on_resume:
+        if move_state:
+            self._snapshot(move=True)
+        elif tail and ordinal < len(self._blocks) and not self._blocks[ordinal].copy_on_resume:
             self._commit_block(ordinal)
         self._commit_state = CommitState.USER_STOP
         self._apply_stale_releases(self._stale_releases(self._history), self._history)
@@ -623,6 +744,13 @@ class KVCache(kv_api.KVCache):
             for o in reversed(range(len(self._blocks))):
                 for lc in range(len(self._lcs)):
                     self._release_page(o, lc)
+            self._unlock_states()
+            for lc in self._ssm_lcs:
+                for held in (self._ssm_state, self._ssm_snapshot):
+                    page = held[lc]
+                    if page is not None:
+                        held[lc] = None
+                        self._context.storage.unhold(page)
             for cb in reversed(self._blocks):  # blocks left without pages go now
                 if cb.tree_block is not None:
                     cb.tree_block.pins -= 1
@@ -653,6 +781,12 @@ class KVCache(kv_api.KVCache):
         """One slot id per block of the layer group, ``BAD_PAGE_INDEX`` where no page is locked."""
         with self._context.lock:
             return array("i", self._index[self._check_group(layer_group, beam)])
+
+    def get_ssm_block_base_index(self, layer_group: int) -> int:
+        with self._context.lock:
+            lg = self._check_group(layer_group, 0)
+            state = self._ssm_state[lg]
+            return state.slot if state is not None and self._ssm_locked[lg] else BAD_PAGE_INDEX
 
     def get_page_levels(self, layer_group: int, beam: int = 0) -> array[int]:
         """Per block, the cache level of the cache's page in the layer group (-1: none)."""

@@ -48,8 +48,6 @@ class KVCacheManager(kv_api.KVCacheManager):
             )
         if page_copier is not None and not isinstance(page_copier, PageCopier):
             raise TypeError(f"page_copier: expected a kv_api.PageCopier, got {type(page_copier).__name__}")
-        if config.commit_min_snapshot:
-            raise NotImplementedError("commit_min_snapshot is not supported yet")
         self._config = config
         self._registry = LifeCycleRegistry(config)
         self._storage_config = StorageConfig(config, self._registry)
@@ -278,8 +276,9 @@ class KVCacheManager(kv_api.KVCacheManager):
         return scope, root_key(scope), Tokens([] if tokens is None else tokens, self._config.key_format)
 
     def _match(self, root_key: bytes, tokens: Tokens) -> list[tuple[Block, int]]:
-        """The reusable prefix: walk, back off, then cut until every life cycle has, for each
-        block it needs at the endpoint, a page covering the matched tokens."""
+        """The reusable prefix: walk, back off, then cut until the endpoint has an SSM snapshot
+        taken exactly there and every attention life cycle has, for each block it needs at the
+        endpoint, a page covering the matched tokens."""
         config, tpb = self._config, self._config.tokens_per_block
         path = self._tree.walk(root_key, tokens, tpb, config.enable_partial_reuse)
         backoff = config.reuse_match_backoff
@@ -293,9 +292,11 @@ class KVCacheManager(kv_api.KVCacheManager):
                 backoff -= n
         changed = True
         while changed and path:
-            changed = False
+            changed = self._prune_ssm(path)
+            if changed:
+                continue
             total = sum(n for _, n in path)
-            for lc in range(len(self._registry.life_cycles)):
+            for lc in self._registry.block_life_cycles:
                 begin, end = self._registry.stale_range(lc, total)
                 for o, (block, n) in enumerate(path):
                     if begin <= o < end:
@@ -309,6 +310,26 @@ class KVCacheManager(kv_api.KVCacheManager):
                 if changed:
                     break
         return path
+
+    def _prune_ssm(self, path: list[tuple[Block, int]]) -> bool:
+        """Cut ``path`` to the last block with an SSM snapshot inside its matched tokens, at the
+        snapshot's length (a state is valid at one position only); empty without one. Whether
+        it changed."""
+        for lc in self._registry.ssm_life_cycles:
+            keep = 0
+            for o, (block, n) in enumerate(path):
+                page = block.pages[lc]
+                if page is not None and 0 < page.num_tokens <= n:
+                    keep = o + 1
+            if keep == 0:
+                path.clear()
+                return True
+            block, n = path[keep - 1]
+            coverage = block.pages[lc].num_tokens  # type: ignore[union-attr]
+            if keep < len(path) or coverage != n:
+                path[keep - 1 :] = [(block, coverage)]
+                return True
+        return False
 
     def probe_reuse(self, reuse_scope: ReuseScope | None = None, tokens: Any = None) -> int:
         """Tokens ``create_kv_cache`` would reuse now; changes nothing."""

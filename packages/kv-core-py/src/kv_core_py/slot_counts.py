@@ -57,7 +57,10 @@ def max_slots(grains: int, slot_sizes: Sequence[int], granularity: int) -> int:
 
 def slots_for_batch(registry: LifeCycleRegistry, life_cycle: int, batch: BatchDesc) -> int:
     """Slots one life cycle needs to hold ``batch`` at once: each request's non-stale blocks,
-    with system-prompt blocks shared (counted once, unless stale for every request)."""
+    with system-prompt blocks shared (counted once, unless stale for every request); an SSM life
+    cycle needs one state slot per request."""
+    if registry.life_cycles[life_cycle].ssm:
+        return len(batch.kv_caches)
     tpb = registry.tokens_per_block
     sys_blocks = batch.system_prompt_length // tpb
     # Counted as ranges, never block by block: a system prompt may span 2**40 blocks. A request's

@@ -369,13 +369,14 @@ class Storage:
 
     def drop(self, page: Page) -> None:
         """Evict a committed droppable page. Losing a full-attention or sink page makes every
-        later block unusable, so the block's whole subtree goes; a window page goes alone.
+        later block unusable, so the block's whole subtree goes; a window page or an SSM
+        snapshot goes alone.
         Then empty, page-less ancestors are pruned."""
         block = page.block
         assert isinstance(block, Block)
         self._discard(block, page.life_cycle)
         life = self.registry.life_cycles[page.life_cycle]
-        if life.window is None or block.ordinal < life.num_sink_blocks:
+        if not life.ssm and (life.window is None or block.ordinal < life.num_sink_blocks):
             for b in list(RadixTree.subtree(block)):
                 if b.pins:
                     raise CorruptedError(f"a pinned block in a removed subtree (block {b.ordinal})")
