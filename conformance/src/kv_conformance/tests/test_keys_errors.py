@@ -165,3 +165,14 @@ def test_a_forged_scope_with_valid_fields_reads_as_built(backend: kv_api.Backend
     assert backend.reuse_scope_to_bytes(scope) == ref.reuse_scope_to_bytes(ReuseScope(3))
     assert backend.block_keys(4, scope, [1, 2, 3, 4]) == ref.block_keys(4, ReuseScope(3), [1, 2, 3, 4])
     assert backend.block_hash_v1([1], 0, forged(None, np.int64(9))) == ref.block_hash_v1([1], 0, ReuseScope(None, 9))
+
+
+@pytest.mark.parametrize("tokens_per_block", [2**63, 2**64 - 1, 2**64, 10**30])
+def test_a_block_wider_than_any_prompt_is_one_partial_block(backend: kv_api.Backend, tokens_per_block: int) -> None:
+    """A fuzzer finding: the native block count rounded up as ``(n + tpb - 1) / tpb``, which
+    wrapped for a ``tokens_per_block`` near 2**64, so the partial block's key went missing."""
+    tokens = [1, 2, 3, 4, 5, 6]
+    keys = backend.block_keys(tokens_per_block, ReuseScope(1, None), tokens)
+    assert keys == ref.block_keys(tokens_per_block, ReuseScope(1, None), tokens)
+    assert len(keys) == 64
+    assert [len(chunk) for chunk, _ in backend.sequence_to_blockchain_keys(tokens_per_block, None, tokens)] == [0, 6]

@@ -27,10 +27,12 @@ enum class KeyFormat : std::uint8_t { kU32, kU64 };
 constexpr const char* kKeyFormatNames[] = {"sha256-u32", "sha256-u64"};
 constexpr KeyFormat kDefaultKeyFormat = KeyFormat::kU32;
 
-// ceil(a / b) for a >= 0, b > 0: the rounding of every block count the contract defines.
+// ceil(a / b) for a >= 0, b > 0: the rounding of every block count the contract defines. Never
+// a + b - 1, which wraps for a b near the type's maximum (a tokens_per_block of 2**64 or more
+// arrives as the largest u64).
 template <typename T>
 constexpr T ceil_div(T a, T b) {
-  return (a + b - 1) / b;
+  return a / b + (a % b != 0 ? 1 : 0);
 }
 
 }  // namespace kvcore

@@ -810,6 +810,7 @@ class KVCache(kv_api.KVCache):
             return array("i", self._index[self._check_group(layer_group, beam)])
 
     def get_ssm_block_base_index(self, layer_group: int) -> int:
+        poison.check()
         with self._context.lock:
             lg = self._check_group(layer_group, 0)
             state = self._ssm_state[lg]
