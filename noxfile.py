@@ -22,6 +22,8 @@ nox.options.sessions = ["tests"]
 ROOT = Path(__file__).parent
 BUILD_DEPS = ["scikit-build-core>=0.10", "nanobind>=2.4", "cmake>=3.18", "ninja"]
 TEST_DEPS = ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "numpy>=1.26", "jsonschema>=4.17"]
+# The real consumer of kvcore's wire events (docs/events.md): Dynamo's standalone KV indexer.
+DYNAMO = "ai-dynamo-runtime>=1.6"
 PY_SOURCES = [
     "packages/kv-api/src",
     "packages/kv-api/tests",
@@ -31,6 +33,8 @@ PY_SOURCES = [
     "packages/kv-core-cpp/src",
     "packages/kv-replay/src",
     "packages/kv-replay/tests",
+    "packages/kv-events/src",
+    "packages/kv-events/tests",
     "conformance/src",
     "bench",
     "noxfile.py",
@@ -45,14 +49,20 @@ def _build_dir(session: nox.Session) -> str:
 def install(session: nox.Session, *extra: str) -> None:
     """The packages, the conformance suite and ``extra``; the C++ build is incremental."""
     session.install(*BUILD_DEPS, *TEST_DEPS, *extra)
-    session.install("./packages/kv-api", "./packages/kv-core-py", "./packages/kv-replay[plot]", "./conformance")
+    session.install(
+        "./packages/kv-api",
+        "./packages/kv-core-py",
+        "./packages/kv-events",
+        "./packages/kv-replay[plot]",
+        "./conformance",
+    )
     build_dir = ROOT / "packages/kv-core-cpp" / _build_dir(session)
     session.install("--no-build-isolation", f"--config-settings=build-dir={build_dir}", "./packages/kv-core-cpp")
 
 
 def run_unit_tests(session: nox.Session) -> None:
     """Each package's own tests, one pytest run per package (test module names are per package)."""
-    for package in ("kv-api", "kv-core-py"):
+    for package in ("kv-api", "kv-core-py", "kv-events"):
         session.run("pytest", f"packages/{package}/tests", *session.posargs)
 
 
@@ -69,7 +79,7 @@ def run_conformance(session: nox.Session, backends: str) -> None:
 def tests(session: nox.Session) -> None:
     """Everything CI runs: each package's tests, conformance on every backend, lint, types, stubs,
     the arm64 SHA-256 check."""
-    install(session, "ruff>=0.6", "mypy>=1.10", "clang-format>=17", "nox>=2024.4", "types-jsonschema")
+    install(session, "ruff>=0.6", "mypy>=1.10", "clang-format>=17", "nox>=2024.4", "types-jsonschema", DYNAMO)
     run_unit_tests(session)
     run_conformance(session, "all")
     lint(session)
@@ -115,7 +125,7 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy over every Python package, the suite and the benchmarks."""
     if session.name == "typecheck":
-        install(session, "mypy>=1.10", "nox>=2024.4", "types-jsonschema")
+        install(session, "mypy>=1.10", "nox>=2024.4", "types-jsonschema", DYNAMO)
     session.run("mypy", *PY_SOURCES)
 
 
@@ -141,7 +151,7 @@ def stubs(session: nox.Session) -> None:
 def sanitize(session: nox.Session) -> None:
     """The suite against a native build with AddressSanitizer and UndefinedBehaviorSanitizer."""
     session.install(*BUILD_DEPS, *TEST_DEPS)
-    session.install("./packages/kv-api", "./packages/kv-core-py", "./conformance")
+    session.install("./packages/kv-api", "./packages/kv-core-py", "./packages/kv-events", "./conformance")
     session.install(
         "--no-build-isolation",
         f"--config-settings=build-dir={ROOT / 'packages/kv-core-cpp' / _build_dir(session)}",
@@ -194,7 +204,7 @@ def mutate(session: nox.Session) -> None:
     then the survivors and the counts are printed. Results are kept in
     ``packages/kv-core-py/mutants/``: a rerun only tests what changed."""
     session.install(*BUILD_DEPS, *TEST_DEPS, "mutmut>=3.8")
-    session.install("./packages/kv-api", "./conformance")
+    session.install("./packages/kv-api", "./packages/kv-events", "./conformance")
     # The native backend, unmutated: the differential tests hold each mutant to it.
     build_dir = ROOT / "packages/kv-core-cpp" / _build_dir(session)
     session.install("--no-build-isolation", f"--config-settings=build-dir={build_dir}", "./packages/kv-core-cpp")
@@ -234,7 +244,8 @@ print(f" ({unchecked} not checked yet)" if unchecked else "")
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks: ratios measured side by side in one run (not a test)."""
-    install(session)
+    install(session, DYNAMO)
     session.run("python", "bench/bench_keys.py", *session.posargs)
     session.run("python", "bench/bench_manager.py")
     session.run("python", "bench/bench_tiers.py")
+    session.run("python", "bench/bench_events.py")

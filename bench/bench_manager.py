@@ -39,7 +39,7 @@ def config(tokens: int, tpb: int, tiers_in: str | None = None, hybrid: bool = Fa
     if tiers_in is not None:
         tiers += [HostCacheTierConfig(quota), DiskCacheTierConfig(quota, tiers_in)]
     if hybrid:
-        layers = [
+        layers: list[AttentionLayerConfig | SsmLayerConfig] = [
             AttentionLayerConfig(0, kv),
             AttentionLayerConfig(1, kv, sliding_window_size=4096),
             SsmLayerConfig(2, [BufferConfig("state", 4096)]),

@@ -1,4 +1,4 @@
-"""The ``kvcore`` command: ``kvcore replay`` (the main job) and ``kvcore backends``.
+"""The ``kvcore`` command: ``kvcore replay`` (the main job), ``kvcore events`` and ``kvcore backends``.
 
 Every error is one line on stderr, ``kvcore: error: WHAT: why``, where WHAT is what the user
 typed (a flag, ``FILE:LINE``, an environment variable), and exits with status 2; nothing is
@@ -16,9 +16,11 @@ from typing import NoReturn
 
 import kv_api
 from kv_api.errors import BackendError
+from kv_replay.events_command import EventsError, events
 from kv_replay.model import MAX_LAYERS, ModelError, parse_layers
 from kv_replay.plot import PlotError
 from kv_replay.replay_command import replay
+from kv_replay.routers import ROUTERS
 from kv_replay.sizes import parse_size
 from kv_replay.trace import BUILTIN_TRACES, MAX_TOKENS, TraceError
 
@@ -97,8 +99,23 @@ def check_replay_flags(args: argparse.Namespace) -> None:
     """What no single flag's value says: the tier flags together."""
     if args.disk_path is not None and args.disk_quota is None:
         raise UsageError("--disk-path: needs --disk-quota (there is no disk tier without a quota)")
+    if args.router is not None or args.instances > 1:
+        for flag, given in (("--compare", args.compare), ("--quota", len(args.quota) > 1)):
+            if given:
+                raise UsageError(f"{flag}: not with --instances/--router (a cluster replays one config on one backend)")
+        if args.host_quota is not None and len(args.host_quota) > 1:
+            raise UsageError("--host-quota: not a list with --instances/--router (a cluster replays one config)")
     if len(args.quota) > 1 and args.host_quota is not None and len(args.host_quota) > 1:
         raise UsageError("--host-quota: a sweep varies one quota: give a list to --quota or to --host-quota, not both")
+
+
+def routers(text: str) -> list[str]:
+    """``--router``: one router, or a comma-separated list of them to compare."""
+    names = [part.strip() for part in text.split(",")]
+    for name in names:
+        if name not in ROUTERS:
+            raise argparse.ArgumentTypeError(f"unknown router {name[:40]!r} (choose from {', '.join(ROUTERS)})")
+    return list(dict.fromkeys(names))
 
 
 def layers(text: str) -> str:
@@ -185,6 +202,22 @@ def parser() -> argparse.ArgumentParser:
         metavar="N",
         help="replay only the first N requests of the trace; the rest is not read (default: all)",
     )
+    r.add_argument(
+        "--instances",
+        type=integer(1, 64),
+        default=1,
+        metavar="N",
+        help="replay on N engine instances (one manager each, the same config), each request on the one "
+        "--router picks (default: 1)",
+    )
+    r.add_argument(
+        "--router",
+        type=routers,
+        metavar="NAME[,NAME...]",
+        help=f"how requests are spread over --instances: {', '.join(ROUTERS)} (kv: every instance's "
+        "probe_reuse; dynamo: NVIDIA Dynamo's KV indexer fed the instances' events); a list compares them "
+        "(default: round-robin when --instances > 1)",
+    )
     r.add_argument("--no-partial-reuse", action="store_true", help="reuse whole blocks only (default: partial too)")
     r.add_argument("--json", action="store_true", help="print the summary as JSON (schema: docs/replay.md)")
     r.add_argument(
@@ -195,6 +228,15 @@ def parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--compare", action="store_true", help="replay on every installed backend; exit 1 if reuse differs")
     r.add_argument("--quiet", action="store_true", help="no progress bar (there is none when stderr is not a terminal)")
+    e = sub.add_parser(
+        "events",
+        help="print the KV-cache events a publisher sends (docs/events.md)",
+        description="Subscribe to a kvcore (or vLLM) KV-event publisher and print one line per event.",
+    )
+    e.add_argument("--subscribe", required=True, metavar="tcp://HOST:PORT", help="the publisher's endpoint")
+    e.add_argument("--replay", metavar="tcp://HOST:PORT", help="its replay socket, to fetch missed batches")
+    e.add_argument("--json", action="store_true", help="one JSON object per event")
+    e.add_argument("--count", type=integer(1, 2**62), metavar="N", help="stop after N events (default: never)")
     sub.add_parser(
         "backends", help="list installed backends and their build info", description="List installed backends."
     )
@@ -249,9 +291,11 @@ def main(argv: list[str] | None = None) -> int:
         args = parser().parse_args(argv)
         if args.command == "backends":
             return backends()
+        if args.command == "events":
+            return events(args)
         check_replay_flags(args)
         return replay(args, chosen_backends(args))
-    except (UsageError, TraceError, PlotError, ModelError) as exc:
+    except (UsageError, TraceError, PlotError, ModelError, EventsError) as exc:
         message = str(exc)
     except BrokenPipeError:
         raise

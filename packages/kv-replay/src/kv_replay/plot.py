@@ -335,3 +335,26 @@ def plot_capacity(
     series per backend (``points``: backend -> [(quota bytes, hit rate)], sorted by quota), with
     each backend's unbounded-cache hit rate as a horizontal reference line."""
     _save(capacity_figure(points, unbounded, trace=trace, tokens_per_block=tokens_per_block, xlabel=xlabel), path)
+
+
+def routers_figure(reports: Sequence[Mapping[str, Any]], *, trace: str, tokens_per_block: int) -> Figure:
+    """The cluster hit rate per router (bars), each instance's as dots on its bar."""
+    fig = _new_figure(4.5)
+    ax = fig.add_subplot()
+    names = [str(r["router"]) for r in reports]
+    rates = [float(r["hit_rate"]) for r in reports]
+    ax.bar(names, rates, color=[f"C{i}" for i in range(len(names))])
+    for i, r in enumerate(reports):
+        per = [float(inst["hit_rate"]) for inst in r["per_instance"]]
+        ax.plot([i] * len(per), per, "k.", label="one instance" if i == 0 else None)
+        ax.annotate(_percent(rates[i]), (i, rates[i]), ha="center", va="bottom")
+    ax.set_ylabel("hit rate (reused / prompt tokens)")
+    _hit_rate_limits(ax, max([*rates, 0.0]))
+    ax.legend(loc="lower right")
+    instances = reports[0]["instances"] if reports else 0
+    ax.set_title(f"{trace}: {instances} instances, {tokens_per_block} tokens per block")
+    return fig
+
+
+def plot_routers(reports: Sequence[Mapping[str, Any]], path: str | Path, *, trace: str, tokens_per_block: int) -> None:
+    _save(routers_figure(reports, trace=trace, tokens_per_block=tokens_per_block), path)

@@ -18,8 +18,9 @@ import tempfile
 
 from kv_api import Backend, HostCacheTierConfig, KVCacheManagerConfig, create_manager
 from kv_api.errors import DiskOOMError, HostOOMError
+from kv_replay.cluster import cluster_report, cluster_table, replay_cluster
 from kv_replay.model import ModelError, model_config, unbounded_quota
-from kv_replay.plot import check_output, plot_capacity, plot_replay
+from kv_replay.plot import check_output, plot_capacity, plot_replay, plot_routers
 from kv_replay.progress import ProgressBar
 from kv_replay.replayer import Replayer, ReplayResult, level_name
 from kv_replay.report import comparison, summary, sweep, sweep_table, table, verdict
@@ -142,6 +143,42 @@ def replay(args: argparse.Namespace, backends: list[Backend]) -> int:
         return _replay(args, backends)
 
 
+def _cluster(args: argparse.Namespace, backend: Backend, config: KVCacheManagerConfig, requests: list[Request]) -> int:
+    """``--instances`` / ``--router``: one cluster replay per router, then their reports."""
+    names = args.router or ["round-robin"]
+    if "dynamo" in names:
+        try:
+            from kv_events.indexer import dynamo_missing
+        except ImportError:
+            raise ModelError("--router dynamo: kv_events is not installed (pip install ./packages/kv-events)") from None
+        missing = dynamo_missing()
+        if missing is not None:
+            raise ModelError(f"--router dynamo: {missing}")
+    reports = []
+    for name in names:
+        label = f"replay ({backend.name}, {args.instances} instances, router {name})"
+        progress = None if args.quiet else ProgressBar(label)
+        try:
+            result = replay_cluster(
+                backend,
+                config,
+                requests,
+                instances=args.instances,
+                router=name,
+                max_in_flight=args.max_in_flight,
+                progress=progress,
+            )
+        except RuntimeError as exc:  # the indexer failed to start or to follow
+            raise ModelError(f"--router {name}: {exc}") from None
+        reports.append(cluster_report(result))
+    print(json.dumps(reports if len(reports) > 1 else reports[0], indent=2) if args.json else cluster_table(reports))
+    if args.plot:
+        plot_routers(
+            reports, args.plot, trace=args.trace or "embedded workload", tokens_per_block=args.tokens_per_block
+        )
+    return 0
+
+
 def _replay(args: argparse.Namespace, backends: list[Backend]) -> int:
     # Every quota is valid before anything runs; one of --quota and --host-quota is a single size.
     configs = [_config(args, quota, host_quota=host) for quota in args.quota for host in args.host_quota or [None]]
@@ -149,6 +186,8 @@ def _replay(args: argparse.Namespace, backends: list[Backend]) -> int:
     requests: list[Request] = (
         load_trace(args.trace, args.limit) if args.trace else default_workload(args.seed)[: args.limit]
     )
+    if args.router is not None or args.instances > 1:
+        return _cluster(args, backends[0], configs[0], requests)
     if len(configs) > 1:
         return _sweep(args, backends, configs, requests, trace)
     results = [_run(args, backend, configs[0], requests) for backend in backends]

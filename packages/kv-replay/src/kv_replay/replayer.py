@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -31,6 +31,7 @@ from kv_api import (
     DiskCacheTierConfig,
     HostCacheTierConfig,
     KVCache,
+    KVCacheEventManager,
     KVCacheManagerConfig,
     StorageStatistics,
     create_manager,
@@ -115,12 +116,13 @@ class Replayer:
         config: KVCacheManagerConfig,
         max_in_flight: int,
         progress: Callable[[int, int], None] | None = None,
+        event_manager: KVCacheEventManager | None = None,
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
         self.backend = backend
         resident.reset_peak()  # this replay's peak, not an earlier one's
-        self.manager = create_manager(config, backend=backend)
+        self.manager = create_manager(config, backend=backend, event_manager=event_manager)
         self.config = config
         self.tiered = len(config.cache_tiers) > 1  # the tier APIs are only asked for with tiers
         self.max_in_flight = max_in_flight
@@ -202,72 +204,104 @@ class Replayer:
     # -- the loop ---------------------------------------------------------------------------------------
 
     def run(self, requests: list[Request]) -> ReplayResult:
-        self.requests = requests
+        self.begin(requests)
+        while self.busy:
+            self.step()
+        return self.end()
+
+    # A replay in parts, for a cluster that hands each instance its requests as they arrive:
+    # begin(), then submit() and step() while busy, then end().
+
+    def begin(self, requests: Sequence[Request] = ()) -> None:
+        self.requests: list[Request] = []
         self.result = ReplayResult(
             self.backend.name,
             self.config.cache_tiers[0].quota,
             self.config.tokens_per_block,
-            [RequestRecord(len(r.prompt), len(r.output)) for r in requests],
+            [],
             levels=[level_name(t) for t in self.config.cache_tiers],
             level_quotas=[t.quota for t in self.config.cache_tiers],
         )
         self.admitted_prompt = 0
         self.reused = 0
         self.done = 0
-        self.pending: deque[_Queued] = deque((i, r.prompt, 0, True) for i, r in enumerate(requests))
-        waiting: _Live | None = None  # admitted, suspended until the manager lets it start
-        running: list[_Live] = []  # oldest first
-        step = 0
+        self.pending: deque[_Queued] = deque()
+        self.waiting: _Live | None = None  # admitted, suspended until the manager lets it start
+        self.running: list[_Live] = []  # oldest first
+        self.steps = 0
+        self.wall_seconds = 0.0
+        for request in requests:
+            self.submit(request)
+
+    def submit(self, request: Request) -> None:
+        """Queue ``request`` last."""
+        self.pending.append((len(self.requests), request.prompt, 0, True))
+        self.requests.append(request)
+        self.result.records.append(RequestRecord(len(request.prompt), len(request.output)))
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.pending or self.waiting or self.running)
+
+    @property
+    def open_requests(self) -> int:
+        """Queued, waiting and running requests: the load a router balances."""
+        return len(self.pending) + (self.waiting is not None) + len(self.running)
+
+    def step(self) -> None:
         wall = time.perf_counter()
-        while self.pending or waiting or running:
-            done_before = self.done
-            if waiting is not None:
-                if self._start(waiting):
-                    running.append(waiting)
-                    waiting = None
-                elif not running:  # alone with the whole pool and still cannot start: never will
-                    self._finish(waiting, rejected=True)
-                    waiting = None
-            # First come, first served: nothing is admitted past a waiting request.
-            while waiting is None and self.pending and len(running) < self.max_in_flight:
-                live = self._admit(self.pending.popleft())
-                if self._start(live):
-                    running.append(live)
-                elif running:
-                    waiting = live
-                else:
-                    self._finish(live, rejected=True)
-            decoded = 0
-            for live in list(running):
-                if live not in running:
-                    continue  # preempted by an older request this step
-                if live.generated == len(live.request.output):
-                    running.remove(live)
-                    self._finish(live)
+        running = self.running
+        done_before = self.done
+        if self.waiting is not None:
+            if self._start(self.waiting):
+                running.append(self.waiting)
+                self.waiting = None
+            elif not running:  # alone with the whole pool and still cannot start: never will
+                self._finish(self.waiting, rejected=True)
+                self.waiting = None
+        # First come, first served: nothing is admitted past a waiting request.
+        while self.waiting is None and self.pending and len(running) < self.max_in_flight:
+            live = self._admit(self.pending.popleft())
+            if self._start(live):
+                running.append(live)
+            elif running:
+                self.waiting = live
+            else:
+                self._finish(live, rejected=True)
+        decoded = 0
+        for live in list(running):
+            if live not in running:
+                continue  # preempted by an older request this step
+            if live.generated == len(live.request.output):
+                running.remove(live)
+                self._finish(live)
+                continue
+            while not self._decode(live):
+                if self.waiting is not None:  # the newest open request holds pages too
+                    self._requeue(self.waiting)
+                    self.waiting = None
                     continue
-                while not self._decode(live):
-                    if waiting is not None:  # the newest open request holds pages too
-                        self._requeue(waiting)
-                        waiting = None
-                        continue
-                    victim = running.pop()  # the newest running request makes room
-                    if victim is live and not running:  # alone with the whole pool: never fits
-                        self._finish(live, rejected=True)
-                        break
-                    self.result.records[victim.index].preemptions += 1
-                    self._requeue(victim)
-                    if victim is live:
-                        break
-                else:
-                    decoded += 1
-            if self.done == done_before and not decoded:
-                raise RuntimeError(f"replay made no progress at step {step} (a bug in the replayer)")
-            self._sample(step)
-            step += 1
-            if self.progress is not None:
-                self.progress(self.done, len(requests))
-        self.result.steps = step
-        self.result.wall_seconds = time.perf_counter() - wall
+                victim = running.pop()  # the newest running request makes room
+                if victim is live and not running:  # alone with the whole pool: never fits
+                    self._finish(live, rejected=True)
+                    break
+                self.result.records[victim.index].preemptions += 1
+                self._requeue(victim)
+                if victim is live:
+                    break
+            else:
+                decoded += 1
+        if self.done == done_before and not decoded:
+            raise RuntimeError(f"replay made no progress at step {self.steps} (a bug in the replayer)")
+        self._sample(self.steps)
+        self.steps += 1
+        if self.progress is not None:
+            self.progress(self.done, len(self.requests))
+        self.wall_seconds += time.perf_counter() - wall
+
+    def end(self) -> ReplayResult:
+        self.result.steps = self.steps
+        self.result.wall_seconds = self.wall_seconds
         stats = self.manager.get_committed_stats()
         self.result.evicted_pages = stats.evicted_pages
         if self.tiered:

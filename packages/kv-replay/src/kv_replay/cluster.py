@@ -1,0 +1,136 @@
+"""A multi-instance replay: N managers with one config, each request admitted on the instance a
+router picks (``kv_replay.routers``), every instance stepped as one engine.
+
+Requests are routed in trace order, as soon as some instance has room for one more (fewer than
+``max_in_flight`` open requests); the picked instance queues it if it is busy. Each global step
+steps every instance that has work. The report gives each instance's summary (hit rate, requests,
+peak utilisation), the cluster's hit rate (reused over prompt tokens, all instances) and the
+routing time per request (inside ``pick``; for ``dynamo`` that includes publishing the events and
+the barrier that waits for the indexer to apply them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kv_api import Backend, KVCacheManagerConfig
+from kv_replay.replayer import Replayer, ReplayResult
+from kv_replay.report import latency_us, summary
+from kv_replay.routers import DynamoRouter, KvOracle, RoundRobin
+from kv_replay.trace import Request
+
+__all__ = ["ClusterResult", "cluster_report", "cluster_table", "replay_cluster"]
+
+
+@dataclass
+class ClusterResult:
+    router: str
+    instances: list[ReplayResult]
+    routed: list[int] = field(default_factory=list)  # per request, the instance picked
+    routing_seconds: list[float] = field(default_factory=list)  # per request
+
+
+def replay_cluster(
+    backend: Backend,
+    config: KVCacheManagerConfig,
+    requests: list[Request],
+    *,
+    instances: int,
+    router: str,
+    max_in_flight: int,
+    progress: Callable[[int, int], None] | None = None,
+) -> ClusterResult:
+    replayers: list[Replayer] = []
+    publishers: list[Any] = []  # kv_events.EventPublisher, imported only for ``dynamo``
+    picker: RoundRobin | KvOracle | DynamoRouter
+    try:
+        for _ in range(instances):
+            events = None
+            if router == "dynamo":
+                from kv_events import EventPublisher
+
+                events = backend.KVCacheEventManager(1 << 20, "v2_sha256_64")
+            replayers.append(Replayer(backend, config, max_in_flight, event_manager=events))
+            if events is not None:
+                publishers.append(EventPublisher(events, config, "tcp://127.0.0.1:*"))
+        if router == "round-robin":
+            picker = RoundRobin()
+        elif router == "kv":
+            picker = KvOracle()
+        else:
+            picker = DynamoRouter(publishers, config.tokens_per_block)
+    except BaseException:
+        for p in publishers:
+            p.close()
+        raise
+    result = ClusterResult(router, [])
+    try:
+        for r in replayers:
+            r.begin()
+        queue = list(reversed(requests))
+        done = 0
+        while queue or any(r.busy for r in replayers):
+            while queue and any(r.open_requests < max_in_flight for r in replayers):
+                request = queue.pop()
+                start = time.perf_counter()
+                pick = picker.pick(replayers, request.scope, request.prompt)
+                result.routing_seconds.append(time.perf_counter() - start)
+                result.routed.append(pick)
+                replayers[pick].submit(request)
+            for r in replayers:
+                if r.busy:
+                    r.step()
+            if progress is not None:
+                done = sum(r.done for r in replayers)
+                progress(done, len(requests))
+        result.instances = [r.end() for r in replayers]
+    finally:
+        picker.close()
+        for r in replayers:
+            r.manager.shutdown()
+    return result
+
+
+def cluster_report(result: ClusterResult) -> dict[str, Any]:
+    per = [summary(r) for r in result.instances]
+    prompt = sum(s["prompt_tokens"] for s in per)
+    reused = sum(s["reused_tokens"] for s in per)
+    return {
+        "router": result.router,
+        "instances": len(per),
+        "requests": len(result.routed),
+        "hit_rate": reused / prompt if prompt else 0.0,
+        "prompt_tokens": prompt,
+        "reused_tokens": reused,
+        "routing_latency_us": latency_us(result.routing_seconds),
+        "per_instance": [
+            {
+                "requests": s["requests"],
+                "hit_rate": s["hit_rate"],
+                "reused_tokens": s["reused_tokens"],
+                "peak_pool_utilization": s["peak_pool_utilization"],
+                "evictions": s["evictions"],
+            }
+            for s in per
+        ],
+    }
+
+
+def cluster_table(reports: list[dict[str, Any]]) -> str:
+    """One block per router: the cluster's line, then one line per instance."""
+    lines = []
+    for rep in reports:
+        lat = rep["routing_latency_us"]
+        lines.append(
+            f"router {rep['router']}: cluster hit rate {rep['hit_rate']:.2%} over {rep['requests']:,} requests "
+            f"on {rep['instances']} instances; routing p50 {lat['p50']:,.1f} us, p99 {lat['p99']:,.1f} us"
+        )
+        for i, inst in enumerate(rep["per_instance"]):
+            lines.append(
+                f"  instance {i}: {inst['requests']:,} requests, hit rate {inst['hit_rate']:.2%}, "
+                f"peak pool utilisation {inst['peak_pool_utilization']:.1%}, evictions {inst['evictions']:,}"
+            )
+    return "\n".join(lines)
