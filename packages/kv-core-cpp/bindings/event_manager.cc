@@ -44,8 +44,10 @@ nb::object event_object(const Event& e, const char* algo) {
           }
           tokens.append(api("events.UniqueToken")(id));
         }
-        blocks.append(
-            api("events.StoredBlock")(hash_object(b.block_hash), nb::tuple(tokens), b.cache_level, b.priority));
+        // (block_hash, tokens, cache_level, priority, mm_keys, cache_salt, lora_id)
+        nb::object lora = b.lora_id ? nb::steal(PyLong_FromUnsignedLongLong(*b.lora_id)) : nb::none();
+        blocks.append(api("events.StoredBlock")(hash_object(b.block_hash), nb::tuple(tokens), b.cache_level, b.priority,
+                                                nb::tuple(), nb::none(), lora));
       }
       data = api("events.Stored")(e.parent_hash ? hash_object(*e.parent_hash) : nb::none(), nb::tuple(blocks));
       break;

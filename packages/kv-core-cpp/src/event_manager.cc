@@ -82,7 +82,7 @@ void KVCacheEventManager::stored(Block* block, int life_cycle, int priority, int
   if (!stored_.insert({block->key, life_cycle}).second) return;
   std::optional<BlockHash> parent_hash;
   if (!block->parent->is_root()) parent_hash = hash(static_cast<Block*>(block->parent));
-  StoredBlockEvent sb{hash(block), block->tokens, cache_level, priority};
+  StoredBlockEvent sb{hash(block), block->tokens, cache_level, priority, block->lora_id};
   std::lock_guard<std::mutex> lock(mutex_);
   flush_removed();
   if (!pending_.empty()) {

@@ -183,3 +183,22 @@ def test_busy_endpoint_is_an_os_error_naming_it(backend: kv_api.Backend) -> None
         assert first.endpoint in str(info.value)
         with pytest.raises(OSError, match="in use"):
             EventPublisher(other, make_config(TPB), "tcp://127.0.0.1:*", replay_endpoint=first.endpoint)
+
+
+def test_lora_id_comes_from_the_scope(backend: kv_api.Backend) -> None:
+    """Each block carries its scope's LoRA adapter, in kvcore's events and on the wire; the salt
+    stays off the wire (docs/events.md)."""
+    events = backend.KVCacheEventManager(100, "v2_sha256_64")
+    manager = backend.KVCacheManager(make_config(TPB, slots=8), events)
+    committed(manager, toks(8), scope=kv_api.ReuseScope(lora_id=7, salt=3))
+    committed(manager, toks(4, 50))
+    events.flush_iteration_events()
+    stored = [b for e in events.get_latest_events() if isinstance(e.data, kv_api.events.Stored) for b in e.data.blocks]
+    assert [b.lora_id for b in stored] == [7, 7, None]
+    manager2, _events, pub = published(backend, make_config(TPB, slots=8))
+    with pub, EventSubscriber(pub.endpoint, replay_endpoint=pub.replay_endpoint, from_seq=0) as sub:
+        assert pub.wait_for_subscribers(1)
+        scope = kv_api.ReuseScope(lora_id=2**64 - 1, salt=3)
+        committed(manager2, toks(8), scope=scope)
+        got = [e for e in events_of(receive_all(sub, pub.flush())) if isinstance(e, BlockStored)]
+        assert [(e.block_hashes, e.lora_id) for e in got] == [(wire_hashes(TPB, toks(8), scope), 2**64 - 1)]

@@ -49,6 +49,7 @@ class StoredBlock:
     priority: int
     mm_keys: tuple[MmKey, ...] = ()
     cache_salt: int | None = None
+    lora_id: int | None = None  # the reuse scope's LoRA adapter (routers scope blocks by it)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ struct StoredBlockEvent {
   TokenList tokens;
   int cache_level = 0;
   int priority = 0;
+  std::optional<std::uint64_t> lora_id;
 };
 
 struct Event {

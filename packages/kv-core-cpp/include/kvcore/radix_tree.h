@@ -62,10 +62,16 @@ class Root : public Node {
 class Block : public Node {
  public:
   Block(const Digest& key, Node* parent, TokenList tokens, std::int64_t ordinal, std::size_t num_life_cycles)
-      : Node(key, parent), tokens(std::move(tokens)), ordinal(ordinal), pages(num_life_cycles, nullptr) {}
+      : Node(key, parent),
+        lora_id(parent->is_root() ? static_cast<Root*>(parent)->scope.lora_id : static_cast<Block*>(parent)->lora_id),
+        tokens(std::move(tokens)),
+        ordinal(ordinal),
+        pages(num_life_cycles, nullptr) {}
   bool is_root() const override { return false; }
   bool has_pages() const;
 
+  // The scope's LoRA adapter, for events (the root knows the scope; blocks copy it down).
+  std::optional<std::uint64_t> lora_id;
   TokenList tokens;
   std::int64_t ordinal;
   std::vector<Page*> pages;                               // one per life cycle

@@ -112,7 +112,7 @@ class KVCacheEventManager(kv_api.KVCacheEventManager):
         parent = block.parent
         parent_hash = self._hash(parent) if isinstance(parent, Block) else None
         tokens = tuple(UniqueToken(t.hex() if isinstance(t, bytes) else t) for t in block.tokens)
-        new = StoredBlock(self._hash(block), tokens, cache_level, priority)
+        new = StoredBlock(self._hash(block), tokens, cache_level, priority, lora_id=block.lora_id)
         with self._cond:
             self._flush_removed()
             last = self._pending[-1] if self._pending else None

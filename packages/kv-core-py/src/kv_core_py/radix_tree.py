@@ -10,6 +10,7 @@ siblings, so every backend picks the same block.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import cast
 
 from kv_api.keys import Token
 from kv_api.scope import ReuseScope
@@ -41,10 +42,12 @@ class Root(Node):
 
 
 class Block(Node):
-    __slots__ = ("ordinal", "pages", "pins", "tokens", "v1_hash")
+    __slots__ = ("lora_id", "ordinal", "pages", "pins", "tokens", "v1_hash")
 
     def __init__(self, key: bytes, parent: Node, tokens: tuple[Token, ...], ordinal: int, num_life_cycles: int) -> None:
         super().__init__(key, parent)
+        # The scope's LoRA adapter, for events (the root knows the scope; blocks copy it down).
+        self.lora_id: int | None = parent.scope.lora_id if isinstance(parent, Root) else cast(Block, parent).lora_id
         self.tokens = tokens
         self.ordinal = ordinal
         self.pages: list[Page | None] = [None] * num_life_cycles

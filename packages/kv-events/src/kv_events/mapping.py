@@ -71,6 +71,7 @@ class _Published:
     parent: int | None
     token_ids: tuple[int, ...]
     level: int
+    lora_id: int | None
 
 
 class WireMapper:
@@ -123,15 +124,16 @@ class WireMapper:
                 break  # partial (always the last) or with digest tokens
             block_hash = wire_hash(block.block_hash, hash_algo)
             ids = tuple(int(t) for t in tokens)
-            self._published[block_hash] = _Published(parent, ids, block.cache_level)
+            self._published[block_hash] = _Published(parent, ids, block.cache_level, block.lora_id)
             medium = self._medium(block.cache_level)
             last = out[-1] if out else None
-            # One BlockStored per run of blocks on the same medium, each continuing the chain.
+            # One BlockStored per run of blocks on the same medium, each continuing the chain (one
+            # chain has one scope, so one LoRA id).
             if isinstance(last, BlockStored) and last.medium == medium and last.block_hashes[-1] == parent:
                 last.block_hashes.append(block_hash)
                 last.token_ids.extend(ids)
             else:
-                out.append(BlockStored([block_hash], parent, list(ids), self.block_size, None, medium))
+                out.append(BlockStored([block_hash], parent, list(ids), self.block_size, block.lora_id, medium))
             parent = block_hash
         return out
 
@@ -147,8 +149,10 @@ class WireMapper:
         block = self._published.get(block_hash)
         if block is None or old == new:
             return []
-        self._published[block_hash] = _Published(block.parent, block.token_ids, new)
+        self._published[block_hash] = _Published(block.parent, block.token_ids, new, block.lora_id)
         return [
             BlockRemoved([block_hash], self._medium(block.level)),
-            BlockStored([block_hash], block.parent, list(block.token_ids), self.block_size, None, self._medium(new)),
+            BlockStored(
+                [block_hash], block.parent, list(block.token_ids), self.block_size, block.lora_id, self._medium(new)
+            ),
         ]
