@@ -34,8 +34,6 @@ PyObject* python_class(ErrorKind kind) {
       return api("CorruptedError");
     case ErrorKind::kNotImplemented:
       return PyExc_NotImplementedError;
-    case ErrorKind::kRuntime:
-      return PyExc_RuntimeError;
   }
   return PyExc_RuntimeError;
 }

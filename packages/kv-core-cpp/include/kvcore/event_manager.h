@@ -46,7 +46,6 @@ struct Event {
 
 class KVCacheEventManager {
  public:
-  // The constructor and the two calls below check the poison latch first (poison.h).
   KVCacheEventManager(std::int64_t max_kv_event_entries, HashAlgo algo);
 
   HashAlgo hash_algo() const { return algo_; }
