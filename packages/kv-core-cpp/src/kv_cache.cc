@@ -284,6 +284,7 @@ std::vector<Page*> KVCache::held_pages() const {
       if (p != nullptr) out.push_back(p);
     }
   }
+  out.insert(out.end(), tree_holds_.begin(), tree_holds_.end());
   return out;
 }
 
@@ -587,9 +588,16 @@ void KVCache::commit_block(std::int64_t ordinal, const std::vector<Page*>* pages
     Page* theirs = block->pages[lc];
     if (theirs != nullptr && theirs->num_tokens >= num_tokens) {
       if (ours != nullptr && ours != theirs && full && cb.locked[lc] && theirs->level != kGpuLevel) {
-        // The tree's copy sits on a colder level and ours, locked, is on the device: ours takes
-        // its place (we hold the block's pages, so nothing drops it).
-        storage.replace(block, lc, ours);
+        if (theirs->holders) {
+          // Another cache holds the tree's page and pins the block on it: the page stays the
+          // block's, and we hold it too, so it outlives our pin as well; ours stays private.
+          storage.hold(theirs);
+          tree_holds_.push_back(theirs);
+        } else {
+          // The tree's copy sits on a colder level and ours, locked, is on the device: ours takes
+          // its place (we hold it, so nothing drops the block).
+          storage.replace(block, lc, ours);
+        }
       } else if (ours != nullptr && ours != theirs && full) {
         storage.hold(theirs);
         if (cb.locked[lc]) {
@@ -733,6 +741,8 @@ void KVCache::close_locked() {
       }
     }
   }
+  for (auto it = tree_holds_.rbegin(); it != tree_holds_.rend(); ++it) context_.storage().unhold(*it);
+  tree_holds_.clear();
   for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {  // blocks left without pages go now
     if (it->tree_block != nullptr) {
       --it->tree_block->pins;

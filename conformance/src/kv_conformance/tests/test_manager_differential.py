@@ -37,6 +37,7 @@ from kv_api import (
     ReuseScope,
     SsmLayerConfig,
 )
+from kv_api.errors import CorruptedError
 
 from ._manager import check_indices, check_lengths
 
@@ -175,6 +176,8 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
                     seen.append(("raised", type(exc), str(exc)))
             for b, s in zip(backends[1:], seen[1:], strict=True):
                 assert s == seen[0], f"{backends[0].name}: {seen[0]!r}\n{b.name}: {s!r}"
+            # A broken internal rule is a bug even when every backend breaks it alike.
+            assert seen[0][:2] != ("raised", CorruptedError), f"every backend: {seen[0]!r}"
             return kept if seen[0][0] == "ok" else None
 
         def on_cache(self, index: int, call: Callable[[Any], Any]) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import kv_api
 
-from ._manager import check_accounting, make_config
+from ._manager import GRAIN, active, attention, check_accounting, committed, make_config, toks
 
 
 def test_evicting_a_partial_tail_another_open_cache_also_committed(backend: kv_api.Backend) -> None:
@@ -28,3 +30,36 @@ def test_evicting_a_partial_tail_another_open_cache_also_committed(backend: kv_a
     other.close()
     check_accounting(manager, open_caches=False)
     assert manager.probe_reuse(None, [1, 2, 3, 4, 5, 6]) == 4  # the second cache's private tail was freed
+
+
+def test_committing_a_block_another_cache_holds_on_a_colder_level(backend: kv_api.Backend, tmp_path: Path) -> None:
+    """The differential machine's find (shown once the poison latch made a broken rule stick): a
+    cache committing a full block whose tree page sat on the disk, held by a suspended cache that
+    pinned the block, put its own device page in the tree's place. The holder then held an orphan,
+    and once the committer closed, evicting the block's new page removed a block still pinned
+    (CorruptedError). Now the tree keeps the held page and the committer holds it too."""
+    tiers = [
+        kv_api.GpuCacheTierConfig(GRAIN),
+        kv_api.HostCacheTierConfig(2 * (GRAIN // 8)),
+        kv_api.DiskCacheTierConfig(GRAIN, str(tmp_path)),
+    ]
+    config = kv_api.KVCacheManagerConfig(4, tiers, [attention(0, GRAIN // 8)], enable_partial_reuse=False)
+    m = backend.KVCacheManager(config)
+    committed(m, toks(4))
+    holder = m.create_kv_cache(None, toks(4))  # suspended, holding and pinning block 0
+    assert holder.num_reused_tokens == 4
+    for k in range(1, 200):  # pressure until the held page has fallen to the disk
+        if holder.get_page_levels(0)[0] == 2:
+            break
+        committed(m, toks(8, 100 * k))
+    assert list(holder.get_page_levels(0)) == [2]
+    writer = active(m, 4, toks(2))  # too short to reuse block 0: it computes it again
+    writer.commit(toks(2, 2))
+    writer.close()
+    for k in range(200, 240):  # pressure again: the writer's page is gone, the tree's stays
+        committed(m, toks(8, 100 * k))
+    assert m.probe_reuse(None, toks(4)) == 4
+    assert holder.resume()
+    assert list(holder.get_page_levels(0)) == [0]
+    holder.close()
+    check_accounting(m, open_caches=False)

@@ -159,6 +159,7 @@ class KVCache {
   std::vector<Page*> ssm_state_;
   std::vector<bool> ssm_locked_;
   std::vector<Page*> ssm_snapshot_;
+  std::vector<Page*> tree_holds_;  // tree pages held besides our private ones, for blocks we pin
 };
 
 }  // namespace kvcore

@@ -87,6 +87,8 @@ class KVCache(kv_api.KVCache):
         self._ssm_state: list[Page | None] = [None] * len(self._lcs)
         self._ssm_locked = [False] * len(self._lcs)
         self._ssm_snapshot: list[Page | None] = [None] * len(self._lcs)
+        # Tree pages held besides our own private ones, for blocks we pin (``_commit_block``).
+        self._tree_holds: list[Page] = []
         # Priorities first: a failing callback must leave the tree untouched.
         reused = [
             (o, lc, page, self._priority_of(o, lc))
@@ -364,7 +366,7 @@ class KVCache(kv_api.KVCache):
     def held_pages(self) -> list[Page]:
         """Every page the cache holds (for the manager's quota resize)."""
         blocks = [page for cb in self._blocks for page in cb.pages if page is not None]
-        return blocks + [p for p in self._ssm_state + self._ssm_snapshot if p is not None]
+        return blocks + [p for p in self._ssm_state + self._ssm_snapshot if p is not None] + self._tree_holds
 
     def _to_lock(self) -> list[Page]:
         """The pages ``resume`` locks: held, not stale, not a reused partial block's (copied),
@@ -624,9 +626,16 @@ class KVCache(kv_api.KVCache):
             ours, theirs = ours_by_lc[lc], block.pages[lc]
             if theirs is not None and theirs.num_tokens >= len(tokens):
                 if ours is not None and ours is not theirs and full and cb.locked[lc] and theirs.level != GPU_LEVEL:
-                    # The tree's copy sits on a colder level and ours, locked, is on the device:
-                    # ours takes its place (we hold the block's pages, so nothing drops it).
-                    self._context.storage.replace(block, lc, ours)
+                    if theirs.holders:
+                        # Another cache holds the tree's page and pins the block on it: the page
+                        # stays the block's, and we hold it too, so it outlives our pin as well;
+                        # ours stays private.
+                        self._context.storage.hold(theirs)
+                        self._tree_holds.append(theirs)
+                    else:
+                        # The tree's copy sits on a colder level and ours, locked, is on the
+                        # device: ours takes its place (we hold it, so nothing drops the block).
+                        self._context.storage.replace(block, lc, ours)
                 elif ours is not None and ours is not theirs and full:
                     self._context.storage.hold(theirs)
                     if cb.locked[lc]:
@@ -751,6 +760,9 @@ class KVCache(kv_api.KVCache):
                     if page is not None:
                         held[lc] = None
                         self._context.storage.unhold(page)
+            for page in reversed(self._tree_holds):
+                self._context.storage.unhold(page)
+            self._tree_holds.clear()
             for cb in reversed(self._blocks):  # blocks left without pages go now
                 if cb.tree_block is not None:
                     cb.tree_block.pins -= 1
