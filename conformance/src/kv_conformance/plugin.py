@@ -12,15 +12,18 @@ hypothesis profiles.
   test is reported with a warning.
 - Hypothesis profiles: ``dev`` (default) and ``ci`` (derandomized; the default when ``CI`` is
   set); ``KV_HYPOTHESIS_PROFILE`` or hypothesis' own ``--hypothesis-profile`` choose.
+- A test that leaves a backend's poison latch set fails, and the latch is taken back.
 - ``KV_DIFFERENTIAL_EXAMPLES``: how many sequences the differential state machine runs (in
   shards); the terminal summary says how many ran, over every xdist worker.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import tomllib
 import warnings
+from collections.abc import Iterator
 from dataclasses import fields
 from importlib import resources
 from pathlib import Path
@@ -29,7 +32,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 import kv_api
-from kv_api.errors import BackendError
+from kv_api.errors import BackendError, LogicError
 
 # The backend fixture is a module handle: sharing it across examples is intended.
 _SHARED_FIXTURES = [HealthCheck.function_scoped_fixture]
@@ -139,6 +142,29 @@ def backend(request: pytest.FixtureRequest) -> kv_api.Backend:
 def backends(request: pytest.FixtureRequest) -> list[kv_api.Backend]:
     """Every backend under test, for differential tests."""
     return [kv_api.load_backend(n) for n in request.config.stash[_NAMES]]
+
+
+@pytest.fixture(autouse=True)
+def _no_poison_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fails a test that leaves a backend poisoned (docs/errors.md, "The poison latch") and takes
+    the poison back, so that the tests after it in this worker run on a clean backend."""
+    yield
+    left = {}
+    for name in request.config.stash[_NAMES]:
+        reason = kv_api.load_backend(name).poison_reason()
+        if reason is not None:
+            left[name] = reason
+    if not left:
+        return
+    gc.collect()  # the test's managers, which may sit in reference cycles
+    kept = []
+    for name in left:
+        try:
+            kv_api.load_backend(name).take_poison()
+        except LogicError:  # a manager outlives the test: the latch stays, and later tests fail too
+            kept.append(name)
+    detail = ", ".join(f"{name}: {reason!r}" for name, reason in left.items())
+    pytest.fail(f"the test left a backend poisoned ({detail}); still poisoned: {', '.join(kept) or 'none'}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

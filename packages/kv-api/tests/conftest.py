@@ -41,6 +41,18 @@ FAKE_BACKEND = """
 
     def build_info():
         return {{"origin": "kv-api tests"}}
+
+
+    def poison_reason():
+        return None
+
+
+    def take_poison():
+        return None
+
+
+    def num_live_managers():
+        return 0
 """
 
 

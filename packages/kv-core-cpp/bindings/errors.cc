@@ -34,6 +34,8 @@ PyObject* python_class(ErrorKind kind) {
       return api("CorruptedError");
     case ErrorKind::kNotImplemented:
       return PyExc_NotImplementedError;
+    case ErrorKind::kRuntime:
+      return PyExc_RuntimeError;
   }
   return PyExc_RuntimeError;
 }

@@ -7,6 +7,7 @@
 #include "arguments.h"
 #include "bind.h"
 #include "kvcore/event_hash.h"
+#include "kvcore/poison.h"
 #include "py_objects.h"
 #include "python_api.h"
 
@@ -69,6 +70,7 @@ nb::object event_object(const Event& e, const char* algo) {
 }
 
 void init(PyEventManager* self, nb::handle max_entries, nb::handle hash_algo) {
+  poison::check();  // before the arguments, as every call orders it
   // kv_core_py.event_manager.check_event_args' order.
   const std::int64_t n = arg::event_entries(max_entries);
   const HashAlgo algo = arg::hash_algo(hash_algo);
@@ -76,6 +78,7 @@ void init(PyEventManager* self, nb::handle max_entries, nb::handle hash_algo) {
 }
 
 nb::list latest(PyEventManager& self, nb::handle timeout_ms) {
+  poison::check();  // before the timeout, which is checked before the core is called
   const double timeout = arg::timeout_ms(timeout_ms);
   std::vector<Event> events;
   {
@@ -93,9 +96,17 @@ nb::list latest(PyEventManager& self, nb::handle timeout_ms) {
 void bind_event_manager(nb::module_& m) {
   nb::class_<PyEventManager>(m, "KVCacheEventManager")
       .def("__init__", &init, nb::arg("max_kv_event_entries").none() = 1000, nb::arg("hash_algo").none() = "v2_sha256")
+      // Fixed at construction and read in place, so they check the poison latch themselves.
       .def_prop_ro("hash_algo",
-                   [](PyEventManager& self) { return std::string(hash_algo_name(self.events->hash_algo())); })
-      .def_prop_ro("max_kv_event_entries", [](PyEventManager& self) { return self.events->max_kv_event_entries(); })
+                   [](PyEventManager& self) {
+                     poison::check();
+                     return std::string(hash_algo_name(self.events->hash_algo()));
+                   })
+      .def_prop_ro("max_kv_event_entries",
+                   [](PyEventManager& self) {
+                     poison::check();
+                     return self.events->max_kv_event_entries();
+                   })
       .def("flush_iteration_events",
            [](PyEventManager& self) {
              nb::gil_scoped_release release;

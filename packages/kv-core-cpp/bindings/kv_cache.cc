@@ -10,6 +10,7 @@
 #include "bind.h"
 #include "kvcore/cache_context.h"
 #include "kvcore/constants.h"
+#include "kvcore/poison.h"
 #include "py_objects.h"
 #include "python_api.h"
 
@@ -18,9 +19,13 @@ namespace kvcore::py {
 PyKVCache::~PyKVCache() {
   // Closing takes the manager's lock, which a thread waiting for the GIL may hold: close
   // without the GIL, then destroy the (closed) cache with it.
-  if (cache && cache->status() != CacheStatus::kClosed && !cache->context().is_shut_down) {
+  // Poisoned, close() would throw: the core's destructor then drops the cache as it is.
+  if (cache && cache->status() != CacheStatus::kClosed && !cache->context().is_shut_down && !poison::reason()) {
     nb::gil_scoped_release release;
-    cache->close();
+    try {
+      cache->close();
+    } catch (...) {  // poisoned meanwhile (or on the way): never throw from a destructor
+    }
   }
   cache.reset();
   for (auto& [lc, view] : buffers) PyBuffer_Release(&view);
@@ -125,12 +130,22 @@ auto getter(F f) {
 
 void bind_kv_cache(nb::module_& m) {
   nb::class_<PyKVCache>(m, "KVCache")
-      .def_prop_ro("manager", [](PyKVCache& self) { return self.manager; })
+      // Two reads without the lock, so they check the poison latch themselves (the lock checks it
+      // for every other call).
+      .def_prop_ro("manager",
+                   [](PyKVCache& self) {
+                     poison::check();
+                     return self.manager;
+                   })
       .def_prop_ro("id", getter([](const KVCache& c) { return c.id(); }))
       .def_prop_ro("status", getter([](const KVCache& c) { return status_object(c.status()); }))
       .def_prop_ro("is_active", getter([](const KVCache& c) { return c.status() == CacheStatus::kActive; }))
       .def_prop_ro("tokens_per_block", getter([](const KVCache& c) { return c.tokens_per_block(); }))
-      .def_prop_ro("beam_width", [](PyKVCache&) { return 1; })
+      .def_prop_ro("beam_width",
+                   [](PyKVCache&) {
+                     poison::check();
+                     return 1;
+                   })
       .def_prop_ro("reuse_scope", getter([](const KVCache& c) { return scope_object(c.reuse_scope()); }))
       .def_prop_ro("num_committed_tokens", getter([](const KVCache& c) { return c.num_committed_tokens(); }))
       .def_prop_ro("committed_tokens", getter([](const KVCache& c) { return token_objects(c.committed_tokens()); }))

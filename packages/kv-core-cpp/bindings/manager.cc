@@ -11,6 +11,7 @@
 #include "bind.h"
 #include "kvcore/constants.h"
 #include "kvcore/error.h"
+#include "kvcore/poison.h"
 #include "py_objects.h"
 #include "python_api.h"
 #include "token_input.h"
@@ -86,6 +87,7 @@ nb::tuple life_cycle_objects(const KVCacheManager& manager) {
 }
 
 void init(PyManager* self, nb::handle config, nb::handle event_manager, nb::handle page_copier) {
+  poison::check();  // before the arguments, as every call orders it
   arg::manager_config(config);
   KVCacheEventManager* events = arg::event_manager(event_manager);
   arg::page_copier(page_copier);
@@ -249,6 +251,7 @@ nb::object stats(PyManager& self, CacheStats (KVCacheManager::*take)()) {
 }
 
 nb::list storage_statistics(PyManager& self, nb::handle level) {
+  poison::check();  // before the level, which is checked before the core takes its lock
   const int l = arg::cache_level(level, self.manager->num_levels());
   std::vector<StorageStatistics> stats;
   {
@@ -287,23 +290,42 @@ void bind_manager(nb::module_& m) {
   nb::class_<PyManager>(m, "KVCacheManager")
       .def("__init__", &init, nb::arg("config").none(), nb::arg("event_manager").none() = nb::none(),
            nb::arg("page_copier").none() = nb::none())
-      .def_prop_ro("init_config", [](PyManager& self) { return self.config; })
-      // The config and the layer registry are fixed when the manager is built: read without the lock.
-      .def_prop_ro("tokens_per_block", [](PyManager& self) { return self.manager->tokens_per_block(); })
-      .def_prop_ro("life_cycles", [](PyManager& self) { return nb::list(self.life_cycles); })
+      // The config and the layer registry are fixed when the manager is built: read without the
+      // lock, so these check the poison latch themselves (the lock checks it for every other call).
+      .def_prop_ro("init_config",
+                   [](PyManager& self) {
+                     poison::check();
+                     return self.config;
+                   })
+      .def_prop_ro("tokens_per_block",
+                   [](PyManager& self) {
+                     poison::check();
+                     return self.manager->tokens_per_block();
+                   })
+      .def_prop_ro("life_cycles",
+                   [](PyManager& self) {
+                     poison::check();
+                     return nb::list(self.life_cycles);
+                   })
       .def_prop_ro("layer_grouping",
                    [](PyManager& self) {
+                     poison::check();
                      std::vector<std::vector<std::int64_t>> groups(self.manager->registry().size());
                      for (const auto& [layer, lc] : self.manager->registry().layers()) groups[lc].push_back(layer);
                      return groups;
                    })
       .def_prop_ro("layer_ids",
                    [](PyManager& self) {
+                     poison::check();
                      std::vector<std::int64_t> ids;
                      for (const auto& entry : self.manager->registry().layers()) ids.push_back(entry.first);
                      return ids;
                    })
-      .def_prop_ro("num_layers", [](PyManager& self) { return self.manager->registry().layers().size(); })
+      .def_prop_ro("num_layers",
+                   [](PyManager& self) {
+                     poison::check();
+                     return self.manager->registry().layers().size();
+                   })
       .def(
           "get_layer_group_id",
           [](PyManager& self, nb::handle layer_id) {

@@ -1,4 +1,5 @@
 // kv_core_cpp._core: the thin nanobind layer over the kvcore library.
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -6,6 +7,7 @@
 #include "bind.h"
 #include "kvcore/build_info.h"
 #include "kvcore/constants.h"
+#include "kvcore/poison.h"
 #include "kvcore/sha256.h"
 #include "kvcore/tokens.h"
 #include "python_api.h"
@@ -42,6 +44,14 @@ NB_MODULE(_core, m) {
   m.def("build_info", &kvcore::build_info, "Compiler, flags, build type and the SHA-256 transform in use.");
   m.def("sha256_transforms", &kvcore::sha256::available, "SHA-256 transforms this build and CPU can run.");
   m.def("sha256_transform", [] { return std::string(kvcore::sha256::active().name); }, "The SHA-256 transform in use.");
+  // The poison latch (kvcore/poison.h), as kv_api.contract.Backend declares it; kv_core_cpp
+  // exports the debug hook as _debug_poison, as kv_core_py does.
+  m.def("poison_reason", &kvcore::poison::reason, "The first recorded invariant violation, or None; never clears it.");
+  m.def("take_poison", &kvcore::poison::take,
+        "Clear the poison latch and return its reason (None when not poisoned); LogicError while a manager lives.");
+  m.def("num_live_managers", &kvcore::poison::num_live_managers, "Managers built and neither shut down nor destroyed.");
+  m.def("debug_poison", &kvcore::poison::debug_poison, nb::arg("reason"),
+        "Poison the backend as an invariant violation would; RuntimeError unless KV_DEBUG_HOOKS=1.");
   m.def("select_sha256_transform", &kvcore::sha256::select, nb::arg("name"),
         "Force a SHA-256 transform (tests and benchmarks); ValueError if this machine cannot run it.");
 }

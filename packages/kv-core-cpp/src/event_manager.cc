@@ -5,6 +5,7 @@
 
 #include "kvcore/error.h"
 #include "kvcore/event_hash.h"
+#include "kvcore/poison.h"
 
 namespace kvcore {
 
@@ -29,9 +30,12 @@ const char* hash_algo_name(HashAlgo algo) {
 }
 
 KVCacheEventManager::KVCacheEventManager(std::int64_t max_kv_event_entries, HashAlgo algo)
-    : max_entries_(max_kv_event_entries), algo_(algo) {}
+    : max_entries_(max_kv_event_entries), algo_(algo) {
+  poison::check();
+}
 
 void KVCacheEventManager::flush_iteration_events() {
+  poison::check();
   std::lock_guard<std::mutex> lock(mutex_);
   flush_removed();
   if (max_entries_ > 0) {
@@ -45,6 +49,7 @@ void KVCacheEventManager::flush_iteration_events() {
 }
 
 std::vector<Event> KVCacheEventManager::get_latest_events(double timeout_ms) {
+  poison::check();
   std::unique_lock<std::mutex> lock(mutex_);
   if (ring_.empty() && timeout_ms != 0) {
     if (timeout_ms < 0) {

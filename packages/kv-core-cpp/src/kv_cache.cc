@@ -7,6 +7,7 @@
 #include "kvcore/cache_context.h"
 #include "kvcore/constants.h"
 #include "kvcore/error.h"
+#include "kvcore/poison.h"
 
 namespace kvcore {
 
@@ -99,7 +100,13 @@ KVCache::KVCache(CacheContext& context, std::int64_t id, const ReuseScope& scope
 KVCache::~KVCache() {
   // Only this thread can still reach a cache being destroyed, so the status needs no lock.
   if (status_ == CacheStatus::kClosed || context_.is_shut_down) return;
-  const auto lock = context_.lock();
+  const auto lock = context_.lock_unchecked();
+  if (poison::reason()) {
+    // Poisoned, the pages' bookkeeping cannot be trusted: the cache is dropped as it is (its pages
+    // go with the manager), only unregistered so that the manager keeps no dangling pointer.
+    context_.unregister_cache(this);
+    return;
+  }
   try {
     close_locked();
   } catch (...) {  // never throw from a destructor

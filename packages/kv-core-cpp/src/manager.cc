@@ -225,6 +225,7 @@ void KVCacheManager::shutdown() {
   storage_.clear();
   storage_.close();
   context_.is_shut_down = true;
+  live_.release();
 }
 
 CacheStats KVCacheManager::get_committed_stats() {

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kvcore/error.h"
+#include "kvcore/poison.h"
 
 namespace kvcore {
 
@@ -89,8 +90,7 @@ void Storage::unhold(Page* page) {
 }
 
 void Storage::lock(Page* page) {
-  if (page->level != 0)
-    throw Error(ErrorKind::kCorrupted, "locking a page at cache level " + std::to_string(page->level));
+  if (page->level != 0) throw poison::corrupted("locking a page at cache level " + std::to_string(page->level));
   ++page->locks;
   update(page);
 }
@@ -266,7 +266,7 @@ void Storage::move_down(const std::vector<Page*>& pages, int dst_level) {
       if (!p->holders) dropped.push_back(p);
     }
     if (static_cast<std::int64_t>(dropped.size()) < surplus)
-      throw Error(ErrorKind::kCorrupted, "held pages fall to a level without room for them");
+      throw poison::corrupted("held pages fall to a level without room for them");
   }
   std::vector<Page*> movers;
   for (Page* p : pages) {
@@ -408,15 +408,14 @@ void Storage::drop(Page* page) {
   if (!life.ssm && (!life.window || block->ordinal < life.num_sink_blocks)) {
     for (Block* b : RadixTree::subtree(block)) {
       if (b->pins) {
-        throw Error(ErrorKind::kCorrupted,
-                    "a pinned block in a removed subtree (block " + std::to_string(b->ordinal) + ")");
+        throw poison::corrupted("a pinned block in a removed subtree (block " + std::to_string(b->ordinal) + ")");
       }
       for (int l = 0; l < static_cast<int>(b->pages.size()); ++l) {
         Page* p = b->pages[l];
         if (p == nullptr) continue;
         if (p->holders) {
-          throw Error(ErrorKind::kCorrupted, "held page in a removed subtree (block " + std::to_string(b->ordinal) +
-                                                 ", life cycle " + std::to_string(l) + ")");
+          throw poison::corrupted("held page in a removed subtree (block " + std::to_string(b->ordinal) +
+                                  ", life cycle " + std::to_string(l) + ")");
         }
         dequeue(p);
         discard(b, l);

@@ -447,6 +447,23 @@ class Backend(Protocol):
 
     def block_hash_v1(self, tokens: Iterable[int], parent_hash: int, reuse_scope: ReuseScope | None = ...) -> int: ...
 
+    # The poison latch (docs/errors.md): once an internal invariant is found violated, every later
+    # public call of the backend's managers, caches and event managers (constructors included)
+    # raises ``CorruptedError`` naming the first violation. One latch per backend, process-wide.
+
+    def poison_reason(self) -> str | None:
+        """The first recorded violation, or None; reading never clears it."""
+        ...
+
+    def take_poison(self) -> str | None:
+        """Clear the latch and return its reason (None when not poisoned). ``LogicError``, the
+        latch kept, while ``num_live_managers()`` is not 0."""
+        ...
+
+    def num_live_managers(self) -> int:
+        """The backend's managers built and neither shut down nor destroyed (collected)."""
+        ...
+
 
 #: Everything a backend module must expose (``Backend``'s members, read off it so that they are
 #: listed once): its attributes, then its functions. The registry checks these when it loads one.

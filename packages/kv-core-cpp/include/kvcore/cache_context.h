@@ -9,6 +9,7 @@
 #include "kvcore/config.h"
 #include "kvcore/event_manager.h"
 #include "kvcore/life_cycles.h"
+#include "kvcore/poison.h"
 #include "kvcore/radix_tree.h"
 #include "kvcore/storage.h"
 
@@ -36,12 +37,21 @@ class CacheContext {
   CacheContext(const CacheContext&) = delete;
   CacheContext& operator=(const CacheContext&) = delete;
 
-  // Taken by every public call of the manager and its caches; held while the guard lives.
-  [[nodiscard]] std::unique_lock<std::recursive_mutex> lock() { return std::unique_lock<std::recursive_mutex>(mutex_); }
+  // Taken by every public call of the manager and its caches; held while the guard lives. Being
+  // the one way in, it checks the poison latch first (Error(kCorrupted) once poisoned).
+  [[nodiscard]] std::unique_lock<std::recursive_mutex> lock() {
+    poison::check();
+    return std::unique_lock<std::recursive_mutex>(mutex_);
+  }
   // The same lock without waiting (owns_lock() says whether it was taken): the binding tries it
-  // holding the GIL and waits for it only after releasing the GIL.
+  // holding the GIL and waits for it only after releasing the GIL. Checks the latch as lock() does.
   [[nodiscard]] std::unique_lock<std::recursive_mutex> try_lock() {
+    poison::check();
     return std::unique_lock<std::recursive_mutex>(mutex_, std::try_to_lock);
+  }
+  // The lock without the check, for destructors, which must not throw.
+  [[nodiscard]] std::unique_lock<std::recursive_mutex> lock_unchecked() {
+    return std::unique_lock<std::recursive_mutex>(mutex_);
   }
 
   // The config values a cache reads.

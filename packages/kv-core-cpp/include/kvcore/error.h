@@ -20,6 +20,7 @@ enum class ErrorKind {
   kOS,              // OSError(errno, message): a failing system call (disk I/O)
   kCorrupted,       // kv_api.errors.CorruptedError
   kNotImplemented,  // NotImplementedError
+  kRuntime,         // RuntimeError (a debug hook used without KV_DEBUG_HOOKS=1)
 };
 
 class Error : public std::runtime_error {

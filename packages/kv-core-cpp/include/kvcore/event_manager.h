@@ -46,6 +46,7 @@ struct Event {
 
 class KVCacheEventManager {
  public:
+  // The constructor and the two calls below check the poison latch first (poison.h).
   KVCacheEventManager(std::int64_t max_kv_event_entries, HashAlgo algo);
 
   HashAlgo hash_algo() const { return algo_; }

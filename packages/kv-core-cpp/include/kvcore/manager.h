@@ -11,6 +11,7 @@
 #include "kvcore/event_manager.h"
 #include "kvcore/kv_cache.h"
 #include "kvcore/life_cycles.h"
+#include "kvcore/poison.h"
 #include "kvcore/radix_tree.h"
 #include "kvcore/slot_counts.h"
 #include "kvcore/storage.h"
@@ -60,6 +61,9 @@ class KVCacheManager {
   bool prune_ssm(MatchPath& path) const;
   void require_no_open_caches(const char* api) const;
 
+  // First: its constructor checks the poison latch before anything is built, and a member that
+  // fails to build counts the manager down again. take_poison() waits until it is released.
+  poison::LiveManager live_;
   KVCacheManagerConfig config_;
   LifeCycleRegistry registry_;
   StorageConfig storage_config_;

@@ -21,14 +21,18 @@ from kv_core_cpp._core import (
     block_keys,
     cache_salt_to_id,
     gen_multimodal_cache_key_tokens,
+    num_live_managers,
+    poison_reason,
     reuse_scope_to_bytes,
     select_sha256_transform,
     sequence_to_blockchain_keys,
     sha256,
     sha256_transform,
     sha256_transforms,
+    take_poison,
 )
 from kv_core_cpp._core import build_info as _build_info
+from kv_core_cpp._core import debug_poison as _debug_poison  # noqa: F401 - the debug hook, private
 
 name = "cpp"
 version = "0.1.0"
@@ -71,6 +75,8 @@ __all__ = [
     "capabilities",
     "gen_multimodal_cache_key_tokens",
     "name",
+    "num_live_managers",
+    "poison_reason",
     "priority",
     "reuse_scope_to_bytes",
     "select_sha256_transform",
@@ -78,5 +84,6 @@ __all__ = [
     "sha256",
     "sha256_transform",
     "sha256_transforms",
+    "take_poison",
     "version",
 ]

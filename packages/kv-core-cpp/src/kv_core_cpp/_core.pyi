@@ -174,6 +174,22 @@ def sha256_transforms() -> list[str]:
 def sha256_transform() -> str:
     """The SHA-256 transform in use."""
 
+def poison_reason() -> str | None:
+    """The first recorded invariant violation, or None; never clears it."""
+
+def take_poison() -> str | None:
+    """
+    Clear the poison latch and return its reason (None when not poisoned); LogicError while a manager lives.
+    """
+
+def num_live_managers() -> int:
+    """Managers built and neither shut down nor destroyed."""
+
+def debug_poison(reason: str) -> None:
+    """
+    Poison the backend as an invariant violation would; RuntimeError unless KV_DEBUG_HOOKS=1.
+    """
+
 def select_sha256_transform(name: str) -> None:
     """
     Force a SHA-256 transform (tests and benchmarks); ValueError if this machine cannot run it.

@@ -11,6 +11,10 @@ from kv_core_py.event_hash import block_hash_v1, block_hash_v2_sha256, block_has
 from kv_core_py.event_manager import KVCacheEventManager
 from kv_core_py.kv_cache import KVCache
 from kv_core_py.manager import KVCacheManager
+from kv_core_py.poison import debug_poison as _debug_poison  # noqa: F401 - the debug hook, private
+from kv_core_py.poison import num_live_managers
+from kv_core_py.poison import reason as poison_reason
+from kv_core_py.poison import take as take_poison
 from kv_core_py.tokens import gen_multimodal_cache_key_tokens
 
 name = "py"
@@ -40,8 +44,11 @@ __all__ = [
     "capabilities",
     "gen_multimodal_cache_key_tokens",
     "name",
+    "num_live_managers",
+    "poison_reason",
     "priority",
     "reuse_scope_to_bytes",
     "sequence_to_blockchain_keys",
+    "take_poison",
     "version",
 ]

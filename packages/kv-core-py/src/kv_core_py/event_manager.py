@@ -29,6 +29,7 @@ from kv_api.events import (
     UniqueToken,
     Updated,
 )
+from kv_core_py import poison
 from kv_core_py.event_hash import block_hash_v1, block_hash_v2_sha256, block_hash_v2_sha256_64
 from kv_core_py.radix_tree import Block, Node, Root
 
@@ -49,6 +50,7 @@ def check_event_args(max_kv_event_entries: Any, hash_algo: Any) -> tuple[int, st
 
 class KVCacheEventManager(kv_api.KVCacheEventManager):
     def __init__(self, max_kv_event_entries: int = 1000, hash_algo: str = "v2_sha256") -> None:
+        poison.check()
         entries, self._hash_algo = check_event_args(max_kv_event_entries, hash_algo)
         self._max_kv_event_entries = entries
         self._ring: deque[KVCacheEvent] = deque(maxlen=max(entries, 1))
@@ -60,17 +62,20 @@ class KVCacheEventManager(kv_api.KVCacheEventManager):
         self._cond = threading.Condition()
         self._bound = False
 
-    # -- public ---------------------------------------------------------------------------
+    # -- public (each checks the poison latch first) ----------------------------------------
 
     @property
     def hash_algo(self) -> str:
+        poison.check()
         return self._hash_algo
 
     @property
     def max_kv_event_entries(self) -> int:
+        poison.check()
         return self._max_kv_event_entries
 
     def flush_iteration_events(self) -> None:
+        poison.check()
         with self._cond:
             self._flush_removed()
             if self._max_kv_event_entries > 0:
@@ -80,6 +85,7 @@ class KVCacheEventManager(kv_api.KVCacheEventManager):
 
     def get_latest_events(self, timeout_ms: float | None = 0) -> list[KVCacheEvent]:
         """Drain the published events; ``None`` waits for some, ``> 0`` waits that long at most."""
+        poison.check()
         timeout = check_timeout("timeout_ms", timeout_ms)
         with self._cond:
             if not self._ring and (timeout is None or timeout > 0):

@@ -23,6 +23,7 @@ from kv_api.contract import PriorityCallback
 from kv_api.errors import HostOOMError, InvalidStateError, LogicError, OutOfPagesError
 from kv_api.keys import Token
 from kv_api.scope import ReuseScope
+from kv_core_py import poison
 from kv_core_py.block_keys import chained_keys
 from kv_core_py.cache_context import CacheContext
 from kv_core_py.page import Page
@@ -50,7 +51,7 @@ class CacheBlock:
 
 class KVCache(kv_api.KVCache):
     """Created SUSPENDED by ``KVCacheManager.create_kv_cache``, with the manager's ``CacheContext``;
-    see ``kv_api.KVCache``."""
+    see ``kv_api.KVCache``. Every public member checks the poison latch first (``poison.py``)."""
 
     def __init__(
         self,
@@ -129,63 +130,78 @@ class KVCache(kv_api.KVCache):
 
     @property
     def manager(self) -> kv_api.KVCacheManager:
+        poison.check()
         return self._manager
 
     @property
     def id(self) -> int:
+        poison.check()
         return self._id
 
     @property
     def reuse_scope(self) -> ReuseScope:
+        poison.check()
         return self._reuse_scope
 
     @property
     def num_reused_tokens(self) -> int:
+        poison.check()
         return self._num_reused_tokens
 
     @property
     def cached_tokens_by_level(self) -> list[int]:
+        poison.check()
         return list(self._cached_tokens_by_level)
 
     @property
     def status(self) -> KVCacheStatus:
+        poison.check()
         return self._status
 
     @property
     def is_active(self) -> bool:
+        poison.check()
         return self._status == KVCacheStatus.ACTIVE
 
     @property
     def tokens_per_block(self) -> int:
+        poison.check()
         return self._tpb
 
     @property
     def beam_width(self) -> int:
+        poison.check()
         return 1
 
     @property
     def num_committed_tokens(self) -> int:
+        poison.check()
         return len(self._tokens)
 
     @property
     def committed_tokens(self) -> list[Token]:
+        poison.check()
         with self._context.lock:  # a copy of a list a commit on another thread may be extending
             return list(self._tokens)
 
     @property
     def history_length(self) -> int:
+        poison.check()
         return self._history
 
     @history_length.setter
     def history_length(self, value: int) -> None:
+        poison.check()
         self._set_length("history_length", value)
 
     @property
     def capacity(self) -> int:
+        poison.check()
         return self._capacity
 
     @capacity.setter
     def capacity(self, value: int) -> None:
+        poison.check()
         self._set_length("capacity", value)
 
     def _set_length(self, name: str, value: Any) -> None:
@@ -200,6 +216,7 @@ class KVCache(kv_api.KVCache):
 
     @property
     def num_blocks(self) -> int:
+        poison.check()
         return len(self._blocks)
 
     def _require(self, status: KVCacheStatus, api: str) -> None:
@@ -401,6 +418,7 @@ class KVCache(kv_api.KVCache):
         ``max_util_for_resume`` or pages run out. Pages on colder levels move up first; the
         first resume copies a reused partial block into private pages, so the tree's pages are
         never written."""
+        poison.check()
         with self._context.lock:
             self._require(KVCacheStatus.SUSPENDED, "resume")
             limit = self._context.max_util_for_resume
@@ -464,6 +482,7 @@ class KVCache(kv_api.KVCache):
     def prefetch(self, target_level: int = GPU_LEVEL) -> bool:
         """SUSPENDED only: the pages ``resume`` would lock that sit below ``target_level`` move
         up to it, all or nothing (False, nothing changed, when room cannot be made)."""
+        poison.check()
         with self._context.lock:
             self._require(KVCacheStatus.SUSPENDED, "prefetch")
             storage = self._context.storage
@@ -479,6 +498,7 @@ class KVCache(kv_api.KVCache):
 
     def suspend(self) -> None:
         """ACTIVE -> SUSPENDED: pages stay held (so stay reserved) but are unlocked."""
+        poison.check()
         with self._context.lock:
             self._require(KVCacheStatus.ACTIVE, "suspend")
             self._suspend_locked()
@@ -500,6 +520,7 @@ class KVCache(kv_api.KVCache):
     def resize(self, capacity: int | None = None, history_length: int | None = None) -> bool:
         """Set capacity and/or history (ACTIVE only). History never decreases and capacity never
         drops below it (``ValueError``). False, with nothing changed, when pages run out."""
+        poison.check()
         with self._context.lock:
             self._require(KVCacheStatus.ACTIVE, "resize")
             cap = self._capacity if capacity is None else int_in_range("capacity", capacity, 0, TOKEN_LIMIT)
@@ -559,6 +580,7 @@ class KVCache(kv_api.KVCache):
     def commit(self, tokens: Any, is_end: bool = False) -> None:
         """Record computed tokens (ACTIVE only); each block they fill enters the radix tree.
         ``is_end`` then calls ``stop_committing()``."""
+        poison.check()
         with self._context.lock:
             self._require(KVCacheStatus.ACTIVE, "commit")
             if self._commit_state == CommitState.USER_STOP:
@@ -726,6 +748,7 @@ class KVCache(kv_api.KVCache):
 
     def stop_committing(self) -> None:
         """Commit the partial tail block, then accept no more commits. Idempotent."""
+        poison.check()
         with self._context.lock:
             self._stop_committing_locked()
 
@@ -746,6 +769,7 @@ class KVCache(kv_api.KVCache):
     def close(self) -> None:
         """Commit the partial tail, release every page (last block first; committed pages become
         evictable, the others are freed) and unregister. Idempotent."""
+        poison.check()
         with self._context.lock:
             if self._status == KVCacheStatus.CLOSED:
                 return
@@ -773,7 +797,9 @@ class KVCache(kv_api.KVCache):
 
     def __del__(self) -> None:
         try:
-            if self._status != KVCacheStatus.CLOSED and not self._context.is_shut_down:
+            # Poisoned, the pages' bookkeeping cannot be trusted: the cache is dropped as it is,
+            # its pages go with the manager.
+            if self._status != KVCacheStatus.CLOSED and not self._context.is_shut_down and poison.reason() is None:
                 self.close()
         except Exception:  # noqa: BLE001 - never raise from a finaliser
             pass
@@ -791,10 +817,12 @@ class KVCache(kv_api.KVCache):
 
     def get_base_page_indices(self, layer_group: int, beam: int = 0) -> array[int]:
         """One slot id per block of the layer group, ``BAD_PAGE_INDEX`` where no page is locked."""
+        poison.check()
         with self._context.lock:
             return array("i", self._index[self._check_group(layer_group, beam)])
 
     def get_ssm_block_base_index(self, layer_group: int) -> int:
+        poison.check()
         with self._context.lock:
             lg = self._check_group(layer_group, 0)
             state = self._ssm_state[lg]
@@ -802,11 +830,13 @@ class KVCache(kv_api.KVCache):
 
     def get_page_levels(self, layer_group: int, beam: int = 0) -> array[int]:
         """Per block, the cache level of the cache's page in the layer group (-1: none)."""
+        poison.check()
         with self._context.lock:
             lg = self._check_group(layer_group, beam)
             return array("i", [-1 if (p := cb.pages[lg]) is None else p.level for cb in self._blocks])
 
     def get_aggregated_page_indices(self, layer_group: int, beam: int = 0, valid_only: bool = False) -> array[int]:
+        poison.check()
         with self._context.lock:
             idx = self._index[self._check_group(layer_group, beam)]
             return array("i", [i for i in idx if i != BAD_PAGE_INDEX] if valid_only else idx)
@@ -814,6 +844,7 @@ class KVCache(kv_api.KVCache):
     def set_base_page_index_buf(self, beam: int, layer_group: int, buf: Any) -> None:
         """Keep ``buf`` (1-D, writable, format 'i', at least ``num_blocks`` long) updated with the
         layer group's page indices; the tail past ``num_blocks`` is -1. ``None`` detaches."""
+        poison.check()
         with self._context.lock:
             lg = self._check_group(layer_group, beam)
             if buf is None:

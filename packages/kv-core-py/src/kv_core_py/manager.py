@@ -16,6 +16,7 @@ from kv_api.keys import check_reuse_scope
 from kv_api.page_copier import HostMemoryCopier, PageCopier
 from kv_api.scope import ReuseScope
 from kv_api.stats import CacheStats, StorageStatistics
+from kv_core_py import poison
 from kv_core_py.block_keys import chained_keys, root_key
 from kv_core_py.cache_context import CacheContext
 from kv_core_py.cache_level import CacheLevel
@@ -32,7 +33,9 @@ from kv_core_py.tokens import Tokens
 
 
 class KVCacheManager(kv_api.KVCacheManager):
-    """See ``kv_api.KVCacheManager`` for the contract."""
+    """See ``kv_api.KVCacheManager`` for the contract. Every public member checks the poison latch
+    first (``poison.py``); a manager counts as alive from its construction to its shutdown or
+    collection."""
 
     def __init__(
         self,
@@ -40,6 +43,7 @@ class KVCacheManager(kv_api.KVCacheManager):
         event_manager: KVCacheEventManager | None = None,
         page_copier: PageCopier | None = None,
     ) -> None:
+        poison.check()
         if not isinstance(config, KVCacheManagerConfig):
             raise TypeError(f"config: expected KVCacheManagerConfig, got {type(config).__name__}")
         if event_manager is not None and not isinstance(event_manager, KVCacheEventManager):
@@ -73,24 +77,30 @@ class KVCacheManager(kv_api.KVCacheManager):
         self._next_id = 0
         if event_manager is not None:
             event_manager.created(tuple(sum(level.counts.slots) for level in levels))
+        # Last, once nothing can fail: take_poison() waits until this is released.
+        self._live = poison.LiveManager(self)
 
     # -- configuration ------------------------------------------------------------------------
 
     @property
     def init_config(self) -> KVCacheManagerConfig:
+        poison.check()
         return self._config
 
     @property
     def tokens_per_block(self) -> int:
+        poison.check()
         return self._config.tokens_per_block
 
     @property
     def life_cycles(self) -> list[LifeCycle]:
+        poison.check()
         return list(self._registry.life_cycles)
 
     @property
     def layer_grouping(self) -> list[list[int]]:
         """Layer ids per layer group (= life cycle), in config order."""
+        poison.check()
         groups: list[list[int]] = [[] for _ in self._registry.life_cycles]
         for layer, lc in self._registry.layer_life_cycle.items():
             groups[lc].append(layer)
@@ -98,13 +108,16 @@ class KVCacheManager(kv_api.KVCacheManager):
 
     @property
     def layer_ids(self) -> list[int]:
+        poison.check()
         return list(self._registry.layer_life_cycle)
 
     @property
     def num_layers(self) -> int:
+        poison.check()
         return len(self._registry.layer_life_cycle)
 
     def get_layer_group_id(self, layer_id: int) -> int:
+        poison.check()
         with self._context.lock:
             self._require_live()
             layer = as_int("layer_id", layer_id)  # looked up as __index__ gives it (numpy scalars too)
@@ -132,6 +145,7 @@ class KVCacheManager(kv_api.KVCacheManager):
         self, layer_id: int, role: str, index_mode: PageIndexMode = PageIndexMode.PER_LAYER
     ) -> int:
         """The pool holding the buffer; in SHARED mode, plus the buffer's offset in a slot."""
+        poison.check()
         with self._context.lock:
             p = self._placement(layer_id, role)
             base = (
@@ -140,15 +154,18 @@ class KVCacheManager(kv_api.KVCacheManager):
             return base + (p.position * p.size if PageIndexMode(index_mode) == PageIndexMode.SHARED else 0)
 
     def get_page_stride(self, layer_id: int, role: str) -> int:
+        poison.check()
         with self._context.lock:
             return self._placement(layer_id, role).page_size
 
     def get_page_index_converter(self, layer_id: int, role: str) -> PageIndexConverter:
+        poison.check()
         with self._context.lock:
             p = self._placement(layer_id, role)
             return PageIndexConverter(p.scale, p.expansion, p.position)
 
     def get_page_index_upper_bound(self, layer_id: int, role: str) -> int:
+        poison.check()
         with self._context.lock:
             p = self._placement(layer_id, role)
             num_slots = self._counts.slots[self._storage_config.pool_group_of(p.life_cycle)]
@@ -156,6 +173,7 @@ class KVCacheManager(kv_api.KVCacheManager):
 
     @property
     def pool_group_descs(self) -> list[PoolGroupDesc]:
+        poison.check()
         with self._context.lock:
             self._require_live()
             return [
@@ -173,6 +191,7 @@ class KVCacheManager(kv_api.KVCacheManager):
 
     def pool_memory(self, pool_group: int, pool: int) -> memoryview:
         """Writable bytes of one pool (slot ``s`` at ``s * slot_size``), for CPU engines and tests."""
+        poison.check()
         with self._context.lock:
             self._require_live()
             groups = self._storage.pool_groups
@@ -185,6 +204,7 @@ class KVCacheManager(kv_api.KVCacheManager):
             return groups[g].pools[p].view()
 
     def get_quota(self, level: int = GPU_LEVEL) -> int:
+        poison.check()
         with self._context.lock:
             lvl = self._check_level(level)
             self._require_live()
@@ -200,6 +220,7 @@ class KVCacheManager(kv_api.KVCacheManager):
         """Change a level's quota with every cache suspended: shrink (evicting, then moving pages
         out of the slots that go), then grow. False, nothing changed, below the minimum quota or
         when the pages that must stay cannot fit."""
+        poison.check()
         with self._context.lock:
             self._require_live()
             active = sum(1 for c in self._context.open_caches() if c.is_active)
@@ -235,6 +256,7 @@ class KVCacheManager(kv_api.KVCacheManager):
         return list(pages.values())
 
     def get_storage_statistics(self, level: int = GPU_LEVEL) -> list[StorageStatistics]:
+        poison.check()
         with self._context.lock:
             lvl = self._check_level(level)
             self._require_live()
@@ -243,6 +265,7 @@ class KVCacheManager(kv_api.KVCacheManager):
     # -- statistics ----------------------------------------------------------------------------------
 
     def get_committed_stats(self) -> CacheStats:
+        poison.check()
         with self._context.lock:
             return replace(
                 self._context.committed_stats,
@@ -251,6 +274,7 @@ class KVCacheManager(kv_api.KVCacheManager):
             )
 
     def get_and_reset_iteration_stats(self) -> CacheStats:
+        poison.check()
         with self._context.lock:
             stats = replace(
                 self._context.iteration_stats,
@@ -266,6 +290,7 @@ class KVCacheManager(kv_api.KVCacheManager):
     _onboarded_mark = 0
 
     def get_bytes_moved(self) -> dict[tuple[int, int], int]:
+        poison.check()
         with self._context.lock:
             return dict(self._storage.transfer.bytes_moved)
 
@@ -333,6 +358,7 @@ class KVCacheManager(kv_api.KVCacheManager):
 
     def probe_reuse(self, reuse_scope: ReuseScope | None = None, tokens: Any = None) -> int:
         """Tokens ``create_kv_cache`` would reuse now; changes nothing."""
+        poison.check()
         with self._context.lock:
             self._require_live()
             _, root_key, toks = self._scope_and_tokens(reuse_scope, tokens)
@@ -341,6 +367,7 @@ class KVCacheManager(kv_api.KVCacheManager):
     def probe_first_new_block_key(self, reuse_scope: ReuseScope | None, tokens: Any) -> bytes | None:
         """The key of the first block not reusable now, chained over ``tokens``; None when that
         block would be partial or everything is reusable."""
+        poison.check()
         with self._context.lock:
             self._require_live()
             _, root_key, toks = self._scope_and_tokens(reuse_scope, tokens)
@@ -359,6 +386,7 @@ class KVCacheManager(kv_api.KVCacheManager):
         custom_priority_callback: PriorityCallback | None = None,
     ) -> KVCache:
         """A SUSPENDED cache holding the reusable prefix of ``input_tokens``."""
+        poison.check()
         with self._context.lock:
             self._require_live()
             if custom_priority_callback is not None and not callable(custom_priority_callback):
@@ -377,6 +405,7 @@ class KVCacheManager(kv_api.KVCacheManager):
 
     @property
     def num_open_kv_caches(self) -> int:
+        poison.check()
         with self._context.lock:
             return self._context.num_open_caches
 
@@ -386,6 +415,7 @@ class KVCacheManager(kv_api.KVCacheManager):
 
     def clear_reusable_blocks(self) -> None:
         """Empty the radix tree (every committed page is freed). LogicError while caches are open."""
+        poison.check()
         with self._context.lock:
             self._require_live()
             self._require_no_open_caches("clear_reusable_blocks")
@@ -394,6 +424,7 @@ class KVCacheManager(kv_api.KVCacheManager):
     def shutdown(self) -> None:
         """Empty the tree; the manager is unusable afterwards (its memory goes with the object).
         LogicError while caches are open. Idempotent."""
+        poison.check()
         with self._context.lock:
             if self._context.is_shut_down:
                 return
@@ -401,3 +432,4 @@ class KVCacheManager(kv_api.KVCacheManager):
             self._storage.clear()
             self._storage.close()
             self._context.is_shut_down = True
+            self._live.release()

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 
-from kv_api.errors import CorruptedError, OutOfPagesError
+from kv_api.errors import OutOfPagesError
 from kv_api.stats import StorageStatistics
+from kv_core_py import poison
 from kv_core_py.cache_level import CacheLevel, PoolGroup
 from kv_core_py.event_manager import KVCacheEventManager
 from kv_core_py.life_cycles import LifeCycleRegistry
@@ -112,7 +113,7 @@ class Storage:
 
     def lock(self, page: Page) -> None:
         if page.level != 0:
-            raise CorruptedError(f"locking a page at cache level {page.level}")
+            raise poison.corrupted(f"locking a page at cache level {page.level}")
         page.locks += 1
         self._update(page)
 
@@ -258,7 +259,7 @@ class Storage:
         if surplus > 0:
             dropped = [p for p in pages if not p.holders][:surplus]
             if len(dropped) < surplus:
-                raise CorruptedError("held pages fall to a level without room for them")
+                raise poison.corrupted("held pages fall to a level without room for them")
         gone = {id(p) for p in dropped}
         movers = [p for p in pages if id(p) not in gone]
         self.move(movers, dst_level)
@@ -379,11 +380,13 @@ class Storage:
         if not life.ssm and (life.window is None or block.ordinal < life.num_sink_blocks):
             for b in list(RadixTree.subtree(block)):
                 if b.pins:
-                    raise CorruptedError(f"a pinned block in a removed subtree (block {b.ordinal})")
+                    raise poison.corrupted(f"a pinned block in a removed subtree (block {b.ordinal})")
                 for lc, p in enumerate(b.pages):
                     if p is not None:
                         if p.holders:
-                            raise CorruptedError(f"held page in a removed subtree (block {b.ordinal}, life cycle {lc})")
+                            raise poison.corrupted(
+                                f"held page in a removed subtree (block {b.ordinal}, life cycle {lc})"
+                            )
                         self._dequeue(p)
                         self._discard(b, lc)
             parent = block.parent
