@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import kv_api
 from kv_replay import replay_command
 from kv_replay.cli import main, parser
-from kv_replay.model import ModelError, parse_layers
+from kv_replay.model import SSM, ModelError, model_config, parse_layers
 from kv_replay.plot import PlotError
 
 FAST = ["--quiet", "--layers", "1", "--tokens-per-block", "4", "--bytes-per-token", "64"]
@@ -209,3 +209,13 @@ def test_a_closed_stdout_ends_quietly(trace: Path) -> None:
     err = p.stderr.read()
     assert p.wait() == 141
     assert err == b""
+
+
+def test_ssm_layer_groups() -> None:
+    assert parse_layers("2, 3ssm,1x64") == [(2, None, None), (3, SSM, None), (1, 64, None)]
+    for bad in ("0ssm", "ssm", "2ssmx", "2xssm", "2ssm+1"):
+        assert refused_layers(bad), bad
+    config = model_config("1,2ssm", 4, 1 << 20, 64)
+    assert config.commit_min_snapshot
+    assert [type(layer).__name__ for layer in config.layers] == ["AttentionLayerConfig"] + ["SsmLayerConfig"] * 2
+    assert not model_config("1,1x8", 4, 1 << 20, 64).commit_min_snapshot

@@ -75,7 +75,7 @@ def workloads(draw: st.DrawFn) -> tuple[list[Request], int, int, int, str]:
         requests.append(
             Request(prompt.astype(np.int32), synthetic_tokens(i, draw(st.integers(0, pool_tokens)), stream=3))
         )
-    layers = draw(st.sampled_from(["1", "2", f"1,1x{2 * tpb}+1"]))
+    layers = draw(st.sampled_from(["1", "2", f"1,1x{2 * tpb}+1", "1,1ssm", f"1,1x{2 * tpb},1ssm"]))
     return requests, tpb, slots, draw(st.integers(1, 5)), layers
 
 

@@ -12,10 +12,14 @@ from kv_api import (
     GpuCacheTierConfig,
     HostCacheTierConfig,
     KVCacheManagerConfig,
+    SsmLayerConfig,
 )
 from kv_api.constants import ceil_div
 
 _GROUP = re.compile(r"^(\d{1,9})(?:x(\d{1,12}))?(?:\+(\d{1,12}))?$")
+_SSM_GROUP = re.compile(r"^(\d{1,9})ssm$")
+#: A group's window that stands for SSM layers in what ``parse_layers`` returns.
+SSM = -1
 MAX_LAYERS = 1024
 #: The config's fields that each flag sets, to name the flag if the library rejects a value.
 _FLAGS = {
@@ -35,13 +39,22 @@ class ModelError(ValueError):
 
 
 def parse_layers(spec: str) -> list[tuple[int, int | None, int | None]]:
-    """``"COUNT[xWINDOW][+SINKS],..."``: e.g. ``"4"`` is four full-attention layers and
-    ``"2,2x1024+4"`` adds two sliding-window layers (window 1024, 4 sink tokens)."""
-    groups = []
+    """``"COUNT[xWINDOW][+SINKS],..."`` or ``"COUNTssm"``: e.g. ``"4"`` is four full-attention
+    layers, ``"2,2x1024+4"`` adds two sliding-window layers (window 1024, 4 sink tokens) and
+    ``"2,6ssm"`` six state-space layers (their window is ``SSM``)."""
+    groups: list[tuple[int, int | None, int | None]] = []
     for part in spec.split(","):
+        ssm = _SSM_GROUP.match(part.strip())
+        if ssm:
+            if int(ssm.group(1)) == 0:
+                raise ModelError(f"--layers: {part.strip()!r}: the layer count must be at least 1")
+            groups.append((int(ssm.group(1)), SSM, None))
+            continue
         m = _GROUP.match(part.strip())
         if not m or (m.group(3) and not m.group(2)):
-            raise ModelError(f"--layers: bad group {part!r} (expected COUNT[xWINDOW][+SINKS], e.g. 4 or 2x1024+4)")
+            raise ModelError(
+                f"--layers: bad group {part!r} (expected COUNT[xWINDOW][+SINKS] or COUNTssm, e.g. 4, 2x1024+4 or 2ssm)"
+            )
         count, window, sinks = (int(g) if g else None for g in m.groups())
         assert count is not None
         if count == 0 or window == 0:
@@ -64,16 +77,20 @@ def model_config(
     disk_quota: int | None = None,
     disk_path: str | None = None,
 ) -> KVCacheManagerConfig:
-    """Key and value buffers of ``bytes_per_token * tokens_per_block`` bytes per layer;
+    """Key and value buffers of ``bytes_per_token * tokens_per_block`` bytes per attention layer,
+    and a state of twice that per SSM layer (whose presence turns on ``commit_min_snapshot``);
     ``pool_ratio`` splits the quota between layer groups (default: the manager's split). A
     ``host_quota`` adds a host tier, a ``disk_quota`` a disk tier in ``disk_path``."""
     size = bytes_per_token * tokens_per_block
     try:
         kv = [BufferConfig("key", size), BufferConfig("value", size)]
-        configs: list[AttentionLayerConfig] = []
+        configs: list[AttentionLayerConfig | SsmLayerConfig] = []
         for count, window, sinks in parse_layers(layers):
             for _ in range(count):
-                configs.append(AttentionLayerConfig(len(configs), kv, window, sinks))
+                if window == SSM:
+                    configs.append(SsmLayerConfig(len(configs), [BufferConfig("state", 2 * size)]))
+                else:
+                    configs.append(AttentionLayerConfig(len(configs), kv, window, sinks))
         tiers: list[CacheTierConfig] = [GpuCacheTierConfig(quota)]
         if host_quota is not None:
             tiers.append(HostCacheTierConfig(host_quota))
@@ -85,6 +102,7 @@ def model_config(
             layers=configs,
             enable_partial_reuse=partial_reuse,
             initial_pool_ratio=pool_ratio,
+            commit_min_snapshot=any(isinstance(layer, SsmLayerConfig) for layer in configs),
         )
     except (ValueError, TypeError, OverflowError) as exc:
         if isinstance(exc, ModelError):
