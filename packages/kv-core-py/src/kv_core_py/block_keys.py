@@ -74,12 +74,20 @@ def block_keys(
     return b"".join(chained_keys(root, toks, 0, ceil_div(len(toks), tpb), tpb))
 
 
+#: Blocks hashed per step of ``sequence_to_blockchain_keys``' iteration: one call per block
+#: would cost more than its hashing.
+PAIRS_BATCH = 64
+
+
 def _pairs(root: bytes, tokens: Tokens, tokens_per_block: int) -> Iterator[tuple[list[Token], bytes]]:
     key = root
     yield [], key
-    for block in range(ceil_div(len(tokens), tokens_per_block)):
-        key = chained_keys(key, tokens, block, 1, tokens_per_block)[1]
-        yield tokens.to_list(block * tokens_per_block, (block + 1) * tokens_per_block), key
+    tpb = tokens_per_block
+    for first in range(0, ceil_div(len(tokens), tpb), PAIRS_BATCH):
+        keys = chained_keys(key, tokens, first, PAIRS_BATCH, tpb)
+        chunk = tokens.to_list(first * tpb, (first + PAIRS_BATCH) * tpb)
+        for i, key in enumerate(keys[1:]):
+            yield chunk[i * tpb : (i + 1) * tpb], key
 
 
 def sequence_to_blockchain_keys(
@@ -88,6 +96,6 @@ def sequence_to_blockchain_keys(
     tokens: Any,
     key_format: str = DEFAULT_KEY_FORMAT,
 ) -> Iterator[tuple[list[Token], bytes]]:
-    """Validates everything now; hashes one block per step of the iteration."""
+    """Validates everything now; hashes as the iteration goes, ``PAIRS_BATCH`` blocks at a time."""
     tpb, root, toks = _prepare(tokens_per_block, reuse_scope, tokens, key_format)
     return _pairs(root, toks, tpb)

@@ -83,7 +83,9 @@ def pack_tokens(tokens: Any, key_format: str) -> bytes | None:
 
 class Tokens:
     """Validated tokens: ``packed`` (every id in the key format's encoding, ``width`` bytes each)
-    when all are plain ints, else None and a list of ints and 32-byte digests."""
+    when all are plain ints, else None and a list of ints and 32-byte digests. A list or tuple of
+    plain ints is also kept as a list (a shallow copy: the caller may change its own), so
+    ``to_list`` slices it instead of unpacking new int objects."""
 
     __slots__ = ("_list", "key_format", "packed", "width")
 
@@ -91,13 +93,18 @@ class Tokens:
         self.key_format = key_format
         self.width = TOKEN_ENCODING[key_format][0]
         self.packed = pack_tokens(tokens, key_format)
-        self._list = token_list(tokens, key_format) if self.packed is None else None
+        if self.packed is None:
+            self._list: list[Token] | None = token_list(tokens, key_format)
+        elif isinstance(tokens, (list, tuple)):
+            self._list = list(tokens)  # every item a plain int: pack_tokens checked them
+        else:
+            self._list = None
 
     def __len__(self) -> int:
-        if self._list is not None:
-            return len(self._list)
-        assert self.packed is not None
-        return len(self.packed) // self.width
+        if self.packed is not None:
+            return len(self.packed) // self.width
+        assert self._list is not None
+        return len(self._list)
 
     def to_list(self, begin: int = 0, end: int | None = None) -> list[Token]:
         """Tokens ``[begin, end)`` as ints and digests; packed ids are unpacked in C."""
@@ -110,10 +117,10 @@ class Tokens:
 
     def payload(self, begin: int, end: int) -> bytes:
         """What tokens ``[begin, end)`` put into a block key after the parent key."""
-        if self._list is not None:
-            return encode_block(self._list[begin:end], self.key_format)
-        assert self.packed is not None
-        return self.packed[begin * self.width : end * self.width]
+        if self.packed is not None:
+            return self.packed[begin * self.width : end * self.width]
+        assert self._list is not None
+        return encode_block(self._list[begin:end], self.key_format)
 
 
 def gen_multimodal_cache_key_tokens(
