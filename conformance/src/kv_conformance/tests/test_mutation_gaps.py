@@ -320,3 +320,27 @@ def test_quota_resize_changes_a_later_pool_group_alone(backend: kv_api.Backend) 
         before = now
     assert changed is not None, "no quota changed the second group alone"
     assert m.get_quota(1) == changed
+
+
+def test_quota_resize_refusals_read_alike(backends: list[kv_api.Backend]) -> None:
+    """Every way ``resize(level, quota)`` refuses, with the class and message each backend gives
+    (they must agree), and a quota of 1 byte: valid, below the minimum, so False."""
+    seen = []
+    for backend in backends:
+        m = make_manager(backend)
+        out: list[object] = []
+        for args in ((0, 0), (0, "1"), (0, GRAIN, 1), (0, GRAIN, True), (1, GRAIN)):
+            with pytest.raises(Exception) as info:
+                m.resize(*args)
+            out.append((type(info.value), str(info.value)))
+        out.append(m.resize(0, 1))
+        busy = [active(m, 4), active(m, 4)]
+        with pytest.raises(InvalidStateError) as info:
+            m.resize(0, GRAIN)
+        out.append(str(info.value))
+        assert "2 active" in str(info.value)
+        for cache in busy:
+            cache.close()
+        seen.append(out)
+    assert seen[0][5] is False
+    assert all(s == seen[0] for s in seen)
