@@ -38,7 +38,7 @@ def test_committing_a_block_another_cache_holds_on_a_colder_level(backend: kv_ap
     pinned the block, put its own device page in the tree's place. The holder then held an orphan,
     and once the committer closed, evicting the block's new page removed a block still pinned
     (CorruptedError). Now the tree keeps the held page and the committer holds it too."""
-    tiers = [
+    tiers: list[kv_api.CacheTierConfig] = [
         kv_api.GpuCacheTierConfig(GRAIN),
         kv_api.HostCacheTierConfig(2 * (GRAIN // 8)),
         kv_api.DiskCacheTierConfig(GRAIN, str(tmp_path)),
