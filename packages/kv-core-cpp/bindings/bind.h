@@ -10,5 +10,6 @@ void bind_keys(nanobind::module_& m);
 void bind_manager(nanobind::module_& m);
 void bind_event_manager(nanobind::module_& m);
 void bind_kv_cache(nanobind::module_& m);
+void bind_planned_drop(nanobind::module_& m);
 
 }  // namespace kvcore::py

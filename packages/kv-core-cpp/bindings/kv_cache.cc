@@ -184,6 +184,13 @@ void bind_kv_cache(nb::module_& m) {
       .def("commit", &commit, nb::arg("tokens").none(), nb::arg("is_end").none() = false)
       .def("stop_committing", [](PyKVCache& self) { unlocked([&] { self.cache->stop_committing(); }); })
       .def("close", [](PyKVCache& self) { unlocked([&] { self.cache->close(); }); })
+      .def("plan_committed_block_drop",
+           [](PyKVCache& self) -> nb::object {
+             std::unique_ptr<PlannedDropHandle> plan =
+                 unlocked([&] { return self.cache->plan_committed_block_drop(); });
+             if (!plan) return nb::none();
+             return nb::cast(new PyPlannedDropHandle{self.manager, std::move(plan)}, nb::rv_policy::take_ownership);
+           })
       .def(
           "get_base_page_indices",
           [](PyKVCache& self, nb::handle layer_group, nb::handle beam) {

@@ -9,6 +9,7 @@
 #include "kvcore/event_manager.h"
 #include "kvcore/kv_cache.h"
 #include "kvcore/manager.h"
+#include "kvcore/planned_drop.h"
 
 namespace kvcore::py {
 
@@ -60,6 +61,12 @@ struct PyKVCache {
   nb::object priority;  // the Python callback, if any (the core holds it borrowed)
   std::unique_ptr<KVCache> cache;
   std::map<int, Py_buffer> buffers;  // caller index buffers, exported while attached
+};
+
+struct PyPlannedDropHandle {
+  ~PyPlannedDropHandle();
+  nb::object manager;  // the PyManager, kept alive while the handle lives (the core needs its context)
+  std::unique_ptr<PlannedDropHandle> handle;
 };
 
 }  // namespace kvcore::py

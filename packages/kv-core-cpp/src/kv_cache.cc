@@ -727,6 +727,14 @@ void KVCache::stop_committing_locked(bool move_state) {
   apply_stale_releases(stale_releases(history_), history_);
 }
 
+std::unique_ptr<PlannedDropHandle> KVCache::plan_committed_block_drop() {
+  const auto lock = context_.lock();
+  if (commit_state_ != CommitState::kUserStop) {
+    throw Error(ErrorKind::kLogic, "plan_committed_block_drop() requires stop_committing()");
+  }
+  return plan_drop(context_, root_key_, tokens_);
+}
+
 void KVCache::close() {
   const auto lock = context_.lock();
   close_locked();

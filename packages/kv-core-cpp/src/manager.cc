@@ -29,6 +29,8 @@ KVCacheManager::KVCacheManager(const KVCacheManagerConfig& config, KVCacheEventM
       events_(bind_events(events, registry_)),
       storage_(config_, storage_config_, registry_, tree_, events_, copier),
       context_(config_, registry_, storage_, tree_, events_) {
+  // The manager owns the context, so the context never calls a destroyed manager.
+  context_.rematch = [this](const Digest& key, const Tokens& tokens) { return match(key, tokens, false); };
   if (events_ != nullptr) {
     std::vector<std::uint64_t> totals;
     for (int l = 0; l < storage_.num_levels(); ++l) totals.push_back(storage_.level(l).total_slots());
@@ -42,13 +44,13 @@ void KVCacheManager::require_live() const {
   if (context_.is_shut_down) throw Error(ErrorKind::kInvalidState, "the manager is shut down");
 }
 
-MatchPath KVCacheManager::match(const Digest& root_key, const Tokens& tokens) {
-  // The reusable prefix: walk, back off, then cut until the endpoint has an SSM snapshot taken
-  // exactly there and every attention life cycle has, for each block it needs at the endpoint, a
-  // page covering the matched tokens.
+MatchPath KVCacheManager::match(const Digest& root_key, const Tokens& tokens, bool with_backoff) {
+  // The reusable prefix: walk, back off (unless not `with_backoff`), then cut until the endpoint
+  // has an SSM snapshot taken exactly there and every attention life cycle has, for each block it
+  // needs at the endpoint, a page covering the matched tokens.
   const std::int64_t tpb = config_.tokens_per_block;
   MatchPath path = tree_.walk(root_key, tokens, tpb, config_.key_format, config_.enable_partial_reuse);
-  std::int64_t backoff = config_.reuse_match_backoff;
+  std::int64_t backoff = with_backoff ? config_.reuse_match_backoff : 0;
   while (backoff && !path.empty()) {
     auto& [block, n] = path.back();
     if (n > backoff) {

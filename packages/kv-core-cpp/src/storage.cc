@@ -28,12 +28,15 @@ Page* Storage::new_record() {
   } else {
     page = free_records_.back();
     free_records_.pop_back();
+    const std::uint64_t generation = page->generation;
     *page = Page{};
+    page->generation = generation;
   }
   return page;
 }
 
 void Storage::retire(Page* page) {
+  ++page->generation;
   if (guards_) {
     retired_.push_back(page);
   } else {
@@ -427,6 +430,12 @@ void Storage::drop(Page* page) {
   } else {
     tree_.prune(block);
   }
+}
+
+void Storage::drop_now(Page* page) {
+  // A planned drop: as an eviction would drop the page, but not counted as one.
+  dequeue(page);
+  drop(page);
 }
 
 void Storage::discard(Block* block, int life_cycle) {

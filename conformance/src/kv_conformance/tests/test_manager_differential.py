@@ -120,6 +120,7 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
             super().__init__()
             ran[0] += 1
             self.caches: list[list[Any]] = []  # one entry per cache: its object on each backend
+            self.handles: list[list[Any]] = []  # planned drops, likewise (None once released)
 
         @initialize(
             tpb=st.sampled_from([2, 4]),
@@ -292,6 +293,43 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
         def close(self, index: int) -> None:
             self.on_cache(index, lambda c: c.close())
 
+        @precondition(lambda self: self.caches)
+        @rule(index=st.integers(0, 99), how=st.sampled_from(["as is", "stop", "stop and close"]))
+        def plan_drop(self, index: int, how: str) -> None:
+            """``plan_committed_block_drop``, after ``stop_committing`` unless ``as is`` (then it
+            may raise), closing the cache after unless it stays open (its pages held, so not
+            dropped): the handles are kept to be dropped or released later."""
+            caches = self.caches[index % len(self.caches)]
+
+            def call(i: int) -> tuple[Any, Any]:
+                if how != "as is":
+                    caches[i].stop_committing()
+                handle = caches[i].plan_committed_block_drop()
+                if how == "stop and close":
+                    caches[i].close()
+                return handle, handle is None
+
+            planned = self.each(call)
+            if planned is not None and planned[0] is not None:
+                self.handles.append(planned)
+
+        @precondition(lambda self: self.handles)
+        @rule(index=st.integers(0, 99), release=st.booleans())
+        def drop_planned(self, index: int, release: bool) -> None:
+            """``drop()`` a planned drop (again: LogicError), or release it (dropping it unless it
+            was), as a collected handle is."""
+            handles = self.handles[index % len(self.handles)]
+
+            def call(i: int) -> tuple[None, Any]:
+                if handles[i] is None:
+                    return None, "released"
+                if release:
+                    handles[i] = None  # the last reference: released now
+                    return None, "released"
+                return None, handles[i].drop()
+
+            self.each(call)
+
         @rule(
             scope=st.sampled_from(range(len(SCOPES))),
             prefix=st.sampled_from(range(len(PREFIXES))),
@@ -379,6 +417,7 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
                                 )
 
         def teardown(self) -> None:
+            self.handles.clear()  # released (dropped) while their managers live
             for per_backend in self.caches:
                 for c in per_backend:
                     c.close()

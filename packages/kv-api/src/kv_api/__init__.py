@@ -31,7 +31,15 @@ from kv_api.constants import (
     PageIndexMode,
     PageStatus,
 )
-from kv_api.contract import Backend, KVCache, KVCacheEventManager, KVCacheManager, PriorityCallback, TokenInput
+from kv_api.contract import (
+    Backend,
+    KVCache,
+    KVCacheEventManager,
+    KVCacheManager,
+    PlannedDropHandle,
+    PriorityCallback,
+    TokenInput,
+)
 from kv_api.descriptors import BufferId, LifeCycle, PageIndexConverter, PoolDesc, PoolGroupDesc
 from kv_api.page_copier import CopyRun, HostMemoryCopier, PageCopier
 from kv_api.registry import (
@@ -83,6 +91,7 @@ __all__ = [
     "PageIndexConverter",
     "PageIndexMode",
     "PageStatus",
+    "PlannedDropHandle",
     "PoolDesc",
     "PoolGroupDesc",
     "PriorityCallback",

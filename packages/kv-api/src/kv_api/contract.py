@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 from array import array
 from collections.abc import Callable, Iterable, Iterator
+from types import TracebackType
 from typing import Protocol, SupportsIndex, TypeAlias, runtime_checkable
 
 from kv_api.capabilities import Capabilities
@@ -32,6 +33,7 @@ __all__ = [
     "KVCache",
     "KVCacheEventManager",
     "KVCacheManager",
+    "PlannedDropHandle",
     "PriorityCallback",
     "TokenInput",
 ]
@@ -242,6 +244,30 @@ class KVCacheManager(abc.ABC):
         caches are open. Idempotent."""
 
 
+class PlannedDropHandle(abc.ABC):
+    """A plan to drop the tree pages only a finished request's next turn would reuse, returned by
+    ``KVCache.plan_committed_block_drop()`` (docs/manager.md, "Planned drops"). Each page it
+    covers counts the plans outstanding on it; ``drop()`` applies this one. Applied when the
+    handle is released (collected, or at the end of a ``with`` block) if not dropped before.
+    """
+
+    @abc.abstractmethod
+    def drop(self) -> None:
+        """Withdraw the plan from each covered page still alive: a page no other plan covers that
+        nobody holds is dropped now, as an eviction would drop it (``Removed`` events). A second
+        call raises ``LogicError``."""
+
+    @abc.abstractmethod
+    def __enter__(self) -> PlannedDropHandle:
+        """The handle itself."""
+
+    @abc.abstractmethod
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc_value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        """``drop()`` unless dropped already."""
+
+
 class KVCache(abc.ABC):
     """One request's view of the cache: SUSPENDED on creation, ACTIVE after ``resume()``,
     CLOSED after ``close()``. Calls made in a state that does not allow them raise
@@ -374,6 +400,14 @@ class KVCache(abc.ABC):
     def close(self) -> None:
         """``stop_committing()``, then release every page; committed pages stay reusable until
         evicted, the others are freed. Idempotent."""
+
+    @abc.abstractmethod
+    def plan_committed_block_drop(self) -> PlannedDropHandle | None:
+        """After ``stop_committing()`` (else ``LogicError``): a plan covering the tree pages of the
+        committed tokens that only their exact continuation reuses, the window pages of the
+        trailing blocks and the last block's SSM snapshot (never full attention nor sinks).
+        None when nothing is committed, or when the committed tokens, re-matched ignoring
+        ``reuse_match_backoff``, are not all reusable."""
 
     # -- page indices --------------------------------------------------------------------------------
 

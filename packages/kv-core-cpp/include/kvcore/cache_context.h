@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <vector>
 
@@ -73,6 +74,9 @@ class CacheContext {
   const std::vector<KVCache*>& open_caches() const { return open_caches_; }
 
   bool is_shut_down = false;  // set by the manager's shutdown()
+  // The manager's reuse match without reuse_match_backoff (set by the manager): a planned drop
+  // re-matches the committed tokens (planned_drop.h).
+  std::function<MatchPath(const Digest&, const Tokens&)> rematch;
   CacheStats committed_stats;
   CacheStats iteration_stats;
 

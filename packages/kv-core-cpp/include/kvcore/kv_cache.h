@@ -6,11 +6,13 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "kvcore/block_keys.h"
 #include "kvcore/page.h"
+#include "kvcore/planned_drop.h"
 #include "kvcore/radix_tree.h"
 #include "kvcore/tokens.h"
 
@@ -76,6 +78,9 @@ class KVCache {
   void commit(const TokenList& tokens, bool is_end);
   void stop_committing();
   void close();
+  // A plan to drop the committed tokens' trailing window pages and last SSM snapshot (plan_drop);
+  // nullptr for None. Error(kLogic) before stop_committing().
+  std::unique_ptr<PlannedDropHandle> plan_committed_block_drop();
 
   std::vector<std::int32_t> get_base_page_indices(int layer_group) const;
   // The slot of the request's state in an SSM layer group while active, else kBadPageIndex.

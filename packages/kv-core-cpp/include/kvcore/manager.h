@@ -57,7 +57,7 @@ class KVCacheManager {
   CacheStats get_and_reset_iteration_stats();
 
  private:
-  MatchPath match(const Digest& root_key, const Tokens& tokens);
+  MatchPath match(const Digest& root_key, const Tokens& tokens, bool with_backoff = true);
   bool prune_ssm(MatchPath& path) const;
   void require_no_open_caches(const char* api) const;
 

@@ -16,11 +16,15 @@ struct Page {
   int life_cycle = 0;
   int pool_group = 0;
   int priority = 0;
-  Block* block = nullptr;                // set once committed
-  std::int64_t num_tokens = 0;           // tokens of the block this page is valid for
-  int holders = 0;                       // caches keeping the page (held or locked)
-  int locks = 0;                         // caches locking it (active)
-  bool queued = false;                   // in its level's eviction queue
+  Block* block = nullptr;       // set once committed
+  std::int64_t num_tokens = 0;  // tokens of the block this page is valid for
+  int holders = 0;              // caches keeping the page (held or locked)
+  int locks = 0;                // caches locking it (active)
+  bool queued = false;          // in its level's eviction queue
+  int planned_drops = 0;        // planned-drop handles covering it, not dropped yet (planned_drop.h)
+  // Bumped each time the record is retired: a planned-drop handle knows its page by (record,
+  // generation), so a page freed meanwhile, its record reused, is not taken for the new one.
+  std::uint64_t generation = 0;
   std::list<Page*>::iterator queue_pos;  // its place in the eviction queue, while queued
 
   bool committed() const { return block != nullptr; }

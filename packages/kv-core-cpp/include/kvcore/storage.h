@@ -108,6 +108,9 @@ class Storage {
   void replace(Block* block, int life_cycle, Page* page);
   void orphan(Page* page);
   void drop(Page* page);
+  // Drops a committed droppable page out of turn (a planned drop): as an eviction would, but not
+  // counted as one.
+  void drop_now(Page* page);
   void clear();
   std::uint64_t num_evicted = 0;    // pages evicted from the device level
   std::uint64_t num_onboarded = 0;  // pages moved up to the device level

@@ -15,6 +15,7 @@ from kv_core_cpp._core import (
     KVCache,
     KVCacheEventManager,
     KVCacheManager,
+    PlannedDropHandle,
     block_hash_v1,
     block_hash_v2_sha256,
     block_hash_v2_sha256_64,
@@ -49,6 +50,7 @@ capabilities = Capabilities(
 kv_api.KVCacheManager.register(KVCacheManager)
 kv_api.KVCache.register(KVCache)
 kv_api.KVCacheEventManager.register(KVCacheEventManager)
+kv_api.PlannedDropHandle.register(PlannedDropHandle)
 
 
 def build_info() -> dict[str, str]:
@@ -66,6 +68,7 @@ __all__ = [
     "KVCache",
     "KVCacheEventManager",
     "KVCacheManager",
+    "PlannedDropHandle",
     "block_hash_v1",
     "block_hash_v2_sha256",
     "block_hash_v2_sha256_64",

@@ -11,6 +11,7 @@ from kv_core_py.event_hash import block_hash_v1, block_hash_v2_sha256, block_has
 from kv_core_py.event_manager import KVCacheEventManager
 from kv_core_py.kv_cache import KVCache
 from kv_core_py.manager import KVCacheManager
+from kv_core_py.planned_drop import PlannedDropHandle
 from kv_core_py.poison import debug_poison as _debug_poison  # noqa: F401 - the debug hook, private
 from kv_core_py.poison import num_live_managers
 from kv_core_py.poison import reason as poison_reason
@@ -35,6 +36,7 @@ __all__ = [
     "KVCache",
     "KVCacheEventManager",
     "KVCacheManager",
+    "PlannedDropHandle",
     "block_hash_v1",
     "block_hash_v2_sha256",
     "block_hash_v2_sha256_64",

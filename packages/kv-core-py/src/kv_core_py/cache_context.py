@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import fields
 
 from kv_api.config import KVCacheManagerConfig
@@ -12,8 +13,9 @@ from kv_api.contract import KVCache
 from kv_api.stats import CacheStats
 from kv_core_py.event_manager import KVCacheEventManager
 from kv_core_py.life_cycles import LifeCycleRegistry
-from kv_core_py.radix_tree import RadixTree
+from kv_core_py.radix_tree import Block, RadixTree
 from kv_core_py.storage import Storage
+from kv_core_py.tokens import Tokens
 
 _COUNTERS = [f.name for f in fields(CacheStats)]
 
@@ -41,6 +43,9 @@ class CacheContext:
         self.storage = storage
         self.tree = tree
         self.events = events  # None: no event manager
+        # The manager's reuse match without reuse_match_backoff (set by the manager): a planned
+        # drop re-matches the committed tokens (planned_drop.py).
+        self.rematch: Callable[[bytes, Tokens], list[tuple[Block, int]]] = lambda root_key, tokens: []
         self.is_shut_down = False  # set by the manager's shutdown()
         # Plain counters, added to on the hot path (a decode step); CacheStats is built when read.
         self._committed = dict.fromkeys(_COUNTERS, 0)

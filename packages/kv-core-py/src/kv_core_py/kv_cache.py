@@ -23,7 +23,7 @@ from kv_api.contract import PriorityCallback
 from kv_api.errors import HostOOMError, InvalidStateError, LogicError, OutOfPagesError
 from kv_api.keys import Token
 from kv_api.scope import ReuseScope
-from kv_core_py import poison
+from kv_core_py import planned_drop, poison
 from kv_core_py.block_keys import chained_keys
 from kv_core_py.cache_context import CacheContext
 from kv_core_py.page import Page
@@ -765,6 +765,15 @@ class KVCache(kv_api.KVCache):
             self._commit_block(ordinal)
         self._commit_state = CommitState.USER_STOP
         self._apply_stale_releases(self._stale_releases(self._history), self._history)
+
+    def plan_committed_block_drop(self) -> planned_drop.PlannedDropHandle | None:
+        """A plan to drop the committed tokens' trailing window pages and last SSM snapshot
+        (``planned_drop.plan``); ``LogicError`` before ``stop_committing()``."""
+        poison.check()
+        with self._context.lock:
+            if self._commit_state != CommitState.USER_STOP:
+                raise LogicError("plan_committed_block_drop() requires stop_committing()")
+            return planned_drop.plan(self._context, self._root_key, self._tokens)
 
     def close(self) -> None:
         """Commit the partial tail, release every page (last block first; committed pages become

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import kv_api
 from kv_api._check import as_int, as_str, int_in_range
@@ -74,6 +76,11 @@ class KVCacheManager(kv_api.KVCacheManager):
         )
         # The lock, the open caches, the shut-down flag and the statistics live there, shared with the caches.
         self._context = CacheContext(config, self._registry, self._storage, self._tree, event_manager)
+        # Weak: the context must not keep its manager alive (a cache does, and it alone re-matches).
+        match = weakref.WeakMethod(self._match)
+        self._context.rematch = lambda key, tokens: cast(Callable[..., list[tuple[Block, int]]], match())(
+            key, tokens, False
+        )
         self._next_id = 0
         if event_manager is not None:
             event_manager.created(tuple(sum(level.counts.slots) for level in levels))
@@ -300,13 +307,13 @@ class KVCacheManager(kv_api.KVCacheManager):
         scope = check_reuse_scope(reuse_scope)
         return scope, root_key(scope), Tokens([] if tokens is None else tokens, self._config.key_format)
 
-    def _match(self, root_key: bytes, tokens: Tokens) -> list[tuple[Block, int]]:
-        """The reusable prefix: walk, back off, then cut until the endpoint has an SSM snapshot
-        taken exactly there and every attention life cycle has, for each block it needs at the
-        endpoint, a page covering the matched tokens."""
+    def _match(self, root_key: bytes, tokens: Tokens, with_backoff: bool = True) -> list[tuple[Block, int]]:
+        """The reusable prefix: walk, back off (unless not ``with_backoff``), then cut until the
+        endpoint has an SSM snapshot taken exactly there and every attention life cycle has, for
+        each block it needs at the endpoint, a page covering the matched tokens."""
         config, tpb = self._config, self._config.tokens_per_block
         path = self._tree.walk(root_key, tokens, tpb, config.enable_partial_reuse)
-        backoff = config.reuse_match_backoff
+        backoff = config.reuse_match_backoff if with_backoff else 0
         while backoff and path:
             block, n = path[-1]
             if n > backoff:

@@ -18,6 +18,7 @@ class Page:
         "life_cycle",
         "locks",
         "num_tokens",
+        "planned_drops",
         "pool_group",
         "priority",
         "queued",
@@ -37,6 +38,7 @@ class Page:
         self.holders = 0  # caches keeping the page (held or locked)
         self.locks = 0  # caches locking it (active)
         self.queued = False  # in its level's eviction queue
+        self.planned_drops = 0  # planned-drop handles covering it, not dropped yet (planned_drop.py)
 
     @property
     def alive(self) -> bool:

@@ -396,6 +396,12 @@ class Storage:
         else:
             self.tree.prune(block)
 
+    def drop_now(self, page: Page) -> None:
+        """Drop a committed droppable page out of turn (a planned drop): as an eviction would,
+        but not counted as one."""
+        self._dequeue(page)
+        self.drop(page)
+
     def _discard(self, block: Block, life_cycle: int) -> None:
         page = block.pages[life_cycle]
         assert page is not None
