@@ -43,7 +43,14 @@ from kv_api.registry import (
     load_backend,
 )
 from kv_api.scope import DIGEST_SIZE, MmItemContext, ReuseScope
-from kv_api.stats import CacheStats, StorageStatistics
+from kv_api.stats import (
+    CacheStats,
+    KVCacheStatsDelta,
+    LifeCycleStats,
+    ReuseMatch,
+    SsmSnapshotStats,
+    StorageStatistics,
+)
 
 __version__ = "0.1.0"
 
@@ -75,9 +82,11 @@ __all__ = [
     "KVCacheEventManager",
     "KVCacheManager",
     "KVCacheManagerConfig",
+    "KVCacheStatsDelta",
     "KVCacheStatus",
     "LayerConfig",
     "LifeCycle",
+    "LifeCycleStats",
     "MmItemContext",
     "PageCopier",
     "PageIndexConverter",
@@ -86,8 +95,10 @@ __all__ = [
     "PoolDesc",
     "PoolGroupDesc",
     "PriorityCallback",
+    "ReuseMatch",
     "ReuseScope",
     "SsmLayerConfig",
+    "SsmSnapshotStats",
     "StorageStatistics",
     "TokenInput",
     "available_backends",
