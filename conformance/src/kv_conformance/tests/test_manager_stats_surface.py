@@ -443,6 +443,26 @@ def test_ssm_snapshot_stats_same_on_both_backends(backends: list[kv_api.Backend]
     assert all(r == results[0] for r in results)
 
 
+def test_ssm_snapshot_skipped_without_room(backend: kv_api.Backend) -> None:
+    """Every SSM slot holds a live state (no resume headroom): a commit's snapshot copy finds no
+    room, the tokens are committed and the snapshot is counted as skipped."""
+    m = backend.KVCacheManager(ssm_hybrid(max_util_for_resume=1.0))
+    ssm_slots = next(pg.num_slots for pg in m.pool_group_descs if 2 in pg.life_cycles)
+    caches = [m.create_kv_cache() for _ in range(ssm_slots)]
+    for c in caches:
+        assert c.resume() and c.resize(4)
+    caches[0].commit(toks(4))
+    assert caches[0].num_committed_tokens == 4
+    assert m.get_and_reset_ssm_snapshot_iteration_stats() == SsmSnapshotStats(0, 1, 0)
+    assert m.probe_reuse(None, toks(4)) == 0  # no snapshot: nothing reusable
+    caches[1].close()  # a state slot comes free: the next commit's snapshot is stored
+    caches[2].commit(toks(4, 100))
+    assert m.get_and_reset_ssm_snapshot_iteration_stats() == SsmSnapshotStats(1, 0, 0)
+    assert m.probe_reuse(None, toks(4, 100)) == 4
+    for c in caches:
+        c.close()
+
+
 def test_peak_block_stats(backend: kv_api.Backend) -> None:
     m = backend.KVCacheManager(make_config(4, slots=16))
     assert m.get_and_reset_iteration_peak_block_stats() == [0]
