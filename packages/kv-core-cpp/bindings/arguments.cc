@@ -202,6 +202,12 @@ bool strict_bool(const char* where, nb::handle value) {
   return value.ptr() == Py_True;
 }
 
+std::optional<bool> optional_bool(const char* where, nb::handle value) {
+  if (value.is_none()) return std::nullopt;
+  if (!PyBool_Check(value.ptr())) fail(PyExc_TypeError, msg::kExpectedBoolOrNone, {where, py_type_name(value)});
+  return value.ptr() == Py_True;
+}
+
 void page_copier(nb::handle copier) {
   if (!copier.is_none() && !nb::isinstance(copier, api("PageCopier")))
     fail(PyExc_TypeError, msg::kExpectedPageCopier, {py_type_name(copier)});

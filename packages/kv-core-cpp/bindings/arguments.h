@@ -54,6 +54,7 @@ inline constexpr char kNoBuffer[] = "no buffer {} in layer {}";  // the role's r
 inline constexpr char kOutOfRange[] = "{} {} out of range (0..{})";
 inline constexpr char kLevelOutOfRange[] = "{} {} out of range (0..{})";  // the name, the level, the last level
 inline constexpr char kExpectedBool[] = "{}: expected a bool, got {}";
+inline constexpr char kExpectedBoolOrNone[] = "{}: expected a bool or None, got {}";
 inline constexpr char kResizeNeedsSuspended[] = "resize() requires every KV cache suspended ({} active)";
 inline constexpr char kBestEfforts[] = "resize: best_efforts=True is not supported";
 inline constexpr char kExpectedPageCopier[] = "page_copier: expected a kv_api.PageCopier, got {}";
@@ -103,14 +104,15 @@ KeyFormat key_format(nb::handle format);
 Digest digest(const char* where, nb::handle value);  // 32 bytes
 bool shared_index_mode(nb::handle mode);             // kv_api.PageIndexMode(mode) is SHARED
 
-void manager_config(nb::handle config);                 // a kv_api.KVCacheManagerConfig
-KVCacheEventManager* event_manager(nb::handle events);  // None or this backend's event manager
-void page_copier(nb::handle copier);                    // None or a kv_api.PageCopier (TypeError)
-std::uint64_t quota(nb::handle value);                  // an int in [1, 2**63)
-bool strict_bool(const char* where, nb::handle value);  // a bool exactly (TypeError)
-void callable_or_none(nb::handle callback);             // custom_priority_callback
-int priority(nb::handle value);                         // what a priority callback returned
-std::int64_t event_entries(nb::handle value);           // an int in [-kEventEntriesLimit, kEventEntriesLimit)
+void manager_config(nb::handle config);                                  // a kv_api.KVCacheManagerConfig
+KVCacheEventManager* event_manager(nb::handle events);                   // None or this backend's event manager
+void page_copier(nb::handle copier);                                     // None or a kv_api.PageCopier (TypeError)
+std::uint64_t quota(nb::handle value);                                   // an int in [1, 2**63)
+bool strict_bool(const char* where, nb::handle value);                   // a bool exactly (TypeError)
+std::optional<bool> optional_bool(const char* where, nb::handle value);  // None or a bool exactly (TypeError)
+void callable_or_none(nb::handle callback);                              // custom_priority_callback
+int priority(nb::handle value);                                          // what a priority callback returned
+std::int64_t event_entries(nb::handle value);  // an int in [-kEventEntriesLimit, kEventEntriesLimit)
 HashAlgo hash_algo(nb::handle name);
 double timeout_ms(nb::handle value);  // kv_api._check.timeout_ms; None and +inf wait (-1), else at least 0
 

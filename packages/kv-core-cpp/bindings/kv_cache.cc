@@ -151,6 +151,20 @@ void bind_kv_cache(nb::module_& m) {
       .def_prop_ro("committed_tokens", getter([](const KVCache& c) { return token_objects(c.committed_tokens()); }))
       .def_prop_ro("num_reused_tokens", getter([](const KVCache& c) { return c.num_reused_tokens(); }))
       .def_prop_ro("num_blocks", getter([](const KVCache& c) { return c.num_blocks(); }))
+      .def_prop_ro("expected_prompt_length", getter([](const KVCache& c) { return c.stats.expected_prompt_length(); }))
+      .def_prop_ro("text_only", getter([](const KVCache& c) { return c.stats.text_only(); }))
+      .def("commit_pending_stats",
+           [](PyKVCache& self) {
+             const ManagerLock lock(self.cache->context());
+             const KVCacheStatsDelta d = self.cache->stats.commit();
+             return api("stats.KVCacheStatsDelta")(d.lookup_tokens, d.reused_tokens, d.allocated_pages,
+                                                   d.generation_allocated_pages, d.committed_blocks);
+           })
+      .def("discard_pending_stats",
+           [](PyKVCache& self) {
+             const ManagerLock lock(self.cache->context());
+             self.cache->stats.discard();
+           })
       // The setters' values, like every argument, are declared .none(): nanobind would refuse None
       // with its own TypeError before the state is checked.
       .def_prop_rw(

@@ -2,6 +2,7 @@
 // order, and calls kvcore::KVCacheManager without the GIL.
 #include "kvcore/manager.h"
 
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -73,6 +74,7 @@ KVCacheManagerConfig manager_config(nb::handle c) {
   nb::object ratio = c.attr("initial_pool_ratio");
   if (!ratio.is_none()) out.initial_pool_ratio = nb::cast<std::vector<double>>(ratio);
   out.commit_min_snapshot = nb::cast<bool>(c.attr("commit_min_snapshot"));
+  out.text_only = nb::cast<bool>(c.attr("text_only"));
   out.key_format = parse_key_format(nb::cast<std::string>(c.attr("key_format")));
   return out;
 }
@@ -192,7 +194,8 @@ PriorityCallback priority_callback(nb::handle callback, PyManager& self) {
 }
 
 nb::object create_kv_cache(nb::handle self_handle, nb::handle reuse_scope_arg, nb::handle input_tokens, nb::handle id,
-                           nb::handle callback) {
+                           nb::handle callback, nb::handle expected_prompt_length, nb::handle text_only,
+                           nb::handle enable_request_stats) {
   PyManager& self = nb::cast<PyManager&>(self_handle);
   const ManagerLock lock(self.manager->context());
   self.manager->require_live();
@@ -200,11 +203,16 @@ nb::object create_kv_cache(nb::handle self_handle, nb::handle reuse_scope_arg, n
   const ReuseScope scope = arg::reuse_scope(reuse_scope_arg);
   const auto input = tokens_arg(self, input_tokens);
   const std::optional<std::int64_t> cache_id = arg::optional_count("id", id, kCacheIdLimit);
+  const std::optional<std::int64_t> expected =
+      arg::optional_count("expected_prompt_length", expected_prompt_length, kTokenLimit);
+  const std::optional<bool> text = arg::optional_bool("text_only", text_only);
+  const bool request_stats = arg::strict_bool("enable_request_stats", enable_request_stats);
   PriorityCallback priority = priority_callback(callback, self);
   std::unique_ptr<KVCache> cache;
   {
     nb::gil_scoped_release release;
-    cache = self.manager->create_kv_cache(scope, input->tokens(), cache_id, std::move(priority));
+    cache = self.manager->create_kv_cache(scope, input->tokens(), cache_id, std::move(priority), expected, text,
+                                          request_stats);
   }
   auto* py_cache = new PyKVCache{nb::borrow(self_handle), nb::borrow(callback), std::move(cache), {}};
   return nb::cast(py_cache, nb::rv_policy::take_ownership);
@@ -233,7 +241,23 @@ nb::object probe_first_new_block_key(PyManager& self, nb::handle reuse_scope_arg
   return nb::bytes(reinterpret_cast<const char*>(key->data()), key->size());
 }
 
+nb::object probe_reuse_match(PyManager& self, nb::handle reuse_scope_arg, nb::handle tokens) {
+  const ManagerLock lock(self.manager->context());
+  self.manager->require_live();
+  const ReuseScope scope = arg::reuse_scope(reuse_scope_arg);
+  const auto input = tokens_arg(self, tokens);
+  KVCacheManager::ReuseMatch m{};
+  {
+    nb::gil_scoped_release release;
+    m = self.manager->probe_reuse_match(scope, input->tokens());
+  }
+  return api("stats.ReuseMatch")(m.num_lookup_tokens, m.num_divergence_tokens, m.num_attention_tokens,
+                                 m.num_reused_tokens);
+}
+
 // --- statistics ---------------------------------------------------------------------------------
+
+std::int64_t cache_id_arg(nb::handle cache_id) { return arg::int_between("cache_id", cache_id, 0, kCacheIdLimit); }
 
 nb::object stats_object(const CacheStats& s) {
   return api("stats.CacheStats")(s.requests, s.lookup_tokens, s.reused_tokens, s.allocated_pages, s.evicted_pages,
@@ -416,13 +440,91 @@ void bind_manager(nb::module_& m) {
       .def("get_committed_stats", [](PyManager& self) { return stats(self, &KVCacheManager::get_committed_stats); })
       .def("get_and_reset_iteration_stats",
            [](PyManager& self) { return stats(self, &KVCacheManager::get_and_reset_iteration_stats); })
+      .def("get_and_reset_iteration_stats_by_life_cycle",
+           [](PyManager& self) {
+             std::map<int, LifeCycleStats> taken;
+             {
+               nb::gil_scoped_release release;
+               taken = self.manager->get_and_reset_iteration_stats_by_life_cycle();
+             }
+             nb::dict out;
+             for (const auto& [lc, s] : taken) {
+               out[nb::int_(lc)] = api("stats.LifeCycleStats")(s.allocated_pages, s.committed_pages);
+             }
+             return out;
+           })
+      .def("get_and_reset_ssm_snapshot_iteration_stats",
+           [](PyManager& self) {
+             SsmSnapshotStats s;
+             {
+               nb::gil_scoped_release release;
+               s = self.manager->get_and_reset_ssm_snapshot_iteration_stats();
+             }
+             return api("stats.SsmSnapshotStats")(s.stored, s.skipped, s.reused);
+           })
+      .def(
+          "get_and_reset_iteration_peak_block_stats",
+          [](PyManager& self, nb::handle level) {
+            const ManagerLock lock(self.manager->context());
+            const int l = arg::cache_level(level, self.manager->num_levels());
+            return self.manager->get_and_reset_iteration_peak_block_stats(l);
+          },
+          nb::arg("level").none() = 0)
+      .def(
+          "mark_stats_excluded",
+          [](PyManager& self, nb::handle cache_id) {
+            const ManagerLock lock(self.manager->context());
+            self.manager->mark_stats_excluded(cache_id_arg(cache_id));
+          },
+          nb::arg("cache_id").none())
+      .def(
+          "is_stats_excluded",
+          [](PyManager& self, nb::handle cache_id) {
+            const ManagerLock lock(self.manager->context());
+            return self.manager->is_stats_excluded(cache_id_arg(cache_id));
+          },
+          nb::arg("cache_id").none())
+      .def(
+          "mark_stats_dirty",
+          [](PyManager& self, nb::handle cache_id) {
+            const ManagerLock lock(self.manager->context());
+            self.manager->mark_stats_dirty(cache_id_arg(cache_id));
+          },
+          nb::arg("cache_id").none())
+      .def(
+          "clear_stats_dirty",
+          [](PyManager& self, nb::handle cache_id) {
+            const ManagerLock lock(self.manager->context());
+            self.manager->clear_stats_dirty(cache_id_arg(cache_id));
+          },
+          nb::arg("cache_id").none())
+      .def("get_dirty_stats_kv_cache_ids",
+           [](PyManager& self) {
+             const ManagerLock lock(self.manager->context());
+             return self.manager->get_dirty_stats_kv_cache_ids();
+           })
+      .def(
+          "clamp_max_seq_len_for_mem",
+          [](PyManager& self, nb::handle batch_size, nb::handle token_upper_bound) {
+            const ManagerLock lock(self.manager->context());
+            self.manager->require_live();
+            const std::int64_t n = arg::int_between("batch_size", batch_size, 1, kTokenLimit);
+            const std::int64_t bound = arg::int_between("token_upper_bound", token_upper_bound, 0, kTokenLimit);
+            nb::gil_scoped_release release;
+            return self.manager->clamp_max_seq_len_for_mem(n, bound);
+          },
+          nb::arg("batch_size").none(), nb::arg("token_upper_bound").none())
+      .def("probe_reuse_match", &probe_reuse_match, nb::arg("reuse_scope").none() = nb::none(),
+           nb::arg("tokens").none() = nb::none())
       .def("probe_reuse", &probe_reuse, nb::arg("reuse_scope").none() = nb::none(),
            nb::arg("tokens").none() = nb::none())
       .def("probe_first_new_block_key", &probe_first_new_block_key, nb::arg("reuse_scope").none(),
            nb::arg("tokens").none())
       .def("create_kv_cache", &create_kv_cache, nb::arg("reuse_scope").none() = nb::none(),
            nb::arg("input_tokens").none() = nb::none(), nb::arg("id").none() = nb::none(),
-           nb::arg("custom_priority_callback").none() = nb::none())
+           nb::arg("custom_priority_callback").none() = nb::none(),
+           nb::arg("expected_prompt_length").none() = nb::none(), nb::arg("text_only").none() = nb::none(),
+           nb::arg("enable_request_stats").none() = false)
       .def_prop_ro("num_open_kv_caches",
                    [](PyManager& self) {
                      const ManagerLock lock(self.manager->context());

@@ -28,8 +28,9 @@ const char* status_name(CacheStatus s) {
 }  // namespace
 
 KVCache::KVCache(CacheContext& context, std::int64_t id, const ReuseScope& scope, const Digest& root_key,
-                 TokenList tokens, const MatchPath& path, PriorityCallback priority)
-    : context_(context),
+                 TokenList tokens, const MatchPath& path, PriorityCallback priority, RequestStats request_stats)
+    : stats(std::move(request_stats)),
+      context_(context),
       id_(id),
       scope_(scope),
       root_key_(root_key),
@@ -233,9 +234,7 @@ std::vector<Page*> KVCache::new_pages(const std::vector<std::pair<std::int64_t, 
   std::vector<std::pair<int, int>> requests;
   for (std::size_t i = 0; i < needs.size(); ++i) requests.emplace_back(needs[i].second, priorities[i]);
   std::vector<Page*> pages = context_.storage().new_pages(requests);
-  CacheStats delta;
-  delta.allocated_pages = pages.size();
-  context_.add_stats(delta);
+  stats.allocated(needs);
   for (Page* p : pages) p->holders = 1;
   return pages;
 }
@@ -526,6 +525,9 @@ void KVCache::commit(const TokenList& tokens, bool is_end) {
   const auto lock = context_.lock();
   require(CacheStatus::kActive, "commit");
   require_commit_allowed();
+  if (stats.text_only()) {
+    if (const auto digest = first_digest(tokens)) throw_text_only("tokens", *digest);
+  }
   const auto committed = static_cast<std::int64_t>(tokens_.size());
   const auto added = static_cast<std::int64_t>(tokens.size());
   if (committed + added > capacity_) {
@@ -584,9 +586,7 @@ void KVCache::commit_block(std::int64_t ordinal, const std::vector<Page*>* pages
     if (!full && RadixTree::covering_sibling(parent, tokens) != nullptr) return;
     Block* shorter = RadixTree::covered_sibling(parent, tokens);
     block = tree.add(parent, key, std::move(tokens), ordinal);
-    CacheStats delta;
-    delta.committed_blocks = 1;
-    context_.add_stats(delta);
+    stats.committed_block();
     if (shorter != nullptr) storage.adopt(block, shorter);
   }
   const std::vector<Page*>& ours_by_lc = pages == nullptr ? cb.pages : *pages;
@@ -637,6 +637,7 @@ void KVCache::attach(Block* block, int lc, Page* page, std::int64_t num_tokens) 
   page->block = block;
   page->num_tokens = num_tokens;
   block->pages[lc] = page;
+  stats.attached(lc);
   if (KVCacheEventManager* events = context_.events()) events->stored(block, lc, page->priority, page->level);
 }
 
@@ -672,7 +673,12 @@ void KVCache::snapshot(bool move) {
   for (const auto& source : sources) pages.push_back(source.second);
   if (!move) {
     pages = copies(pages);
-    if (pages.empty()) return;
+    if (pages.empty()) {
+      std::vector<int> lcs;
+      for (const auto& source : sources) lcs.push_back(source.first);
+      stats.snapshot_skipped(lcs);
+      return;
+    }
   }
   if (block == nullptr) {
     std::vector<Page*> override(num_lcs_, nullptr);

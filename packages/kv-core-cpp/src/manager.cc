@@ -28,7 +28,8 @@ KVCacheManager::KVCacheManager(const KVCacheManagerConfig& config, KVCacheEventM
       tree_(registry_.size()),
       events_(bind_events(events, registry_)),
       storage_(config_, storage_config_, registry_, tree_, events_, copier),
-      context_(config_, registry_, storage_, tree_, events_) {
+      context_(config_, registry_, storage_, tree_, events_),
+      stats_(context_) {
   // The manager owns the context, so the context never calls a destroyed manager.
   context_.rematch = [this](const Digest& key, const Tokens& tokens) { return match(key, tokens, false); };
   if (events_ != nullptr) {
@@ -48,9 +49,13 @@ MatchPath KVCacheManager::match(const Digest& root_key, const Tokens& tokens, bo
   // The reusable prefix: walk, back off (unless not `with_backoff`), then cut until the endpoint
   // has an SSM snapshot taken exactly there and every attention life cycle has, for each block it
   // needs at the endpoint, a page covering the matched tokens.
-  const std::int64_t tpb = config_.tokens_per_block;
-  MatchPath path = tree_.walk(root_key, tokens, tpb, config_.key_format, config_.enable_partial_reuse);
-  std::int64_t backoff = with_backoff ? config_.reuse_match_backoff : 0;
+  MatchPath path =
+      tree_.walk(root_key, tokens, config_.tokens_per_block, config_.key_format, config_.enable_partial_reuse);
+  return prune(with_backoff ? back_off(std::move(path)) : std::move(path));
+}
+
+MatchPath KVCacheManager::back_off(MatchPath path) const {
+  std::int64_t backoff = config_.reuse_match_backoff;
   while (backoff && !path.empty()) {
     auto& [block, n] = path.back();
     if (n > backoff) {
@@ -61,9 +66,13 @@ MatchPath KVCacheManager::match(const Digest& root_key, const Tokens& tokens, bo
       path.pop_back();
     }
   }
+  return path;
+}
+
+MatchPath KVCacheManager::prune(MatchPath path, bool ssm) const {
   bool changed = true;
   while (changed && !path.empty()) {
-    changed = prune_ssm(path);
+    changed = ssm && prune_ssm(path);
     if (changed) continue;
     std::int64_t total = 0;
     for (const auto& step : path) total += step.second;
@@ -120,6 +129,22 @@ std::int64_t KVCacheManager::probe_reuse(const ReuseScope& scope, const Tokens& 
   return total;
 }
 
+KVCacheManager::ReuseMatch KVCacheManager::probe_reuse_match(const ReuseScope& scope, const Tokens& tokens) {
+  const auto lock = context_.lock();
+  require_live();
+  const auto sum = [](const MatchPath& path) {
+    std::int64_t total = 0;
+    for (const auto& step : path) total += step.second;
+    return total;
+  };
+  MatchPath walked =
+      tree_.walk(root_key(scope), tokens, config_.tokens_per_block, config_.key_format, config_.enable_partial_reuse);
+  const std::int64_t divergence = sum(walked);
+  MatchPath backed = back_off(std::move(walked));
+  const std::int64_t attention = sum(prune(backed, false));
+  return {static_cast<std::int64_t>(tokens.count), divergence, attention, sum(prune(std::move(backed)))};
+}
+
 std::optional<Digest> KVCacheManager::probe_first_new_block_key(const ReuseScope& scope, const Tokens& tokens) {
   const auto lock = context_.lock();
   require_live();
@@ -139,24 +164,29 @@ std::optional<Digest> KVCacheManager::probe_first_new_block_key(const ReuseScope
 }
 
 std::unique_ptr<KVCache> KVCacheManager::create_kv_cache(const ReuseScope& scope, const Tokens& tokens,
-                                                         std::optional<std::int64_t> id, PriorityCallback priority) {
+                                                         std::optional<std::int64_t> id, PriorityCallback priority,
+                                                         std::optional<std::int64_t> expected_prompt_length,
+                                                         std::optional<bool> text_only, bool enable_request_stats) {
   const auto lock = context_.lock();
   require_live();
   const std::int64_t cache_id = id.value_or(next_id_);
+  const bool text = text_only.value_or(config_.text_only);
+  if (text) {
+    if (const auto digest = first_digest(tokens)) throw_text_only("input_tokens", *digest);
+  }
+  RequestStats stats(stats_, cache_id, enable_request_stats,
+                     expected_prompt_length.value_or(static_cast<std::int64_t>(tokens.count)), text);
   const Digest root = root_key(scope);
   const MatchPath path = match(root, tokens);
   std::int64_t reused = 0;
   for (const auto& step : path) reused += step.second;
   auto cache = std::make_unique<KVCache>(context_, cache_id, scope, root,
                                          TokenList::from(tokens, 0, static_cast<std::size_t>(reused)), path,
-                                         std::move(priority));
+                                         std::move(priority), std::move(stats));
   next_id_ = std::max(next_id_, cache_id) + 1;
   context_.register_cache(cache.get());
-  CacheStats delta;
-  delta.requests = 1;
-  delta.lookup_tokens = tokens.count;
-  delta.reused_tokens = static_cast<std::uint64_t>(reused);
-  context_.add_stats(delta);
+  cache->stats.created(tokens.count, static_cast<std::uint64_t>(reused),
+                       !path.empty() && !registry_.ssm_life_cycles().empty());
   return cache;
 }
 
@@ -247,6 +277,58 @@ CacheStats KVCacheManager::get_and_reset_iteration_stats() {
   evicted_mark_ = storage_.num_evicted;
   onboarded_mark_ = storage_.num_onboarded;
   return s;
+}
+
+std::map<int, LifeCycleStats> KVCacheManager::get_and_reset_iteration_stats_by_life_cycle() {
+  const auto lock = context_.lock();
+  return stats_.take_life_cycle_stats();
+}
+
+SsmSnapshotStats KVCacheManager::get_and_reset_ssm_snapshot_iteration_stats() {
+  const auto lock = context_.lock();
+  return stats_.take_ssm_stats();
+}
+
+std::vector<std::uint64_t> KVCacheManager::get_and_reset_iteration_peak_block_stats(int level) {
+  const auto lock = context_.lock();
+  require_live();
+  std::vector<std::uint64_t> out;
+  for (PoolGroup& pg : storage_.level(level).pool_groups) out.push_back(pg.allocator.take_peak());
+  return out;
+}
+
+void KVCacheManager::mark_stats_excluded(std::int64_t cache_id) {
+  const auto lock = context_.lock();
+  stats_.excluded.insert(cache_id);
+  for (KVCache* cache : context_.open_caches()) {
+    if (cache->stats.cache_id() == cache_id) cache->stats.excluded = true;
+  }
+}
+
+bool KVCacheManager::is_stats_excluded(std::int64_t cache_id) {
+  const auto lock = context_.lock();
+  return stats_.excluded.count(cache_id) != 0;
+}
+
+void KVCacheManager::mark_stats_dirty(std::int64_t cache_id) {
+  const auto lock = context_.lock();
+  stats_.dirty.insert(cache_id);
+}
+
+void KVCacheManager::clear_stats_dirty(std::int64_t cache_id) {
+  const auto lock = context_.lock();
+  stats_.dirty.erase(cache_id);
+}
+
+std::vector<std::int64_t> KVCacheManager::get_dirty_stats_kv_cache_ids() {
+  const auto lock = context_.lock();
+  return {stats_.dirty.begin(), stats_.dirty.end()};
+}
+
+std::int64_t KVCacheManager::clamp_max_seq_len_for_mem(std::int64_t batch_size, std::int64_t token_upper_bound) {
+  const auto lock = context_.lock();
+  require_live();
+  return clamp_max_seq_len(registry_, storage_config_, counts().slots, batch_size, token_upper_bound);
 }
 
 }  // namespace kvcore

@@ -19,7 +19,14 @@ std::vector<std::uint64_t> SlotAllocator::allocate(std::uint64_t n) {
     recycled_.pop_front();
   }
   while (taken.size() < n) taken.push_back(next_fresh_++);
+  peak_ = std::max(peak_, num_slots_ - num_free());
   return taken;
+}
+
+std::uint64_t SlotAllocator::take_peak() {
+  const std::uint64_t peak = peak_;
+  peak_ = num_slots_ - num_free();
+  return peak;
 }
 
 std::vector<std::uint64_t> SlotAllocator::peek(std::uint64_t n, std::optional<std::uint64_t> below) const {

@@ -276,6 +276,44 @@ std::int64_t slots_for_batch(const LifeCycleRegistry& registry, int life_cycle, 
   return total + union_length(std::move(shared));
 }
 
+std::int64_t sequence_peak_slots(const LifeCycleRegistry& registry, int life_cycle, std::int64_t length) {
+  const std::int64_t last = length - 1;
+  std::int64_t need = slots_for_batch(registry, life_cycle, BatchDesc{{KVCacheDesc{length, last}}, 0});
+  const std::optional<std::int64_t>& window = registry.life_cycles()[static_cast<std::size_t>(life_cycle)].window;
+  if (window) {
+    // The last step before the stale range grows: (h + 2 - W) mod tpb == 0, the modulo non-negative.
+    const std::int64_t tpb = registry.tokens_per_block();
+    const std::int64_t h = last - (((last + 2 - *window) % tpb) + tpb) % tpb;
+    if (h >= 0) need = std::max(need, slots_for_batch(registry, life_cycle, BatchDesc{{KVCacheDesc{h + 1, h}}, 0}));
+  }
+  return need;
+}
+
+std::int64_t clamp_max_seq_len(const LifeCycleRegistry& registry, const StorageConfig& storage,
+                               const std::vector<std::uint64_t>& slots, std::int64_t batch_size,
+                               std::int64_t upper_bound) {
+  const std::int64_t tpb = registry.tokens_per_block();
+  const auto fits = [&](std::int64_t length) {
+    for (const PoolGroupConfig& pg : storage.pool_groups()) {
+      std::int64_t need = 0;
+      for (int lc : pg.life_cycles) need += batch_size - 1 + sequence_peak_slots(registry, lc, length);
+      if (static_cast<std::uint64_t>(need) > slots[static_cast<std::size_t>(pg.index)]) return false;
+    }
+    return true;
+  };
+  std::int64_t lo = 0;
+  std::int64_t hi = upper_bound / tpb;  // in blocks: lo fits (0: nothing), nothing above hi does
+  while (lo < hi) {
+    const std::int64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid * tpb)) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo * tpb;
+}
+
 SlotCounts::SlotCounts(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry,
                        const StorageConfig& storage, int level, std::optional<std::uint64_t> quota_override) {
   const CacheTierConfig& tier = config.cache_tiers.at(level);

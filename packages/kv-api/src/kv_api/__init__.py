@@ -51,7 +51,14 @@ from kv_api.registry import (
     load_backend,
 )
 from kv_api.scope import DIGEST_SIZE, MmItemContext, ReuseScope
-from kv_api.stats import CacheStats, StorageStatistics
+from kv_api.stats import (
+    CacheStats,
+    KVCacheStatsDelta,
+    LifeCycleStats,
+    ReuseMatch,
+    SsmSnapshotStats,
+    StorageStatistics,
+)
 
 __version__ = "0.1.0"
 
@@ -83,9 +90,11 @@ __all__ = [
     "KVCacheEventManager",
     "KVCacheManager",
     "KVCacheManagerConfig",
+    "KVCacheStatsDelta",
     "KVCacheStatus",
     "LayerConfig",
     "LifeCycle",
+    "LifeCycleStats",
     "MmItemContext",
     "PageCopier",
     "PageIndexConverter",
@@ -95,8 +104,10 @@ __all__ = [
     "PoolDesc",
     "PoolGroupDesc",
     "PriorityCallback",
+    "ReuseMatch",
     "ReuseScope",
     "SsmLayerConfig",
+    "SsmSnapshotStats",
     "StorageStatistics",
     "TokenInput",
     "available_backends",

@@ -24,7 +24,14 @@ from kv_api.events import KVCacheEvent
 from kv_api.keys import Token
 from kv_api.page_copier import PageCopier
 from kv_api.scope import MmItemContext, ReuseScope
-from kv_api.stats import CacheStats, StorageStatistics
+from kv_api.stats import (
+    CacheStats,
+    KVCacheStatsDelta,
+    LifeCycleStats,
+    ReuseMatch,
+    SsmSnapshotStats,
+    StorageStatistics,
+)
 
 __all__ = [
     "BACKEND_ATTRIBUTES",
@@ -200,6 +207,49 @@ class KVCacheManager(abc.ABC):
         """Counts since the previous call, then start counting afresh."""
 
     @abc.abstractmethod
+    def get_and_reset_iteration_stats_by_life_cycle(self) -> dict[int, LifeCycleStats]:
+        """Counts per life cycle (every one a key) since the previous call, then afresh; its own
+        counters, apart from ``get_and_reset_iteration_stats``'s."""
+
+    @abc.abstractmethod
+    def get_and_reset_ssm_snapshot_iteration_stats(self) -> SsmSnapshotStats:
+        """SSM snapshots stored, skipped and reused since the previous call, then afresh."""
+
+    @abc.abstractmethod
+    def get_and_reset_iteration_peak_block_stats(self, level: int = GPU_LEVEL) -> list[int]:
+        """Per pool group, the most slots of ``level`` in use (not free) at once since the
+        previous call for that level (or since the manager was built); then starts from the
+        slots in use now. ``IndexError`` for a level the manager lacks."""
+
+    @abc.abstractmethod
+    def mark_stats_excluded(self, cache_id: int) -> None:
+        """Caches with this id (open ones, and ones created later) feed none of the manager's
+        statistics from now on; their per-request stats still count."""
+
+    @abc.abstractmethod
+    def is_stats_excluded(self, cache_id: int) -> bool:
+        """Whether ``mark_stats_excluded(cache_id)`` was called."""
+
+    @abc.abstractmethod
+    def mark_stats_dirty(self, cache_id: int) -> None:
+        """Add ``cache_id`` to the dirty ids (caches with per-request stats to collect)."""
+
+    @abc.abstractmethod
+    def clear_stats_dirty(self, cache_id: int) -> None:
+        """Remove ``cache_id`` from the dirty ids (absent: nothing happens)."""
+
+    @abc.abstractmethod
+    def get_dirty_stats_kv_cache_ids(self) -> list[int]:
+        """The dirty ids, ascending: marked, or of caches whose pending per-request stats became
+        non-zero and were not committed or discarded since."""
+
+    @abc.abstractmethod
+    def clamp_max_seq_len_for_mem(self, batch_size: int, token_upper_bound: int) -> int:
+        """The largest multiple of ``tokens_per_block`` at most ``token_upper_bound`` such that
+        ``batch_size - 1`` one-token requests and one request growing to that many tokens fit
+        the device level's slots in every pool group; 0 if none does."""
+
+    @abc.abstractmethod
     def get_bytes_moved(self) -> dict[tuple[int, int], int]:
         """Bytes of page data copied per ``(src_level, dst_level)`` since the manager was built
         (directions that moved nothing are absent)."""
@@ -216,17 +266,27 @@ class KVCacheManager(abc.ABC):
         would be partial or everything is reusable."""
 
     @abc.abstractmethod
+    def probe_reuse_match(self, reuse_scope: ReuseScope | None = None, tokens: TokenInput | None = None) -> ReuseMatch:
+        """The match ``probe_reuse`` makes, with its diagnostics; changes nothing."""
+
+    @abc.abstractmethod
     def create_kv_cache(
         self,
         reuse_scope: ReuseScope | None = None,
         input_tokens: TokenInput | None = None,
         id: int | None = None,
         custom_priority_callback: PriorityCallback | None = None,
+        expected_prompt_length: int | None = None,
+        text_only: bool | None = None,
+        enable_request_stats: bool = False,
     ) -> KVCache:
         """A SUSPENDED cache whose committed tokens are the reusable prefix of ``input_tokens``
         (held, not yet locked). ``custom_priority_callback`` sets each new page's eviction
         priority (default ``DEFAULT_PRIORITY``); reuse may raise a block's priority. Bad
-        tokens: ``ValueError``/``TypeError`` as ``kv_api.keys``."""
+        tokens: ``ValueError``/``TypeError`` as ``kv_api.keys``. ``expected_prompt_length``
+        (default ``len(input_tokens)``) splits its allocations into prompt and generation ones
+        in its per-request stats; ``text_only`` (default the config's) refuses digest tokens;
+        ``enable_request_stats`` keeps per-request stats (``commit_pending_stats``)."""
 
     @property
     @abc.abstractmethod
@@ -410,6 +470,27 @@ class KVCache(abc.ABC):
         ``reuse_match_backoff``, are not all reusable."""
 
     # -- page indices --------------------------------------------------------------------------------
+
+    @property
+    @abc.abstractmethod
+    def expected_prompt_length(self) -> int:
+        """As given to ``create_kv_cache`` (default: the input tokens)."""
+
+    @property
+    @abc.abstractmethod
+    def text_only(self) -> bool:
+        """Whether the cache refuses digest tokens (``create_kv_cache``'s, else the config's)."""
+
+    @abc.abstractmethod
+    def commit_pending_stats(self) -> KVCacheStatsDelta:
+        """The per-request stats accumulated since the last call (or creation), then zero; the
+        id leaves the dirty ids. ``LogicError`` unless created with ``enable_request_stats``.
+        Works on a closed cache too."""
+
+    @abc.abstractmethod
+    def discard_pending_stats(self) -> None:
+        """Zero the pending per-request stats; the id leaves the dirty ids. ``LogicError``
+        unless created with ``enable_request_stats``."""
 
     @abc.abstractmethod
     def get_base_page_indices(self, layer_group: int, beam: int = 0) -> array[int]:

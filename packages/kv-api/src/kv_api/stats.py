@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CacheStats", "StorageStatistics"]
+__all__ = [
+    "CacheStats",
+    "KVCacheStatsDelta",
+    "LifeCycleStats",
+    "ReuseMatch",
+    "SsmSnapshotStats",
+    "StorageStatistics",
+]
 
 
 @dataclass(frozen=True)
@@ -46,3 +53,63 @@ class CacheStats:
     evicted_pages: int = 0
     committed_blocks: int = 0
     onboarded_pages: int = 0
+
+
+@dataclass(frozen=True)
+class KVCacheStatsDelta:
+    """What one KV cache created with ``enable_request_stats=True`` accumulated since its last
+    ``commit_pending_stats()`` / ``discard_pending_stats()`` (or its creation).
+
+    - ``lookup_tokens`` / ``reused_tokens``: its prompt's tokens and those reused from the tree
+      (counted when the cache is created).
+    - ``allocated_pages``: pages handed to it (block pages, SSM states, private copies of reused
+      partial blocks); ``generation_allocated_pages``: those of blocks starting at or after its
+      ``expected_prompt_length`` (pages for generated tokens).
+    - ``committed_blocks``: blocks it added to the tree.
+    """
+
+    lookup_tokens: int = 0
+    reused_tokens: int = 0
+    allocated_pages: int = 0
+    generation_allocated_pages: int = 0
+    committed_blocks: int = 0
+
+
+@dataclass(frozen=True)
+class LifeCycleStats:
+    """Counters of one life cycle (= layer group) since the last reset: ``allocated_pages``
+    handed to caches, ``committed_pages`` that entered the tree (block pages, partial-tail pages
+    and SSM snapshots)."""
+
+    allocated_pages: int = 0
+    committed_pages: int = 0
+
+
+@dataclass(frozen=True)
+class SsmSnapshotStats:
+    """SSM snapshots since the last reset: ``stored`` (states that entered the tree), ``skipped``
+    (states a commit could not copy for lack of device room) and ``reused`` (caches created on a
+    matched snapshot)."""
+
+    stored: int = 0
+    skipped: int = 0
+    reused: int = 0
+
+
+@dataclass(frozen=True)
+class ReuseMatch:
+    """How a reuse match got its length (``KVCacheManager.probe_reuse_match``), in tokens:
+    ``num_reused_tokens <= num_attention_tokens <= num_divergence_tokens <= num_lookup_tokens``.
+
+    - ``num_lookup_tokens``: the tokens looked up (the prompt);
+    - ``num_divergence_tokens``: how deep the walk of the tree went before the prompt diverged
+      from it (before backoff and pruning);
+    - ``num_attention_tokens``: the match after backoff and attention-coverage pruning only (what
+      a model without SSM layers would reuse; the length before hybrid pruning);
+    - ``num_reused_tokens``: the match (``probe_reuse``).
+    """
+
+    num_lookup_tokens: int
+    num_divergence_tokens: int
+    num_attention_tokens: int
+    num_reused_tokens: int

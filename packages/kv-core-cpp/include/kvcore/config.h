@@ -54,6 +54,7 @@ struct KVCacheManagerConfig {
   std::optional<BatchDesc> typical_step;
   std::optional<std::vector<double>> initial_pool_ratio;
   bool commit_min_snapshot = false;
+  bool text_only = false;  // a cache refuses digest tokens unless create_kv_cache says otherwise
   KeyFormat key_format = kDefaultKeyFormat;
 };
 

@@ -14,6 +14,7 @@
 #include "kvcore/page.h"
 #include "kvcore/planned_drop.h"
 #include "kvcore/radix_tree.h"
+#include "kvcore/request_stats.h"
 #include "kvcore/tokens.h"
 
 namespace kvcore {
@@ -43,7 +44,7 @@ struct IndexBuffer {
 class KVCache {
  public:
   KVCache(CacheContext& context, std::int64_t id, const ReuseScope& scope, const Digest& root_key, TokenList tokens,
-          const MatchPath& path, PriorityCallback priority);
+          const MatchPath& path, PriorityCallback priority, RequestStats request_stats);
   ~KVCache();
   KVCache(const KVCache&) = delete;
   KVCache& operator=(const KVCache&) = delete;
@@ -92,6 +93,8 @@ class KVCache {
   // Validates and attaches (or, with data == nullptr, detaches) a caller's index buffer.
   void set_base_page_index_buf(int layer_group, IndexBuffer buffer);
   int num_layer_groups() const;
+
+  RequestStats stats;  // feeds the manager's statistics and the request's own
 
  private:
   int priority_of(std::int64_t ordinal, int lc);

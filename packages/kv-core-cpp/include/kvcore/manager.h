@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "kvcore/life_cycles.h"
 #include "kvcore/poison.h"
 #include "kvcore/radix_tree.h"
+#include "kvcore/request_stats.h"
 #include "kvcore/slot_counts.h"
 #include "kvcore/storage.h"
 #include "kvcore/storage_config.h"
@@ -38,9 +40,22 @@ class KVCacheManager {
   CacheContext& context() { return context_; }
   void require_live() const;  // Error(kInvalidState) after shutdown
 
+  // `expected_prompt_length` nullopt: the tokens; `text_only` nullopt: the config's (Error(kValue)
+  // for a digest token when set).
   std::unique_ptr<KVCache> create_kv_cache(const ReuseScope& scope, const Tokens& tokens,
-                                           std::optional<std::int64_t> id, PriorityCallback priority);
+                                           std::optional<std::int64_t> id, PriorityCallback priority,
+                                           std::optional<std::int64_t> expected_prompt_length = std::nullopt,
+                                           std::optional<bool> text_only = std::nullopt,
+                                           bool enable_request_stats = false);
   std::int64_t probe_reuse(const ReuseScope& scope, const Tokens& tokens);
+  // The match with its diagnostics (see kv_api.stats.ReuseMatch).
+  struct ReuseMatch {
+    std::int64_t num_lookup_tokens;
+    std::int64_t num_divergence_tokens;
+    std::int64_t num_attention_tokens;
+    std::int64_t num_reused_tokens;
+  };
+  ReuseMatch probe_reuse_match(const ReuseScope& scope, const Tokens& tokens);
   std::optional<Digest> probe_first_new_block_key(const ReuseScope& scope, const Tokens& tokens);
   std::vector<StorageStatistics> get_storage_statistics(int level = 0);
   // Changes a level's quota with every cache suspended (the binding checks the state and the
@@ -55,9 +70,24 @@ class KVCacheManager {
 
   CacheStats get_committed_stats();
   CacheStats get_and_reset_iteration_stats();
+  std::map<int, LifeCycleStats> get_and_reset_iteration_stats_by_life_cycle();
+  SsmSnapshotStats get_and_reset_ssm_snapshot_iteration_stats();
+  std::vector<std::uint64_t> get_and_reset_iteration_peak_block_stats(int level);
+  // The binding checks the ids (in [0, kCacheIdLimit)).
+  void mark_stats_excluded(std::int64_t cache_id);
+  bool is_stats_excluded(std::int64_t cache_id);
+  void mark_stats_dirty(std::int64_t cache_id);
+  void clear_stats_dirty(std::int64_t cache_id);
+  std::vector<std::int64_t> get_dirty_stats_kv_cache_ids();
+  // See clamp_max_seq_len (slot_counts.h), against the device level's slots now.
+  std::int64_t clamp_max_seq_len_for_mem(std::int64_t batch_size, std::int64_t token_upper_bound);
 
  private:
   MatchPath match(const Digest& root_key, const Tokens& tokens, bool with_backoff = true);
+  MatchPath back_off(MatchPath path) const;  // reuse_match_backoff tokens off the tail
+  // Cut until the path ends on an SSM snapshot taken there (unless `ssm` is false: the
+  // attention-only length) and every attention life cycle's needed pages cover the match.
+  MatchPath prune(MatchPath path, bool ssm = true) const;
   bool prune_ssm(MatchPath& path) const;
   void require_no_open_caches(const char* api) const;
 
@@ -71,6 +101,7 @@ class KVCacheManager {
   KVCacheEventManager* events_;
   Storage storage_;
   CacheContext context_;  // the lock, the open caches, the shut-down flag and the statistics, shared with the caches
+  StatsBook stats_;       // excluded and dirty ids, per-life-cycle counters
   std::int64_t next_id_ = 0;
   std::uint64_t evicted_mark_ = 0;
   std::uint64_t onboarded_mark_ = 0;

@@ -21,11 +21,14 @@ class SlotAllocator {
   std::vector<std::uint64_t> peek(std::uint64_t n, std::optional<std::uint64_t> below = std::nullopt) const;
   // Hand out ids below num_slots from now on; every id at or above it must be free.
   void resize(std::uint64_t num_slots);
+  // The most slots in use at once since the last call; then counts from those in use now.
+  std::uint64_t take_peak();
 
  private:
   std::uint64_t num_slots_;
   std::deque<std::uint64_t> recycled_;
   std::uint64_t next_fresh_ = 0;
+  std::uint64_t peak_ = 0;  // the most slots in use at once since take_peak()
 };
 
 }  // namespace kvcore

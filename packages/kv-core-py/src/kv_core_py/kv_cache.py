@@ -23,11 +23,13 @@ from kv_api.contract import PriorityCallback
 from kv_api.errors import HostOOMError, InvalidStateError, LogicError, OutOfPagesError
 from kv_api.keys import Token
 from kv_api.scope import ReuseScope
+from kv_api.stats import KVCacheStatsDelta
 from kv_core_py import planned_drop, poison
 from kv_core_py.block_keys import chained_keys
 from kv_core_py.cache_context import CacheContext
 from kv_core_py.page import Page
 from kv_core_py.radix_tree import Block, Node
+from kv_core_py.request_stats import RequestStats, first_digest, text_only_error
 from kv_core_py.tokens import Tokens
 
 
@@ -63,6 +65,7 @@ class KVCache(kv_api.KVCache):
         tokens: list[Token],
         path: list[tuple[Block, int]],
         priority: PriorityCallback | None,
+        request_stats: RequestStats,
     ) -> None:
         self._manager = manager  # a cache keeps its manager alive
         self._context = context  # all the cache uses of its manager's state (the manager owns it)
@@ -74,6 +77,7 @@ class KVCache(kv_api.KVCache):
         self._reuse_scope = scope
         self._root_key = root_key
         self._priority = priority
+        self.stats = request_stats  # feeds the manager's statistics and the request's own
         self._status = KVCacheStatus.SUSPENDED
         self._commit_state = CommitState.ALLOWED
         self._tokens = tokens
@@ -152,6 +156,28 @@ class KVCache(kv_api.KVCache):
     def cached_tokens_by_level(self) -> list[int]:
         poison.check()
         return list(self._cached_tokens_by_level)
+
+    # -- per-request stats (request_stats.py) ---------------------------------------------------
+
+    @property
+    def expected_prompt_length(self) -> int:
+        poison.check()
+        return self.stats.expected_prompt_length
+
+    @property
+    def text_only(self) -> bool:
+        poison.check()
+        return self.stats.text_only
+
+    def commit_pending_stats(self) -> KVCacheStatsDelta:
+        poison.check()
+        with self._context.lock:
+            return self.stats.commit()
+
+    def discard_pending_stats(self) -> None:
+        poison.check()
+        with self._context.lock:
+            self.stats.discard()
 
     @property
     def status(self) -> KVCacheStatus:
@@ -329,7 +355,7 @@ class KVCache(kv_api.KVCache):
     def _new_pages(self, needs: list[tuple[int, int]], priorities: list[int]) -> list[Page]:
         """Pages for ``needs`` (held by this cache, not yet placed); OutOfPagesError if short."""
         pages = self._context.storage.new_pages([(lc, p) for (_, lc), p in zip(needs, priorities, strict=True)])
-        self._context.add_stats(allocated_pages=len(pages))
+        self.stats.allocated(needs)
         for page in pages:
             page.holders = 1
         return pages
@@ -587,6 +613,8 @@ class KVCache(kv_api.KVCache):
                 raise LogicError("Cannot commit tokens after stop_committing()")
             new = Tokens(tokens, self._context.key_format).to_list()
             end = bool(is_end)  # converted before anything changes: a failing __bool__ commits nothing
+            if self.stats.text_only and (digest := first_digest(new)) is not None:
+                raise text_only_error("tokens", digest)
             if len(self._tokens) + len(new) > self._capacity:
                 raise ValueError(
                     f"commit: {len(self._tokens)} committed + {len(new)} new tokens exceed capacity {self._capacity}"
@@ -641,7 +669,7 @@ class KVCache(kv_api.KVCache):
                 return
             shorter = tree.covered_sibling(parent, tokens)
             block = tree.add(parent, key, tokens, ordinal)
-            self._context.add_stats(committed_blocks=1)
+            self.stats.committed_block()
             if shorter is not None:
                 self._context.storage.adopt(block, shorter)
         for lc in range(len(self._lcs)):
@@ -687,6 +715,7 @@ class KVCache(kv_api.KVCache):
         page.block = block
         page.num_tokens = num_tokens
         block.pages[lc] = page
+        self.stats.attached(lc)
         if self._context.events is not None:
             self._context.events.stored(block, lc, page.priority, page.level)
 
@@ -715,6 +744,7 @@ class KVCache(kv_api.KVCache):
             return
         pages = [p for _, p in sources] if move else self._copies([p for _, p in sources])
         if pages is None:
+            self.stats.snapshot_skipped([lc for lc, _ in sources])
             return
         if block is None:
             override: list[Page | None] = [None] * len(self._lcs)

@@ -10,14 +10,14 @@ from typing import Any, cast
 import kv_api
 from kv_api._check import as_int, as_str, int_in_range
 from kv_api.config import QUOTA_LIMIT, KVCacheManagerConfig
-from kv_api.constants import CACHE_ID_LIMIT, GPU_LEVEL, PageIndexMode
+from kv_api.constants import CACHE_ID_LIMIT, GPU_LEVEL, TOKEN_LIMIT, PageIndexMode
 from kv_api.contract import PriorityCallback
 from kv_api.descriptors import LifeCycle, PageIndexConverter, PoolDesc, PoolGroupDesc
 from kv_api.errors import InvalidStateError, LogicError, OutOfPagesError
 from kv_api.keys import check_reuse_scope
 from kv_api.page_copier import HostMemoryCopier, PageCopier
 from kv_api.scope import ReuseScope
-from kv_api.stats import CacheStats, StorageStatistics
+from kv_api.stats import CacheStats, LifeCycleStats, ReuseMatch, SsmSnapshotStats, StorageStatistics
 from kv_core_py import poison
 from kv_core_py.block_keys import chained_keys, root_key
 from kv_core_py.cache_context import CacheContext
@@ -28,7 +28,8 @@ from kv_core_py.life_cycles import LifeCycleRegistry
 from kv_core_py.page import Page
 from kv_core_py.page_transfer import PageTransfer
 from kv_core_py.radix_tree import Block, RadixTree
-from kv_core_py.slot_counts import SlotCounts
+from kv_core_py.request_stats import RequestStats, StatsBook, first_digest, text_only_error
+from kv_core_py.slot_counts import SlotCounts, clamp_max_seq_len
 from kv_core_py.storage import Storage
 from kv_core_py.storage_config import BufferPlacement, StorageConfig
 from kv_core_py.tokens import Tokens
@@ -81,6 +82,7 @@ class KVCacheManager(kv_api.KVCacheManager):
         self._context.rematch = lambda key, tokens: cast(Callable[..., list[tuple[Block, int]]], match())(
             key, tokens, False
         )
+        self._stats = StatsBook(self._context)  # excluded and dirty ids, per-life-cycle counters
         self._next_id = 0
         if event_manager is not None:
             event_manager.created(tuple(sum(level.counts.slots) for level in levels))
@@ -296,6 +298,63 @@ class KVCacheManager(kv_api.KVCacheManager):
     _evicted_mark = 0
     _onboarded_mark = 0
 
+    def get_and_reset_iteration_stats_by_life_cycle(self) -> dict[int, LifeCycleStats]:
+        poison.check()
+        with self._context.lock:
+            return self._stats.take_life_cycle_stats()
+
+    def get_and_reset_ssm_snapshot_iteration_stats(self) -> SsmSnapshotStats:
+        poison.check()
+        with self._context.lock:
+            return self._stats.take_ssm_stats()
+
+    def get_and_reset_iteration_peak_block_stats(self, level: int = GPU_LEVEL) -> list[int]:
+        poison.check()
+        with self._context.lock:
+            lvl = self._check_level(level)
+            self._require_live()
+            return [pg.allocator.take_peak() for pg in self._storage.levels[lvl].pool_groups]
+
+    def mark_stats_excluded(self, cache_id: int) -> None:
+        poison.check()
+        with self._context.lock:
+            i = int_in_range("cache_id", cache_id, 0, CACHE_ID_LIMIT)
+            self._stats.excluded.add(i)
+            for cache in self._context.open_caches():
+                if isinstance(cache, KVCache) and cache.stats.cache_id == i:
+                    cache.stats.excluded = True
+
+    def is_stats_excluded(self, cache_id: int) -> bool:
+        poison.check()
+        with self._context.lock:
+            return int_in_range("cache_id", cache_id, 0, CACHE_ID_LIMIT) in self._stats.excluded
+
+    def mark_stats_dirty(self, cache_id: int) -> None:
+        poison.check()
+        with self._context.lock:
+            self._stats.dirty.add(int_in_range("cache_id", cache_id, 0, CACHE_ID_LIMIT))
+
+    def clear_stats_dirty(self, cache_id: int) -> None:
+        poison.check()
+        with self._context.lock:
+            self._stats.dirty.discard(int_in_range("cache_id", cache_id, 0, CACHE_ID_LIMIT))
+
+    def get_dirty_stats_kv_cache_ids(self) -> list[int]:
+        poison.check()
+        with self._context.lock:
+            return sorted(self._stats.dirty)
+
+    # -- sizing -------------------------------------------------------------------------------------
+
+    def clamp_max_seq_len_for_mem(self, batch_size: int, token_upper_bound: int) -> int:
+        """See ``slot_counts.clamp_max_seq_len``: against the device level's slots now."""
+        poison.check()
+        with self._context.lock:
+            self._require_live()
+            n = int_in_range("batch_size", batch_size, 1, TOKEN_LIMIT)
+            bound = int_in_range("token_upper_bound", token_upper_bound, 0, TOKEN_LIMIT)
+            return clamp_max_seq_len(self._registry, self._storage_config, self._counts.slots, n, bound)
+
     def get_bytes_moved(self) -> dict[tuple[int, int], int]:
         poison.check()
         with self._context.lock:
@@ -311,9 +370,13 @@ class KVCacheManager(kv_api.KVCacheManager):
         """The reusable prefix: walk, back off (unless not ``with_backoff``), then cut until the
         endpoint has an SSM snapshot taken exactly there and every attention life cycle has, for
         each block it needs at the endpoint, a page covering the matched tokens."""
-        config, tpb = self._config, self._config.tokens_per_block
-        path = self._tree.walk(root_key, tokens, tpb, config.enable_partial_reuse)
-        backoff = config.reuse_match_backoff if with_backoff else 0
+        config = self._config
+        path = self._tree.walk(root_key, tokens, config.tokens_per_block, config.enable_partial_reuse)
+        return self._prune(self._back_off(path) if with_backoff else path)
+
+    def _back_off(self, path: list[tuple[Block, int]]) -> list[tuple[Block, int]]:
+        """``reuse_match_backoff`` tokens off the walked path's tail."""
+        backoff = self._config.reuse_match_backoff
         while backoff and path:
             block, n = path[-1]
             if n > backoff:
@@ -322,9 +385,15 @@ class KVCacheManager(kv_api.KVCacheManager):
             else:
                 path.pop()
                 backoff -= n
+        return path
+
+    def _prune(self, path: list[tuple[Block, int]], ssm: bool = True) -> list[tuple[Block, int]]:
+        """Cut ``path`` until it ends on an SSM snapshot taken there (unless ``ssm`` is False:
+        the attention-only length) and every attention life cycle has, for each block it needs
+        at the endpoint, a page covering the matched tokens."""
         changed = True
         while changed and path:
-            changed = self._prune_ssm(path)
+            changed = ssm and self._prune_ssm(path)
             if changed:
                 continue
             total = sum(n for _, n in path)
@@ -371,6 +440,20 @@ class KVCacheManager(kv_api.KVCacheManager):
             _, root_key, toks = self._scope_and_tokens(reuse_scope, tokens)
             return sum(n for _, n in self._match(root_key, toks))
 
+    def probe_reuse_match(self, reuse_scope: ReuseScope | None = None, tokens: Any = None) -> ReuseMatch:
+        """``probe_reuse``'s match, with how deep the walk went and what attention alone keeps."""
+        poison.check()
+        with self._context.lock:
+            self._require_live()
+            _, root_key, toks = self._scope_and_tokens(reuse_scope, tokens)
+            config = self._config
+            walked = self._tree.walk(root_key, toks, config.tokens_per_block, config.enable_partial_reuse)
+            divergence = sum(n for _, n in walked)
+            backed = self._back_off(walked)
+            attention = sum(n for _, n in self._prune(list(backed), ssm=False))
+            reused = sum(n for _, n in self._prune(backed))
+            return ReuseMatch(len(toks), divergence, attention, reused)
+
     def probe_first_new_block_key(self, reuse_scope: ReuseScope | None, tokens: Any) -> bytes | None:
         """The key of the first block not reusable now, chained over ``tokens``; None when that
         block would be partial or everything is reusable."""
@@ -391,8 +474,12 @@ class KVCacheManager(kv_api.KVCacheManager):
         input_tokens: Any = None,
         id: int | None = None,
         custom_priority_callback: PriorityCallback | None = None,
+        expected_prompt_length: int | None = None,
+        text_only: bool | None = None,
+        enable_request_stats: bool = False,
     ) -> KVCache:
-        """A SUSPENDED cache holding the reusable prefix of ``input_tokens``."""
+        """A SUSPENDED cache holding the reusable prefix of ``input_tokens``; arguments checked
+        left to right."""
         poison.check()
         with self._context.lock:
             self._require_live()
@@ -400,14 +487,35 @@ class KVCacheManager(kv_api.KVCacheManager):
                 raise TypeError("custom_priority_callback: expected a callable or None")
             scope, root_key, toks = self._scope_and_tokens(reuse_scope, input_tokens)
             cache_id = self._next_id if id is None else int_in_range("id", id, 0, CACHE_ID_LIMIT)
+            expected = (
+                len(toks)
+                if expected_prompt_length is None
+                else int_in_range("expected_prompt_length", expected_prompt_length, 0, TOKEN_LIMIT)
+            )
+            if text_only is not None and not isinstance(text_only, bool):
+                raise TypeError(f"text_only: expected a bool or None, got {type(text_only).__name__}")
+            if not isinstance(enable_request_stats, bool):
+                raise TypeError(f"enable_request_stats: expected a bool, got {type(enable_request_stats).__name__}")
+            text = self._config.text_only if text_only is None else text_only
+            if text and toks.packed is None and (digest := first_digest(toks.to_list())) is not None:
+                raise text_only_error("input_tokens", digest)
+            stats = RequestStats(self._stats, cache_id, enable_request_stats, expected, text)
             path = self._match(root_key, toks)
             reused = sum(n for _, n in path)
             cache = KVCache(
-                self, self._context, cache_id, scope, root_key, toks.to_list(0, reused), path, custom_priority_callback
+                self,
+                self._context,
+                cache_id,
+                scope,
+                root_key,
+                toks.to_list(0, reused),
+                path,
+                custom_priority_callback,
+                stats,
             )
             self._next_id = max(self._next_id, cache_id) + 1
             self._context.register_cache(cache)
-            self._context.add_stats(requests=1, lookup_tokens=len(toks), reused_tokens=reused)
+            stats.created(len(toks), reused, bool(path) and bool(self._registry.ssm_life_cycles))
             return cache
 
     @property

@@ -13,6 +13,7 @@ class SlotAllocator:
         self.num_slots = num_slots
         self._recycled: deque[int] = deque()
         self._next_fresh = 0
+        self._peak = 0  # the most slots in use at once since take_peak()
 
     @property
     def num_free(self) -> int:
@@ -26,7 +27,13 @@ class SlotAllocator:
         fresh = n - len(taken)
         taken.extend(range(self._next_fresh, self._next_fresh + fresh))
         self._next_fresh += fresh
+        self._peak = max(self._peak, self.num_slots - self.num_free)
         return taken
+
+    def take_peak(self) -> int:
+        """The most slots in use at once since the last call; then counts from those in use now."""
+        peak, self._peak = self._peak, self.num_slots - self.num_free
+        return peak
 
     def peek(self, n: int, below: int | None = None) -> list[int]:
         """The ids ``allocate(n)`` would hand out now (after ``resize(below)``), without taking them."""

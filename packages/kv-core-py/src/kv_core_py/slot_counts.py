@@ -79,6 +79,47 @@ def slots_for_batch(registry: LifeCycleRegistry, life_cycle: int, batch: BatchDe
     return total + union_length(shared)
 
 
+def sequence_peak_slots(registry: LifeCycleRegistry, life_cycle: int, length: int) -> int:
+    """The most slots one life cycle needs at once for a request growing one token per step to
+    ``length`` tokens (history ``h``, capacity ``h + 1`` for each ``h < length``): never fewer
+    at a longer length. A window's need is periodic once its blocks turn stale, highest just
+    before its stale range grows (``(h + 2 - W) % tpb == 0``), so the last such step and the
+    final one bound it."""
+    last = length - 1
+    need = slots_for_batch(registry, life_cycle, BatchDesc([KVCacheDesc(length, last)]))
+    window = registry.life_cycles[life_cycle].window
+    if window is not None:
+        h = last - (last + 2 - window) % registry.tokens_per_block
+        if h >= 0:
+            need = max(need, slots_for_batch(registry, life_cycle, BatchDesc([KVCacheDesc(h + 1, h)])))
+    return need
+
+
+def clamp_max_seq_len(
+    registry: LifeCycleRegistry, storage: StorageConfig, slots: Sequence[int], batch_size: int, upper_bound: int
+) -> int:
+    """The largest multiple of tokens_per_block ``L <= upper_bound`` such that ``batch_size - 1``
+    one-token requests (capacity 1, history 0: a slot each in every life cycle) and one request
+    growing to ``L`` tokens (``sequence_peak_slots``) fit ``slots`` in every pool group; 0 if
+    none does. The need grows with ``L``, so a binary search finds it."""
+    tpb = registry.tokens_per_block
+
+    def fits(length: int) -> bool:
+        return all(
+            sum(batch_size - 1 + sequence_peak_slots(registry, lc, length) for lc in pg.life_cycles) <= slots[pg.index]
+            for pg in storage.pool_groups
+        )
+
+    lo, hi = 0, upper_bound // tpb  # in blocks: lo fits (0: nothing), nothing above hi does
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid * tpb):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * tpb
+
+
 def union_length(ranges: list[tuple[int, int]]) -> int:
     """The number of ints in the union of the half-open ``ranges`` (each non-empty)."""
     count, reach = 0, 0
