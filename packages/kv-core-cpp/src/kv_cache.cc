@@ -759,6 +759,7 @@ void KVCache::close_locked() {
   }
   status_ = CacheStatus::kClosed;
   context_.unregister_cache(this);
+  if (!stats_excluded) context_.rebalancer.sample(num_reused_, capacity_, history_);
 }
 
 std::vector<std::int32_t> KVCache::get_base_page_indices(int layer_group) const {

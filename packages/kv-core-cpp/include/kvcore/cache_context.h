@@ -11,6 +11,7 @@
 #include "kvcore/life_cycles.h"
 #include "kvcore/poison.h"
 #include "kvcore/radix_tree.h"
+#include "kvcore/rebalancer.h"
 #include "kvcore/storage.h"
 
 namespace kvcore {
@@ -73,6 +74,7 @@ class CacheContext {
   const std::vector<KVCache*>& open_caches() const { return open_caches_; }
 
   bool is_shut_down = false;  // set by the manager's shutdown()
+  Rebalancer rebalancer;      // closing caches feed it
   CacheStats committed_stats;
   CacheStats iteration_stats;
 

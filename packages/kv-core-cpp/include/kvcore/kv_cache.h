@@ -55,6 +55,7 @@ class KVCache {
   std::int64_t capacity() const { return capacity_; }
   std::int64_t num_blocks() const { return static_cast<std::int64_t>(blocks_.size()); }
   std::int64_t num_reused_tokens() const { return num_reused_; }
+  bool stats_excluded = false;  // true: closing it feeds the auto-tuner nothing
   std::int64_t tokens_per_block() const { return tpb_; }
   const CacheContext& context() const { return context_; }
   CacheContext& context() { return context_; }

@@ -19,13 +19,17 @@ const char* tier_name(CacheTier tier);  // "device", "host", "disk"
 std::uint64_t grains_for(std::uint64_t slots, const std::vector<std::uint64_t>& slot_sizes, std::uint64_t granularity);
 std::uint64_t max_slots(std::uint64_t grains, const std::vector<std::uint64_t>& slot_sizes, std::uint64_t granularity);
 std::int64_t slots_for_batch(const LifeCycleRegistry& registry, int life_cycle, const BatchDesc& batch);
+// Each pool group's share of the bytes of `slots` (per pool group); equal shares when there are none.
+std::vector<double> bytes_ratio(const std::vector<std::uint64_t>& slots, const std::vector<PoolGroupConfig>& groups);
 
 class SlotCounts {
  public:
   // The counts of cache level `level` (config.cache_tiers[level]: its quota and granularity).
-  // `quota` overrides the tier's (a quota resize).
+  // `quota` overrides the tier's (a quota resize), `ratio` (per pool group) the initial one (the
+  // auto-tuner's).
   SlotCounts(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry, const StorageConfig& storage,
-             int level = 0, std::optional<std::uint64_t> quota = std::nullopt);
+             int level = 0, std::optional<std::uint64_t> quota = std::nullopt,
+             const std::optional<std::vector<double>>& ratio = std::nullopt);
 
   std::uint64_t min_quota = 0;  // the bytes the minimum slots occupy
 

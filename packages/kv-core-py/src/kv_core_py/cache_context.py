@@ -13,6 +13,7 @@ from kv_api.stats import CacheStats
 from kv_core_py.event_manager import KVCacheEventManager
 from kv_core_py.life_cycles import LifeCycleRegistry
 from kv_core_py.radix_tree import RadixTree
+from kv_core_py.rebalancer import Rebalancer
 from kv_core_py.storage import Storage
 
 _COUNTERS = [f.name for f in fields(CacheStats)]
@@ -42,6 +43,7 @@ class CacheContext:
         self.tree = tree
         self.events = events  # None: no event manager
         self.is_shut_down = False  # set by the manager's shutdown()
+        self.rebalancer = Rebalancer(config, registry, storage.config)  # closing caches feed it
         # Plain counters, added to on the hot path (a decode step); CacheStats is built when read.
         self._committed = dict.fromkeys(_COUNTERS, 0)
         self._iteration = dict.fromkeys(_COUNTERS, 0)

@@ -83,6 +83,7 @@ class KVCache(kv_api.KVCache):
         self._user_buffers: dict[int, memoryview] = {}
         self._stale_scan = [0] * len(self._lcs)  # per life cycle: stale blocks below are cleared
         self._num_reused_tokens = len(tokens)
+        self.stats_excluded = False  # True: closing it feeds the auto-tuner nothing
         # Per SSM life cycle: the request's state (allocated by the first resume), whether it is
         # locked, and the reused snapshot that resume copies into it (the match ends on it).
         self._ssm_state: list[Page | None] = [None] * len(self._lcs)
@@ -794,6 +795,8 @@ class KVCache(kv_api.KVCache):
                     cb.tree_block = None
             self._status = KVCacheStatus.CLOSED
             self._context.unregister_cache(self)
+            if not self.stats_excluded:
+                self._context.rebalancer.sample(self._num_reused_tokens, self._capacity, self._history)
 
     def __del__(self) -> None:
         try:
