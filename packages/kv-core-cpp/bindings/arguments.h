@@ -56,6 +56,7 @@ inline constexpr char kLevelOutOfRange[] = "{} {} out of range (0..{})";  // the
 inline constexpr char kExpectedBool[] = "{}: expected a bool, got {}";
 inline constexpr char kExpectedBoolOrNone[] = "{}: expected a bool or None, got {}";
 inline constexpr char kResizeNeedsSuspended[] = "resize() requires every KV cache suspended ({} active)";
+inline constexpr char kAdjustNeedsSuspended[] = "adjust() requires every KV cache suspended ({} active)";
 inline constexpr char kBestEfforts[] = "resize: best_efforts=True is not supported";
 inline constexpr char kExpectedPageCopier[] = "page_copier: expected a kv_api.PageCopier, got {}";
 inline constexpr char kExpectedCallable[] = "custom_priority_callback: expected a callable or None";

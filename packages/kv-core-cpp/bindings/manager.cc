@@ -76,6 +76,12 @@ KVCacheManagerConfig manager_config(nb::handle c) {
   out.commit_min_snapshot = nb::cast<bool>(c.attr("commit_min_snapshot"));
   out.text_only = nb::cast<bool>(c.attr("text_only"));
   out.key_format = parse_key_format(nb::cast<std::string>(c.attr("key_format")));
+  out.rebalance_min_sampled_kv_caches = nb::cast<std::uint64_t>(c.attr("rebalance_min_sampled_kv_caches"));
+  out.rebalance_cooldown_secs = nb::cast<double>(c.attr("rebalance_cooldown_secs"));
+  out.rebalance_target_ratio_update_interval =
+      nb::cast<std::uint64_t>(c.attr("rebalance_target_ratio_update_interval"));
+  out.rebalance_ratio_threshold = nb::cast<double>(c.attr("rebalance_ratio_threshold"));
+  out.rebalance_moving_average_decay = nb::cast<double>(c.attr("rebalance_moving_average_decay"));
   return out;
 }
 
@@ -424,6 +430,24 @@ void bind_manager(nb::module_& m) {
             return self.manager->resize(l, q);
           },
           nb::arg("level").none(), nb::arg("quota").none(), nb::arg("best_efforts").none() = false)
+      .def_prop_ro("need_adjustment",
+                   [](PyManager& self) {
+                     const ManagerLock lock(self.manager->context());
+                     self.manager->require_live();
+                     return self.manager->need_adjustment();
+                   })
+      .def("adjust",
+           [](PyManager& self) {
+             // kv_core_py's order: state, then every cache suspended.
+             const ManagerLock lock(self.manager->context());
+             self.manager->require_live();
+             if (const std::size_t active = self.manager->num_active_caches()) {
+               fail(kv_api().errors.attr("InvalidStateError").ptr(), msg::kAdjustNeedsSuspended,
+                    {std::to_string(active)});
+             }
+             nb::gil_scoped_release release;
+             return self.manager->adjust();
+           })
       .def("get_bytes_moved",
            [](PyManager& self) {
              std::vector<std::pair<std::pair<int, int>, std::uint64_t>> moved;

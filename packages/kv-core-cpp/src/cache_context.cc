@@ -20,7 +20,8 @@ void add(CacheStats& to, const CacheStats& d) {
 
 CacheContext::CacheContext(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry, Storage& storage,
                            RadixTree& tree, KVCacheEventManager* events)
-    : tokens_per_block_(config.tokens_per_block),
+    : rebalancer(config, registry, storage.config()),
+      tokens_per_block_(config.tokens_per_block),
       key_format_(config.key_format),
       max_util_for_resume_(config.max_util_for_resume),
       commit_min_snapshot_(config.commit_min_snapshot),

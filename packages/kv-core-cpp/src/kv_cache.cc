@@ -773,6 +773,8 @@ void KVCache::close_locked() {
   }
   status_ = CacheStatus::kClosed;
   context_.unregister_cache(this);
+  // mark_stats_excluded: an excluded cache feeds the auto-tuner nothing.
+  if (!stats.excluded) context_.rebalancer.sample(num_reused_, capacity_, history_);
 }
 
 std::vector<std::int32_t> KVCache::get_base_page_indices(int layer_group) const {

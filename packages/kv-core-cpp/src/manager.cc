@@ -209,8 +209,14 @@ std::size_t KVCacheManager::num_active_caches() const {
 
 bool KVCacheManager::resize(int level, std::uint64_t quota) {
   const auto lock = context_.lock();
-  const SlotCounts counts(config_, registry_, storage_config_, level, quota);
+  // The device keeps the split the auto-tuner gave it.
+  const SlotCounts counts(config_, registry_, storage_config_, level, quota,
+                          level == 0 ? context_.rebalancer.applied : std::nullopt);
   if (quota < counts.min_quota) return false;
+  return resize_level(level, counts);
+}
+
+bool KVCacheManager::resize_level(int level, const SlotCounts& counts) {
   // Every page the tree or an open cache has (make_room may drop some: the plan skips the dead).
   std::vector<Page*> live;
   for (Root* root : tree_.roots()) {
@@ -235,6 +241,26 @@ bool KVCacheManager::resize(int level, std::uint64_t quota) {
     throw;
   }
   return true;
+}
+
+bool KVCacheManager::need_adjustment() {
+  const auto lock = context_.lock();
+  require_live();
+  return context_.rebalancer.need_adjustment(counts());
+}
+
+bool KVCacheManager::adjust() {
+  const auto lock = context_.lock();
+  Rebalancer& rebalancer = context_.rebalancer;
+  const std::optional<SlotCounts> plan = rebalancer.plan(counts().quota);
+  if (!plan) {  // nothing learnt yet
+    rebalancer.adjusted(std::nullopt);
+    return false;
+  }
+  const bool unchanged = plan->slots == counts().slots;
+  const bool applied = unchanged || resize_level(0, *plan);
+  rebalancer.adjusted(applied ? rebalancer.target : std::nullopt);
+  return applied && !unchanged;
 }
 
 void KVCacheManager::require_no_open_caches(const char* api) const {

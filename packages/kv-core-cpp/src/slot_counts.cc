@@ -128,6 +128,12 @@ std::vector<double> initial_ratio(const KVCacheManagerConfig& config, const Life
       slots.push_back(n);
     }
   }
+  return bytes_ratio(slots, groups);
+}
+
+}  // namespace
+
+std::vector<double> bytes_ratio(const std::vector<std::uint64_t>& slots, const std::vector<PoolGroupConfig>& groups) {
   // Bytes as doubles, multiplied and added in order, as Python does: exact products could
   // exceed 64 bits.
   std::vector<double> weights;
@@ -140,6 +146,8 @@ std::vector<double> initial_ratio(const KVCacheManagerConfig& config, const Life
   for (double w : weights) ratio.push_back(total != 0.0 ? w / total : 1.0 / groups.size());
   return ratio;
 }
+
+namespace {
 
 std::vector<std::uint64_t> distribute(const std::vector<double>& ratio, const std::vector<std::uint64_t>& minimum,
                                       const std::vector<PoolGroupConfig>& groups, std::uint64_t grains,
@@ -315,7 +323,8 @@ std::int64_t clamp_max_seq_len(const LifeCycleRegistry& registry, const StorageC
 }
 
 SlotCounts::SlotCounts(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry,
-                       const StorageConfig& storage, int level, std::optional<std::uint64_t> quota_override) {
+                       const StorageConfig& storage, int level, std::optional<std::uint64_t> quota_override,
+                       const std::optional<std::vector<double>>& ratio_override) {
   const CacheTierConfig& tier = config.cache_tiers.at(level);
   const std::uint64_t requested = quota_override.value_or(tier.quota);
   const std::uint64_t g = tier_granularity(tier.tier, requested);
@@ -324,7 +333,8 @@ SlotCounts::SlotCounts(const KVCacheManagerConfig& config, const LifeCycleRegist
   // before the ratio, as in Python
   const std::uint64_t least = kvcore::min_quota(min_slots, storage.pool_groups(), g, tier_name(tier.tier));
   this->min_quota = least;
-  const std::vector<double> ratio = initial_ratio(config, registry, storage, min_slots);
+  const std::vector<double> ratio =
+      ratio_override ? *ratio_override : initial_ratio(config, registry, storage, min_slots);
   quota = std::max(least, ceil_div(requested, g) * g);
   slots = distribute(ratio, min_slots, storage.pool_groups(), quota / g, g);
 }

@@ -87,27 +87,40 @@ def config_for(
     partial: bool,
     tiers: list[CacheTierConfig] | None = None,
     hybrid: str = "attention",
+    tuned: bool = False,
 ) -> KVCacheManagerConfig:
     """``hybrid``: ``attention`` alone, with ``commit_min_snapshot`` (``cms``), or with an SSM
-    layer too (``ssm``, whose state slots are a pool group of their own)."""
+    layer too (``ssm``, whose state slots are a pool group of their own). ``tuned``: the window's
+    slots are twice the size (a pool group of their own, which short requests want a good share
+    of) and the device has 6 grains, so ``adjust()`` has grains to move between groups."""
     kv = [BufferConfig("key", 64 << 10), BufferConfig("value", 64 << 10)]
+    window_kv = [BufferConfig("key", 128 << 10), BufferConfig("value", 128 << 10)] if tuned else kv
     # A zero sink count is valid without a window too (no sinks); a positive one goes to the window only.
     layers: list[AttentionLayerConfig | SsmLayerConfig] = (
         [AttentionLayerConfig(0, kv, None, 0 if sinks == 0 else None)] if full or window is None else []
     )
     if window is not None:
-        layers.append(AttentionLayerConfig(1, kv, window, sinks))
+        layers.append(AttentionLayerConfig(1, window_kv, window, sinks))
     if hybrid == "ssm":
         layers.append(SsmLayerConfig(2, [BufferConfig("state", 96 << 10)]))
     # 2 MiB of 128 KiB slots: 16 slots the life cycles share (more if the floors need them), so
     # caches compete for pages and committed blocks get evicted.
+    tiers = tiers or [GpuCacheTierConfig(2 << 20)]
+    if tuned:
+        tiers = [GpuCacheTierConfig(12 << 20), *tiers[1:]]
     return KVCacheManagerConfig(
         tokens_per_block=tpb,
-        cache_tiers=tiers or [GpuCacheTierConfig(2 << 20)],
+        cache_tiers=tiers,
         layers=layers,
         reuse_match_backoff=backoff,
         enable_partial_reuse=partial,
         commit_min_snapshot=hybrid != "attention",
+        # An eager auto-tuner, with no clock in its answers: every close is sampled and counts.
+        rebalance_min_sampled_kv_caches=2,
+        rebalance_cooldown_secs=0,
+        rebalance_target_ratio_update_interval=2,
+        rebalance_ratio_threshold=1.1,
+        rebalance_moving_average_decay=0.9,
     )
 
 
@@ -134,6 +147,7 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
             tiers=st.sampled_from(TIERS),
             host_slots=st.sampled_from([2, 4, 8]),
             hybrid=st.sampled_from(HYBRID),
+            tuned=st.sampled_from([False, False, True]),
         )
         def build(
             self,
@@ -148,10 +162,11 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
             tiers: str,
             host_slots: int,
             hybrid: str,
+            tuned: bool,
         ) -> None:
             self.dirs = [tempfile.mkdtemp(prefix="kv-differential-") for _ in backends]
             self.configs = [
-                config_for(tpb, window, sinks, full, backoff, partial, tiers_for(tiers, host_slots, d), hybrid)
+                config_for(tpb, window, sinks, full, backoff, partial, tiers_for(tiers, host_slots, d), hybrid, tuned)
                 for d in self.dirs
             ]
             self.levels = len(self.configs[0].cache_tiers)
@@ -224,6 +239,20 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
                     if c[i].status == KVCacheStatus.ACTIVE:
                         c[i].suspend()
                 return None, self.managers[i].resize(level, slots * SLOT)
+
+            self.each(call)
+
+        @rule(suspend_all=st.booleans())
+        def adjust(self, suspend_all: bool) -> None:
+            """The auto-tuner re-splits the device: with every cache suspended first, or else
+            (any cache active) the same InvalidStateError everywhere."""
+
+            def call(i: int) -> tuple[None, Any]:
+                if suspend_all:
+                    for c in self.caches:
+                        if c[i].status == KVCacheStatus.ACTIVE:
+                            c[i].suspend()
+                return None, (self.managers[i].need_adjustment, self.managers[i].adjust())
 
             self.each(call)
 
@@ -374,7 +403,14 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
                     for c in self.caches
                 ]
                 levels = [(m.get_quota(lv), m.get_storage_statistics(lv)) for lv in range(self.levels)]
-                return None, (caches, levels, m.get_committed_stats(), m.get_bytes_moved(), em.get_latest_events(0))
+                return None, (
+                    caches,
+                    levels,
+                    m.need_adjustment,
+                    m.get_committed_stats(),
+                    m.get_bytes_moved(),
+                    em.get_latest_events(0),
+                )
 
             if hasattr(self, "managers"):
                 self.each(observe)

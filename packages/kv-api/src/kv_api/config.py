@@ -239,6 +239,12 @@ class KVCacheManagerConfig:
     enable_stats: bool = True
     text_only: bool = False
     key_format: str = DEFAULT_KEY_FORMAT
+    # The auto-tuner (docs/manager.md, "Rebalancing").
+    rebalance_min_sampled_kv_caches: int = 2000
+    rebalance_cooldown_secs: float = 120
+    rebalance_target_ratio_update_interval: int = 100
+    rebalance_ratio_threshold: float = 1.25
+    rebalance_moving_average_decay: float = 0.9999
 
     def __post_init__(self) -> None:
         w = "KVCacheManagerConfig"
@@ -306,3 +312,34 @@ class KVCacheManagerConfig:
             if abs(sum(ratio) - 1.0) > 1e-6:
                 raise ValueError(f"{where}: initial_pool_ratio values must sum to 1.0 (got {sum(ratio)!r})")
             _set(self, "initial_pool_ratio", tuple(float(r) for r in ratio))
+        self._check_rebalance()
+
+    def _check_rebalance(self) -> None:
+        w = "KVCacheManagerConfig"
+        # Counts are below 2**63: the native backend keeps them in 64-bit integers.
+        for name, low in (("rebalance_min_sampled_kv_caches", 0), ("rebalance_target_ratio_update_interval", 1)):
+            _set(self, name, int_in_range(f"{w}.{name}", getattr(self, name), low, QUOTA_LIMIT))
+        cooldown = _real(f"{w}.rebalance_cooldown_secs", self.rebalance_cooldown_secs)
+        if not cooldown >= 0:
+            raise ValueError(f"{w}.rebalance_cooldown_secs: must be >= 0 (got {self.rebalance_cooldown_secs!r})")
+        _set(self, "rebalance_cooldown_secs", cooldown)
+        threshold = _real(f"{w}.rebalance_ratio_threshold", self.rebalance_ratio_threshold)
+        if not threshold > 1:
+            raise ValueError(f"{w}.rebalance_ratio_threshold: must be > 1 (got {self.rebalance_ratio_threshold!r})")
+        _set(self, "rebalance_ratio_threshold", threshold)
+        decay = _real(f"{w}.rebalance_moving_average_decay", self.rebalance_moving_average_decay)
+        if not 0 < decay < 1:
+            raise ValueError(
+                f"{w}.rebalance_moving_average_decay: must be in (0, 1) (got {self.rebalance_moving_average_decay!r})"
+            )
+        _set(self, "rebalance_moving_average_decay", decay)
+
+
+def _real(where: str, value: Any) -> float:
+    """A real number as a float; NaN fails every range check after it (comparisons are False)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{where}: expected a number, got {type(value).__name__}")
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond any float
+        raise ValueError(f"{where}: {value} is out of range") from None

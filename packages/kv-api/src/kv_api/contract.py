@@ -192,6 +192,21 @@ class KVCacheManager(abc.ABC):
         changed, below the minimum quota or when the pages that must stay cannot fit;
         ``best_efforts=True`` raises ``NotImplementedError``."""
 
+    @property
+    @abc.abstractmethod
+    def need_adjustment(self) -> bool:
+        """The auto-tuner: whether ``adjust()`` is due (at least ``rebalance_min_sampled_kv_caches``
+        caches sampled on close, ``rebalance_cooldown_secs`` since the manager was built or last
+        adjusted, and some pool group's device slots off the learnt split by more than
+        ``rebalance_ratio_threshold`` times either way)."""
+
+    @abc.abstractmethod
+    def adjust(self) -> bool:
+        """Re-split the device quota between pool groups by the learnt target ratio (minimum
+        slots kept) with every cache suspended (``InvalidStateError`` otherwise), as ``resize``
+        moves pages. Whether any slot count changed (False, nothing changed, when the pages that
+        must stay cannot fit); restarts the cooldown."""
+
     # -- statistics ----------------------------------------------------------------------------
 
     @abc.abstractmethod

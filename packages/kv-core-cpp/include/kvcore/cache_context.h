@@ -12,6 +12,7 @@
 #include "kvcore/life_cycles.h"
 #include "kvcore/poison.h"
 #include "kvcore/radix_tree.h"
+#include "kvcore/rebalancer.h"
 #include "kvcore/storage.h"
 
 namespace kvcore {
@@ -77,6 +78,7 @@ class CacheContext {
   // The manager's reuse match without reuse_match_backoff (set by the manager): a planned drop
   // re-matches the committed tokens (planned_drop.h).
   std::function<MatchPath(const Digest&, const Tokens&)> rematch;
+  Rebalancer rebalancer;      // closing caches feed it
   CacheStats committed_stats;
   CacheStats iteration_stats;
 

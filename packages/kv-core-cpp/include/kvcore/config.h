@@ -56,6 +56,12 @@ struct KVCacheManagerConfig {
   bool commit_min_snapshot = false;
   bool text_only = false;  // a cache refuses digest tokens unless create_kv_cache says otherwise
   KeyFormat key_format = kDefaultKeyFormat;
+  // The auto-tuner (rebalancer.h).
+  std::uint64_t rebalance_min_sampled_kv_caches = 2000;
+  double rebalance_cooldown_secs = 120;
+  std::uint64_t rebalance_target_ratio_update_interval = 100;
+  double rebalance_ratio_threshold = 1.25;
+  double rebalance_moving_average_decay = 0.9999;
 };
 
 }  // namespace kvcore

@@ -62,6 +62,11 @@ class KVCacheManager {
   // arguments): false, nothing changed, below the minimum quota or when the pages that must stay
   // cannot fit.
   bool resize(int level, std::uint64_t quota);
+  // The auto-tuner (rebalancer.h): whether adjust() is due; adjust() re-splits the device quota by
+  // the learnt ratio with every cache suspended (the binding checks that), as resize() does.
+  // Whether any slot count changed; restarts the cooldown.
+  bool need_adjustment();
+  bool adjust();
   std::size_t num_active_caches() const;
   std::vector<std::pair<std::pair<int, int>, std::uint64_t>> get_bytes_moved();
   void clear_reusable_blocks();
@@ -90,6 +95,7 @@ class KVCacheManager {
   MatchPath prune(MatchPath path, bool ssm = true) const;
   bool prune_ssm(MatchPath& path) const;
   void require_no_open_caches(const char* api) const;
+  bool resize_level(int level, const SlotCounts& counts);  // the caller holds the lock
 
   // First: its constructor checks the poison latch before anything is built, and a member that
   // fails to build counts the manager down again. take_poison() waits until it is released.

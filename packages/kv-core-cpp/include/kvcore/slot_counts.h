@@ -27,13 +27,17 @@ std::int64_t sequence_peak_slots(const LifeCycleRegistry& registry, int life_cyc
 std::int64_t clamp_max_seq_len(const LifeCycleRegistry& registry, const StorageConfig& storage,
                                const std::vector<std::uint64_t>& slots, std::int64_t batch_size,
                                std::int64_t upper_bound);
+// Each pool group's share of the bytes of `slots` (per pool group); equal shares when there are none.
+std::vector<double> bytes_ratio(const std::vector<std::uint64_t>& slots, const std::vector<PoolGroupConfig>& groups);
 
 class SlotCounts {
  public:
   // The counts of cache level `level` (config.cache_tiers[level]: its quota and granularity).
-  // `quota` overrides the tier's (a quota resize).
+  // `quota` overrides the tier's (a quota resize), `ratio` (per pool group) the initial one (the
+  // auto-tuner's).
   SlotCounts(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry, const StorageConfig& storage,
-             int level = 0, std::optional<std::uint64_t> quota = std::nullopt);
+             int level = 0, std::optional<std::uint64_t> quota = std::nullopt,
+             const std::optional<std::vector<double>>& ratio = std::nullopt);
 
   std::uint64_t min_quota = 0;  // the bytes the minimum slots occupy
 

@@ -14,6 +14,7 @@ from kv_api.stats import CacheStats
 from kv_core_py.event_manager import KVCacheEventManager
 from kv_core_py.life_cycles import LifeCycleRegistry
 from kv_core_py.radix_tree import Block, RadixTree
+from kv_core_py.rebalancer import Rebalancer
 from kv_core_py.storage import Storage
 from kv_core_py.tokens import Tokens
 
@@ -47,6 +48,7 @@ class CacheContext:
         # drop re-matches the committed tokens (planned_drop.py).
         self.rematch: Callable[[bytes, Tokens], list[tuple[Block, int]]] = lambda root_key, tokens: []
         self.is_shut_down = False  # set by the manager's shutdown()
+        self.rebalancer = Rebalancer(config, registry, storage.config)  # closing caches feed it
         # Plain counters, added to on the hot path (a decode step); CacheStats is built when read.
         self._committed = dict.fromkeys(_COUNTERS, 0)
         self._iteration = dict.fromkeys(_COUNTERS, 0)

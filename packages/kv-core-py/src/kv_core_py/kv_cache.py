@@ -833,6 +833,8 @@ class KVCache(kv_api.KVCache):
                     cb.tree_block = None
             self._status = KVCacheStatus.CLOSED
             self._context.unregister_cache(self)
+            if not self.stats.excluded:  # mark_stats_excluded: feeds the auto-tuner nothing
+                self._context.rebalancer.sample(self._num_reused_tokens, self._capacity, self._history)
 
     def __del__(self) -> None:
         try:

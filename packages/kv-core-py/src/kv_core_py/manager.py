@@ -241,16 +241,55 @@ class KVCacheManager(kv_api.KVCacheManager):
                 raise TypeError(f"best_efforts: expected a bool, got {type(best_efforts).__name__}")
             if best_efforts:
                 raise NotImplementedError("resize: best_efforts=True is not supported")
-            counts = SlotCounts(self._config, self._registry, self._storage_config, lvl, q)
+            # The device keeps the split the auto-tuner gave it.
+            ratio = self._context.rebalancer.applied if lvl == GPU_LEVEL else None
+            counts = SlotCounts(self._config, self._registry, self._storage_config, lvl, q, ratio)
             if q < counts.min_quota:
                 return False
-            try:
-                self._storage.resize_level(lvl, counts, self._live_pages())
-            except OutOfPagesError:
+            return self._resize_level(lvl, counts)
+
+    def _resize_level(self, level: int, counts: SlotCounts) -> bool:
+        """Give a level new slot counts (every cache suspended); False, nothing changed, when the
+        pages that must stay cannot fit."""
+        try:
+            self._storage.resize_level(level, counts, self._live_pages())
+        except OutOfPagesError:
+            return False
+        if level == GPU_LEVEL:
+            self._counts = counts
+        return True
+
+    # -- the auto-tuner (rebalancer.py) ----------------------------------------------------------
+
+    @property
+    def need_adjustment(self) -> bool:
+        """Whether ``adjust()`` is due: enough caches sampled, the cooldown over, and some pool
+        group's device slots off the target split by more than the threshold factor."""
+        poison.check()
+        with self._context.lock:
+            self._require_live()
+            return self._context.rebalancer.need_adjustment(self._counts)
+
+    def adjust(self) -> bool:
+        """Re-split the device quota between pool groups by the learnt target ratio (minimum
+        slots kept), with every cache suspended, as ``resize`` does. Whether any slot count
+        changed; False with nothing changed when the pages that must stay cannot fit. Restarts
+        the cooldown."""
+        poison.check()
+        with self._context.lock:
+            self._require_live()
+            active = sum(1 for c in self._context.open_caches() if c.is_active)
+            if active:
+                raise InvalidStateError(f"adjust() requires every KV cache suspended ({active} active)")
+            rebalancer = self._context.rebalancer
+            plan = rebalancer.plan(self._counts.quota)
+            if plan is None:  # nothing learnt yet
+                rebalancer.adjusted(None)
                 return False
-            if lvl == GPU_LEVEL:
-                self._counts = counts
-            return True
+            unchanged = plan.slots == self._counts.slots
+            applied = unchanged or self._resize_level(GPU_LEVEL, plan)
+            rebalancer.adjusted(rebalancer.target if applied else None)
+            return applied and not unchanged
 
     def _live_pages(self) -> list[Page]:
         """Every page the tree or an open cache has, each once."""

@@ -194,6 +194,12 @@ def initial_ratio(
     else:
         batch = config.typical_step or FALLBACK_BATCH
         slots = [sum(slots_for_batch(registry, lc, batch) for lc in pg.life_cycles) for pg in groups]
+    return bytes_ratio(slots, groups)
+
+
+def bytes_ratio(slots: Sequence[int], groups: Sequence[PoolGroupConfig]) -> list[float]:
+    """Each pool group's share of the bytes of ``slots`` (per pool group); equal shares when
+    there are none."""
     # Bytes as doubles, multiplied and added in order: the native backend does the same float
     # operations, where the exact products could exceed 64 bits.
     weights = [float(n) * float(pg.slot_bytes) for n, pg in zip(slots, groups, strict=True)]
@@ -251,8 +257,10 @@ class SlotCounts:
         storage: StorageConfig,
         level: int = 0,
         quota: int | None = None,
+        ratio: Sequence[float] | None = None,
     ) -> None:
-        """``quota`` overrides the tier's (a quota resize)."""
+        """``quota`` overrides the tier's (a quota resize), ``ratio`` (per pool group) the
+        initial one (the auto-tuner's)."""
         tier = config.cache_tiers[level]
         quota = tier.quota if quota is None else quota
         self.granularity = g = tier_granularity(tier.tier, quota)
@@ -260,6 +268,6 @@ class SlotCounts:
         groups = storage.pool_groups
         # Checked before the ratio, as the native backend does.
         self.min_quota = least = min_quota(minimum, groups, g, TIER_NAMES[tier.tier])
-        ratio = initial_ratio(config, registry, storage, minimum)
+        split = initial_ratio(config, registry, storage, minimum) if ratio is None else list(ratio)
         self.quota = max(least, ceil_div(quota, g) * g)
-        self.slots = distribute(ratio, minimum, groups, self.quota // g, g)
+        self.slots = distribute(split, minimum, groups, self.quota // g, g)
