@@ -18,6 +18,7 @@ from kv_api.config import (
     KVCacheManagerConfig,
     LayerConfig,
     SsmLayerConfig,
+    SwaScratchReuseConfig,
 )
 from kv_api.constants import (
     BAD_PAGE_INDEX,
@@ -32,7 +33,7 @@ from kv_api.constants import (
     PageStatus,
 )
 from kv_api.contract import Backend, KVCache, KVCacheEventManager, KVCacheManager, PriorityCallback, TokenInput
-from kv_api.descriptors import BufferId, LifeCycle, PageIndexConverter, PoolDesc, PoolGroupDesc
+from kv_api.descriptors import BufferId, LifeCycle, PageIndexConverter, PoolDesc, PoolGroupDesc, ScratchDesc
 from kv_api.page_copier import CopyRun, HostMemoryCopier, PageCopier
 from kv_api.registry import (
     ENTRY_POINT_GROUP,
@@ -87,8 +88,10 @@ __all__ = [
     "PoolGroupDesc",
     "PriorityCallback",
     "ReuseScope",
+    "ScratchDesc",
     "SsmLayerConfig",
     "StorageStatistics",
+    "SwaScratchReuseConfig",
     "TokenInput",
     "available_backends",
     "create_manager",

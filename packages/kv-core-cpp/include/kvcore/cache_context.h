@@ -11,6 +11,7 @@
 #include "kvcore/life_cycles.h"
 #include "kvcore/poison.h"
 #include "kvcore/radix_tree.h"
+#include "kvcore/scratch.h"
 #include "kvcore/storage.h"
 
 namespace kvcore {
@@ -59,6 +60,9 @@ class CacheContext {
   KeyFormat key_format() const { return key_format_; }
   double max_util_for_resume() const { return max_util_for_resume_; }
   bool commit_min_snapshot() const { return commit_min_snapshot_; }
+  // Sliding-window scratch: configured or not, and per life cycle its rule (none: never).
+  const std::optional<SwaScratchReuseConfig>& swa_scratch_reuse() const { return swa_scratch_reuse_; }
+  const ScratchRule* scratch(int life_cycle) const { return scratch_[life_cycle] ? &*scratch_[life_cycle] : nullptr; }
 
   const LifeCycleRegistry& registry() const { return registry_; }
   Storage& storage() { return storage_; }
@@ -82,6 +86,8 @@ class CacheContext {
   KeyFormat key_format_;
   double max_util_for_resume_;
   bool commit_min_snapshot_;
+  std::optional<SwaScratchReuseConfig> swa_scratch_reuse_;
+  std::vector<std::optional<ScratchRule>> scratch_;
   const LifeCycleRegistry& registry_;
   Storage& storage_;
   RadixTree& tree_;

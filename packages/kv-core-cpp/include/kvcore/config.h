@@ -43,6 +43,10 @@ struct CacheTierConfig {
   std::string path;  // the disk tier's directory
 };
 
+struct SwaScratchReuseConfig {
+  std::int64_t max_rewind_len = 0;
+};
+
 struct KVCacheManagerConfig {
   std::int64_t tokens_per_block = 32;
   std::vector<CacheTierConfig> cache_tiers;  // warm to cold: the device tier first
@@ -54,6 +58,7 @@ struct KVCacheManagerConfig {
   std::optional<BatchDesc> typical_step;
   std::optional<std::vector<double>> initial_pool_ratio;
   bool commit_min_snapshot = false;
+  std::optional<SwaScratchReuseConfig> swa_scratch_reuse;
   KeyFormat key_format = kDefaultKeyFormat;
 };
 
