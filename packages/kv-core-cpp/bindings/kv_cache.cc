@@ -65,6 +65,7 @@ void set_length(PyKVCache& self, const char* name, nb::handle value, bool is_cap
   const ManagerLock lock(self.cache->context());  // recursive: resize takes it again
   self.cache->require(CacheStatus::kActive, "resize");
   if (value.is_none()) fail(PyExc_TypeError, msg::kExpectedInt, {name, py_type_name(value)});
+  if (is_capacity) self.cache->require_capacity_settable();
   if (!(is_capacity ? resize(self, value, nb::none()) : resize(self, nb::none(), value))) {
     fail(kv_api().errors.attr("OutOfPagesError").ptr(), msg::kNotEnoughPages, {name});
   }
@@ -240,7 +241,38 @@ void bind_kv_cache(nb::module_& m) {
           },
           nb::arg("layer_group").none(), nb::arg("beam").none() = 0, nb::arg("valid_only").none() = false)
       .def("set_base_page_index_buf", &set_buffer, nb::arg("beam").none(), nb::arg("layer_group").none(),
-           nb::arg("buf").none());
+           nb::arg("buf").none())
+      .def_prop_rw(
+          "enable_swa_scratch_reuse", getter([](const KVCache& c) { return c.enable_swa_scratch_reuse(); }),
+          [](PyKVCache& self, nb::handle value) {
+            const ManagerLock lock(self.cache->context());
+            if (!PyBool_Check(value.ptr())) {
+              fail(PyExc_TypeError, msg::kExpectedBool, {"enable_swa_scratch_reuse", py_type_name(value)});
+            }
+            self.cache->set_enable_swa_scratch_reuse(nb::cast<bool>(value));
+          },
+          nb::for_setter(nb::arg("value").none()))
+      .def_prop_ro("has_scratch_slots", getter([](const KVCache& c) { return c.has_scratch_slots(); }))
+      .def(
+          "get_scratch_desc",
+          [](PyKVCache& self, nb::handle layer_group) -> nb::object {
+            const ManagerLock lock(self.cache->context());
+            const int lg = group_arg(self, layer_group, nb::int_(0));
+            const auto desc = self.cache->get_scratch_desc(lg);
+            if (!desc) return nb::none();
+            nb::list slots;
+            for (std::int32_t s : desc->second) slots.append(s);
+            const nb::object range = nb::module_::import_("builtins").attr("range");
+            return api("ScratchDesc")(range(desc->first.first, desc->first.second), nb::tuple(slots));
+          },
+          nb::arg("layer_group").none())
+      .def(
+          "supports_index_mode",
+          [](PyKVCache& self, nb::handle mode) {
+            const ManagerLock lock(self.cache->context());
+            return !arg::shared_index_mode(mode) || !self.cache->has_scratch_slots();
+          },
+          nb::arg("mode").none());
 }
 
 }  // namespace kvcore::py

@@ -75,6 +75,9 @@ KVCacheManagerConfig manager_config(nb::handle c) {
   if (!ratio.is_none()) out.initial_pool_ratio = nb::cast<std::vector<double>>(ratio);
   out.commit_min_snapshot = nb::cast<bool>(c.attr("commit_min_snapshot"));
   out.text_only = nb::cast<bool>(c.attr("text_only"));
+  nb::object scratch = c.attr("swa_scratch_reuse");
+  if (!scratch.is_none())
+    out.swa_scratch_reuse = SwaScratchReuseConfig{nb::cast<std::int64_t>(scratch.attr("max_rewind_len"))};
   out.key_format = parse_key_format(nb::cast<std::string>(c.attr("key_format")));
   out.rebalance_min_sampled_kv_caches = nb::cast<std::uint64_t>(c.attr("rebalance_min_sampled_kv_caches"));
   out.rebalance_cooldown_secs = nb::cast<double>(c.attr("rebalance_cooldown_secs"));
@@ -369,13 +372,16 @@ void bind_manager(nb::module_& m) {
           [](PyManager& self, nb::handle layer_id, nb::handle role, nb::handle index_mode) {
             const ManagerLock lock(self.manager->context());
             const BufferPlacement& p = placement(self, layer_id, role);
-            const bool shared = arg::shared_index_mode(index_mode);
+            if (index_mode.is_none() && self.manager->config().swa_scratch_reuse) {
+              fail(PyExc_ValueError, "get_mem_pool_base_address: index_mode is required with swa_scratch_reuse");
+            }
+            const bool shared = !index_mode.is_none() && arg::shared_index_mode(index_mode);
             const int pg = self.manager->storage_config().pool_group_of(p.life_cycle);
             const auto base =
                 reinterpret_cast<std::uintptr_t>(self.manager->storage().pool_groups()[pg].pools[p.pool].data());
             return base + (shared ? static_cast<std::uint64_t>(p.position) * p.size : 0);
           },
-          nb::arg("layer_id").none(), nb::arg("role").none(), nb::arg("index_mode").none() = 0)
+          nb::arg("layer_id").none(), nb::arg("role").none(), nb::arg("index_mode").none() = nb::none())
       .def(
           "get_page_stride",
           [](PyManager& self, nb::handle layer_id, nb::handle role) {
@@ -388,7 +394,7 @@ void bind_manager(nb::module_& m) {
           [](PyManager& self, nb::handle layer_id, nb::handle role) {
             const ManagerLock lock(self.manager->context());
             const BufferPlacement& p = placement(self, layer_id, role);
-            return api("PageIndexConverter")(p.scale, p.expansion, p.position);
+            return api("PageIndexConverter")(p.scale, p.expansion, p.position, p.expansion);
           },
           nb::arg("layer_id").none(), nb::arg("role").none())
       .def(

@@ -25,6 +25,8 @@ CacheContext::CacheContext(const KVCacheManagerConfig& config, const LifeCycleRe
       key_format_(config.key_format),
       max_util_for_resume_(config.max_util_for_resume),
       commit_min_snapshot_(config.commit_min_snapshot),
+      swa_scratch_reuse_(config.swa_scratch_reuse),
+      scratch_(scratch_rules(config, registry, storage.config())),
       registry_(registry),
       storage_(storage),
       tree_(tree),

@@ -48,7 +48,9 @@ KVCache::KVCache(CacheContext& context, std::int64_t id, const ReuseScope& scope
       cached_by_level_(static_cast<std::size_t>(context.storage().num_levels()), 0),
       ssm_state_(num_lcs_, nullptr),
       ssm_locked_(num_lcs_, false),
-      ssm_snapshot_(num_lcs_, nullptr) {
+      ssm_snapshot_(num_lcs_, nullptr),
+      scratch_on_(context.swa_scratch_reuse().has_value()),
+      scratch_pages_(num_lcs_) {
   // Priorities first: a failing callback must leave the tree untouched.
   struct Reused {
     std::int64_t ordinal;
@@ -205,14 +207,16 @@ void KVCache::apply_stale_releases(const std::vector<Release>& releases, std::in
   }
 }
 
-bool KVCache::fits(const std::vector<std::pair<std::int64_t, int>>& needs, const std::vector<Release>& releases) {
+bool KVCache::fits(const std::vector<std::pair<std::int64_t, int>>& needs, const std::vector<Release>& releases,
+                   const std::vector<Page*>& scratch_freed) {
   // Whether room can be made for `needs` once `releases` are applied in order: pages they free,
-  // and pages they make evictable (queued first).
+  // and pages they make evictable (queued first); `scratch_freed` (private scratch pages) are freed too.
   Storage& storage = context_.storage();
   const std::size_t num_groups = storage.pool_groups().size();
   std::vector<std::uint64_t> need(num_groups, 0);
   for (const auto& n : needs) ++need[storage.config().pool_group_of(n.second)];
   std::vector<std::uint64_t> freed(num_groups, 0);
+  for (const Page* page : scratch_freed) ++freed[page->pool_group];
   std::vector<Page*> pending;
   for (const Release& r : releases) {
     const CacheBlock& cb = blocks_[r.ordinal];
@@ -239,21 +243,120 @@ std::vector<Page*> KVCache::new_pages(const std::vector<std::pair<std::int64_t, 
   return pages;
 }
 
-std::array<std::pair<std::int64_t, std::int64_t>, 2> KVCache::live_ranges(int lc, std::int64_t first,
+std::array<std::pair<std::int64_t, std::int64_t>, 3> KVCache::live_ranges(int lc, std::int64_t first,
                                                                           std::int64_t num_blocks,
+                                                                          std::int64_t capacity,
                                                                           std::int64_t history) const {
-  // A window's stale range spans most of a long history: skipped, not scanned.
+  // A window's stale range spans most of a long history: skipped, not scanned. The scratch
+  // range lies above it.
   const auto [begin, end] = context_.registry().stale_range(lc, history);
-  return {{{first, std::min(begin, num_blocks)}, {std::max(end, first), num_blocks}}};
+  auto [a, b] = scratch_range(lc, capacity, history);
+  if (a == b) a = b = end;
+  return {{{first, std::min(begin, num_blocks)},
+           {std::max(end, first), std::min(a, num_blocks)},
+           {std::max({b, end, first}), num_blocks}}};
+}
+
+std::pair<std::int64_t, std::int64_t> KVCache::scratch_range(int lc, std::int64_t capacity,
+                                                             std::int64_t history) const {
+  const ScratchRule* rule = context_.scratch(lc);
+  if (rule == nullptr || !scratch_on_) return {0, 0};
+  return rule->range(context_.registry(), capacity, history);
+}
+
+std::int64_t KVCache::scratch_need(int lc, std::int64_t capacity, std::int64_t history) const {
+  const ScratchRule* rule = context_.scratch(lc);
+  const auto [a, b] = scratch_range(lc, capacity, history);
+  return rule == nullptr || a == b ? 0 : rule->slots(b - a);
+}
+
+void KVCache::check_scratch_history(const char* api, std::int64_t capacity, std::int64_t history) const {
+  // Scratch blocks leaving the scratch range must be stale at the new history: their data was
+  // never kept, so no page could take them back.
+  if (!scratch_on_) return;
+  const std::int64_t num_blocks = ceil_div(capacity, tpb_);
+  for (int lc : block_lcs_) {
+    const auto [a, b] = scratch_range(lc, capacity_, history_);
+    if (a == b) continue;
+    const auto [a2, b2] = scratch_range(lc, capacity, history);
+    std::vector<std::pair<std::int64_t, std::int64_t>> leaving;
+    if (a2 < b2) {
+      leaving = {{a, std::min(b, a2)}, {std::max(a, b2), b}};
+    } else {
+      leaving = {{a, b}};
+    }
+    const auto [begin, end] = context_.registry().stale_range(lc, history);
+    for (auto [lo, hi] : leaving) {
+      hi = std::min(hi, num_blocks);
+      if (lo < hi && (lo < begin || hi > end)) {
+        throw Error(ErrorKind::kValue, std::string(api) + ": history_length " + std::to_string(history) +
+                                           " would bring back scratch blocks of layer group " + std::to_string(lc) +
+                                           " (their data is gone); keep it at least capacity - max_rewind_len");
+      }
+    }
+  }
+}
+
+void KVCache::free_scratch(int lc, std::size_t keep) {
+  std::vector<Page*>& pages = scratch_pages_[lc];
+  while (pages.size() > keep) {
+    Page* page = pages.back();
+    pages.pop_back();
+    context_.storage().unlock(page);
+    context_.storage().unhold(page);
+  }
+}
+
+void KVCache::set_enable_swa_scratch_reuse(bool value) {
+  const auto lock = context_.lock();
+  if (value == scratch_on_) return;
+  if (value && !context_.swa_scratch_reuse()) {
+    throw Error(ErrorKind::kValue, "enable_swa_scratch_reuse: the manager's config has no swa_scratch_reuse");
+  }
+  // Either way the blocks of the scratch range would change hands (pages <-> scratch).
+  for (int lc : block_lcs_) {
+    const ScratchRule* rule = context_.scratch(lc);
+    if (rule == nullptr) continue;
+    const auto [a, b] = rule->range(context_.registry(), capacity_, history_);
+    if (a < b) {
+      throw Error(ErrorKind::kValue,
+                  "enable_swa_scratch_reuse: cannot change while scratch blocks are needed (layer group " +
+                      std::to_string(lc) + ")");
+    }
+  }
+  scratch_on_ = value;
+}
+
+bool KVCache::has_scratch_slots() const {
+  for (const auto& pages : scratch_pages_) {
+    if (!pages.empty()) return true;
+  }
+  return false;
+}
+
+std::optional<std::pair<std::pair<std::int64_t, std::int64_t>, std::vector<std::int32_t>>> KVCache::get_scratch_desc(
+    int layer_group) const {
+  const std::vector<Page*>& pages = scratch_pages_[layer_group];
+  if (pages.empty()) return std::nullopt;
+  std::vector<std::int32_t> slots;
+  for (const Page* p : pages) slots.push_back(static_cast<std::int32_t>(p->slot));
+  return std::pair{scratch_range(layer_group, capacity_, history_), slots};
+}
+
+void KVCache::require_capacity_settable() const {
+  // Alone, a new capacity keeps the history, which the scratch rule rarely allows.
+  if (scratch_on_) {
+    throw Error(ErrorKind::kValue, "capacity: cannot be set alone with SWA scratch reuse enabled (use resize)");
+  }
 }
 
 std::vector<std::pair<std::int64_t, int>> KVCache::missing(std::int64_t first, std::int64_t num_blocks,
-                                                           std::int64_t history) const {
+                                                           std::int64_t capacity, std::int64_t history) const {
   // Non-stale blocks in [first, num_blocks) without a page, by ordinal then life cycle. (Every
   // non-stale block of an open cache has its pages, so a resize only looks at those it adds.)
   std::vector<std::pair<std::int64_t, int>> out;
   for (int lc : block_lcs_) {
-    for (const auto& [lo, hi] : live_ranges(lc, first, num_blocks, history)) {
+    for (const auto& [lo, hi] : live_ranges(lc, first, num_blocks, capacity, history)) {
       for (std::int64_t o = lo; o < hi; ++o) {
         if (o >= this->num_blocks() || blocks_[o].pages[lc] == nullptr) out.emplace_back(o, lc);
       }
@@ -263,14 +366,17 @@ std::vector<std::pair<std::int64_t, int>> KVCache::missing(std::int64_t first, s
   return out;
 }
 
-bool KVCache::may_fit(std::int64_t first, std::int64_t num_blocks, std::int64_t history) const {
+bool KVCache::may_fit(std::int64_t first, std::int64_t num_blocks, std::int64_t capacity, std::int64_t history) const {
   // Counted, not listed: a request beyond a pool group's slots is refused in constant time.
   Storage& storage = context_.storage();
   std::vector<std::uint64_t> per_pg(storage.pool_groups().size(), 0);
   for (int lc : block_lcs_) {
-    for (const auto& [lo, hi] : live_ranges(lc, first, num_blocks, history)) {
+    for (const auto& [lo, hi] : live_ranges(lc, first, num_blocks, capacity, history)) {
       if (hi > lo) per_pg[storage.config().pool_group_of(lc)] += static_cast<std::uint64_t>(hi - lo);
     }
+    const std::int64_t extra =
+        scratch_need(lc, capacity, history) - static_cast<std::int64_t>(scratch_pages_[lc].size());
+    if (extra > 0) per_pg[storage.config().pool_group_of(lc)] += static_cast<std::uint64_t>(extra);
   }
   for (const PoolGroup& pg : storage.pool_groups()) {
     if (per_pg[pg.index] > pg.allocator.num_slots()) return false;
@@ -291,6 +397,7 @@ std::vector<Page*> KVCache::held_pages() const {
     }
   }
   out.insert(out.end(), tree_holds_.begin(), tree_holds_.end());
+  for (const auto& pages : scratch_pages_) out.insert(out.end(), pages.begin(), pages.end());
   return out;
 }
 
@@ -349,7 +456,7 @@ bool KVCache::resume() {
       if (blocks_[o].pages[lc] != nullptr) needs.emplace_back(o, lc);
     }
   }
-  const auto more = missing(0, num_blocks(), history_);
+  const auto more = missing(0, num_blocks(), capacity_, history_);
   needs.insert(needs.end(), more.begin(), more.end());
   // A new SSM state is filed under the block of the next token (for its priority).
   for (int lc : ssm_lcs_) {
@@ -357,6 +464,14 @@ bool KVCache::resume() {
   }
   std::vector<int> priorities;
   for (const auto& [o, lc] : needs) priorities.push_back(priority_of(o, lc));
+  // Scratch slots last (ordinal -1: they belong to no block), with the default priority: never
+  // committed, they are never evicted.
+  for (int lc : block_lcs_) {
+    for (std::int64_t i = scratch_need(lc, capacity_, history_); i > 0; --i) {
+      needs.emplace_back(-1, lc);
+      priorities.push_back(kDefaultPriority);
+    }
+  }
   const std::vector<Page*> locking = to_lock();
   std::vector<Page*> below;
   for (Page* p : locking) {
@@ -367,7 +482,7 @@ bool KVCache::resume() {
   const std::vector<Page*> fresh = new_pages(needs, priorities);
   try {
     for (std::size_t i = 0; i < needs.size(); ++i) {
-      Page* source = source_of(needs[i].first, needs[i].second);
+      Page* source = needs[i].first < 0 ? nullptr : source_of(needs[i].first, needs[i].second);
       if (source != nullptr) storage.copy(source, fresh[i]);  // copy-on-write of a reused partial block or snapshot
     }
   } catch (...) {
@@ -376,6 +491,11 @@ bool KVCache::resume() {
   }
   for (std::size_t i = 0; i < needs.size(); ++i) {
     const auto [o, lc] = needs[i];
+    if (o < 0) {
+      scratch_pages_[lc].push_back(fresh[i]);
+      storage.lock(fresh[i]);
+      continue;
+    }
     Page* source = source_of(o, lc);
     if (source != nullptr) storage.unhold(source);
     if (context_.registry().is_ssm(lc)) {
@@ -424,6 +544,7 @@ void KVCache::suspend_locked() {
     for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) unlock_page(o, lc);
   }
   unlock_states();
+  for (int lc : block_lcs_) free_scratch(lc, 0);
   status_ = CacheStatus::kSuspended;
 }
 
@@ -455,6 +576,17 @@ bool KVCache::resize(std::optional<std::int64_t> capacity, std::optional<std::in
     throw Error(ErrorKind::kValue,
                 "capacity: " + std::to_string(cap) + " is below history_length " + std::to_string(hist));
   }
+  if (scratch_on_ && cap != capacity_) {
+    // Blocks that were scratch must be stale at the new history (their data is gone), and no
+    // token may be skipped.
+    const std::int64_t low = std::max<std::int64_t>(0, capacity_ - context_.swa_scratch_reuse()->max_rewind_len);
+    if (hist < low || hist > capacity_) {
+      throw Error(ErrorKind::kValue, "resize: with SWA scratch reuse, a new capacity needs history_length in [" +
+                                         std::to_string(low) + ", " + std::to_string(capacity_) + "] (got " +
+                                         std::to_string(hist) + ")");
+    }
+  }
+  check_scratch_history("resize", cap, hist);
   const std::int64_t new_blocks = ceil_div(cap, tpb_);
   for (const auto& [lc, buf] : user_buffers_) {
     if (static_cast<std::int64_t>(buf.size) < new_blocks) {
@@ -462,24 +594,42 @@ bool KVCache::resize(std::optional<std::int64_t> capacity, std::optional<std::in
                                          std::to_string(buf.size) + " < " + std::to_string(new_blocks));
     }
   }
-  if (!may_fit(num_blocks(), new_blocks, hist)) return false;
+  if (!may_fit(num_blocks(), new_blocks, cap, hist)) return false;
   const std::vector<Release> releases = stale_releases(hist);
   std::vector<std::pair<std::int64_t, int>> shrink;
   for (std::int64_t o = new_blocks; o < num_blocks(); ++o) {
     for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) shrink.emplace_back(o, lc);
   }
-  const auto needs = missing(num_blocks(), new_blocks, hist);
+  auto needs = missing(num_blocks(), new_blocks, cap, hist);
   std::vector<int> priorities;
   for (const auto& [o, lc] : needs) priorities.push_back(priority_of(o, lc));
+  // Scratch: pages of blocks entering the scratch range go (they hold tokens this step
+  // rewrites); slots are added or freed to the new count.
+  std::vector<Release> scratch_drops;
+  std::vector<Page*> scratch_freed;
+  for (int lc : block_lcs_) {
+    const auto [a, b] = scratch_range(lc, cap, hist);
+    for (std::int64_t o = a; o < std::min(b, num_blocks()); ++o) {
+      if (blocks_[o].pages[lc] != nullptr) scratch_drops.push_back({o, lc, false});
+    }
+    const auto want = static_cast<std::size_t>(scratch_need(lc, cap, hist));
+    const std::vector<Page*>& held = scratch_pages_[lc];
+    for (std::size_t i = held.size(); i < want; ++i) {
+      needs.emplace_back(-1, lc);
+      priorities.push_back(kDefaultPriority);
+    }
+    for (std::size_t i = want; i < held.size(); ++i) scratch_freed.push_back(held[i]);
+  }
   std::vector<Release> applied;
   for (auto it = shrink.rbegin(); it != shrink.rend(); ++it) applied.push_back({it->first, it->second, false});
   for (const Release& r : releases) {
     if (r.ordinal < new_blocks) applied.push_back(r);
   }
-  if (!needs.empty() && applied.empty()) {
+  applied.insert(applied.end(), scratch_drops.begin(), scratch_drops.end());
+  if (!needs.empty() && applied.empty() && scratch_freed.empty()) {
     // Room made before anything changes: a failing copy leaves the cache as it was.
     if (!make_room(kGpuLevel, {}, needs)) return false;
-  } else if (!needs.empty() && !fits(needs, applied)) {
+  } else if (!needs.empty() && !fits(needs, applied, scratch_freed)) {
     return false;
   }
   try {  // room for the block table before anything changes: one the host cannot hold changes nothing
@@ -495,6 +645,8 @@ bool KVCache::resize(std::optional<std::int64_t> capacity, std::optional<std::in
     if (r.ordinal < new_blocks) kept.push_back(r);
   }
   apply_stale_releases(kept, hist);
+  for (const Release& r : scratch_drops) release_page(r.ordinal, r.lc);
+  for (int lc : block_lcs_) free_scratch(lc, static_cast<std::size_t>(scratch_need(lc, cap, hist)));
   blocks_.resize(static_cast<std::size_t>(std::min(new_blocks, num_blocks())), CacheBlock(num_lcs_));
   for (auto& idx : index_) idx.resize(blocks_.size());
   while (num_blocks() < new_blocks) {
@@ -514,6 +666,11 @@ bool KVCache::resize(std::optional<std::int64_t> capacity, std::optional<std::in
     throw;
   }
   for (std::size_t i = 0; i < needs.size(); ++i) {
+    if (needs[i].first < 0) {
+      scratch_pages_[needs[i].second].push_back(pages[i]);
+      context_.storage().lock(pages[i]);
+      continue;
+    }
     blocks_[needs[i].first].pages[needs[i].second] = pages[i];
     lock_page(needs[i].first, needs[i].second);
   }
@@ -540,9 +697,12 @@ void KVCache::commit(const TokenList& tokens, bool is_end) {
                                        ") must equal the committed tokens before (" + std::to_string(committed) +
                                        ") or after (" + std::to_string(committed + added) + ") the commit");
   }
+  check_scratch_history("commit", capacity_, std::max(history_, committed + added));
   const std::int64_t first = committed / tpb_;
   tokens_.append(tokens);
   history_ = std::max(history_, static_cast<std::int64_t>(tokens_.size()));
+  // A longer history leaves fewer scratch blocks.
+  for (int lc : block_lcs_) free_scratch(lc, static_cast<std::size_t>(scratch_need(lc, capacity_, history_)));
   // With commit_min_snapshot, pages out of the window go before their blocks could enter the tree.
   if (cms) apply_stale_releases(stale_releases(history_), history_);
   for (std::int64_t o = first; o < static_cast<std::int64_t>(tokens_.size()) / tpb_; ++o) commit_block(o);
@@ -753,6 +913,7 @@ void KVCache::close_locked() {
     for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) release_page(o, lc);
   }
   unlock_states();
+  for (int lc : block_lcs_) free_scratch(lc, 0);
   for (int lc : ssm_lcs_) {
     for (std::vector<Page*>* held : {&ssm_state_, &ssm_snapshot_}) {
       Page* page = (*held)[lc];

@@ -53,12 +53,14 @@ double round_half_even(double v) { return std::nearbyint(v); }
 std::vector<std::uint64_t> compute_min_slots(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry,
                                              const StorageConfig& storage) {
   std::vector<std::uint64_t> per_lc;
+  const auto rules = scratch_rules(config, registry, storage);
   for (int lc = 0; lc < static_cast<int>(registry.size()); ++lc) {
     std::int64_t floor = registry.min_slots_floor(lc);
+    const ScratchRule* rule = rules[lc] ? &*rules[lc] : nullptr;
     for (const BatchDesc& batch : config.constraints) {
       // The same float division as slot_counts.py; checked before the cast, which would be
       // undefined for inf or anything beyond int64.
-      const double need = static_cast<double>(slots_for_batch(registry, lc, batch)) / config.max_util_for_resume;
+      const double need = static_cast<double>(slots_for_batch(registry, lc, batch, rule)) / config.max_util_for_resume;
       if (!(need < kQuotaLimitDouble)) throw_min_quota_error();
       floor = std::max(floor, static_cast<std::int64_t>(std::ceil(need)));
     }
@@ -122,9 +124,12 @@ std::vector<double> initial_ratio(const KVCacheManagerConfig& config, const Life
     for (const PoolGroupConfig& pg : groups) slots.push_back(minimum[pg.index]);
   } else {
     const BatchDesc batch = config.typical_step ? *config.typical_step : BatchDesc{{{2049, 2048}}, 0};
+    const auto rules = scratch_rules(config, registry, storage);
     for (const PoolGroupConfig& pg : groups) {
       std::uint64_t n = 0;
-      for (int lc : pg.life_cycles) n += static_cast<std::uint64_t>(slots_for_batch(registry, lc, batch));
+      for (int lc : pg.life_cycles) {
+        n += static_cast<std::uint64_t>(slots_for_batch(registry, lc, batch, rules[lc] ? &*rules[lc] : nullptr));
+      }
       slots.push_back(n);
     }
   }
@@ -254,18 +259,22 @@ std::uint64_t max_slots(std::uint64_t grains, const std::vector<std::uint64_t>& 
   return lo;
 }
 
-std::int64_t slots_for_batch(const LifeCycleRegistry& registry, int life_cycle, const BatchDesc& batch) {
+std::int64_t slots_for_batch(const LifeCycleRegistry& registry, int life_cycle, const BatchDesc& batch,
+                             const ScratchRule* scratch) {
   if (registry.is_ssm(life_cycle)) return static_cast<std::int64_t>(batch.kv_caches.size());  // a state each
   const std::int64_t tpb = registry.tokens_per_block();
   const std::int64_t sys_blocks = batch.system_prompt_length / tpb;
   // Counted as ranges, never block by block: a system prompt may span 2**40 blocks. A request's
-  // live system-prompt blocks are [0, m) less its stale range [begin, end): at most two ranges.
+  // live system-prompt blocks are [0, m) less its stale range [begin, end) and its scratch range
+  // [a, b) (which lies above the stale one): at most three ranges.
   std::vector<std::pair<std::int64_t, std::int64_t>> shared;
   std::int64_t total = 0;
   for (const KVCacheDesc& desc : batch.kv_caches) {
     const std::int64_t num_blocks = ceil_div(desc.capacity, tpb);
     const auto [begin, end] = registry.stale_range(life_cycle, desc.history_length);
     const std::int64_t stale = std::max<std::int64_t>(0, std::min(end, num_blocks) - std::min(begin, num_blocks));
+    const auto [a, b] =
+        scratch == nullptr ? std::pair{end, end} : scratch->range(registry, desc.capacity, desc.history_length);
     const std::int64_t m = std::min(sys_blocks, num_blocks);
     std::int64_t live_sys = 0;
     auto live = [&](std::int64_t lo, std::int64_t hi) {
@@ -274,12 +283,14 @@ std::int64_t slots_for_batch(const LifeCycleRegistry& registry, int life_cycle, 
       live_sys += hi - lo;
     };
     if (begin >= end) {
-      live(0, m);
+      live(0, std::min(m, a));
+      live(std::max<std::int64_t>(b, 0), m);
     } else {
       live(0, std::min(m, begin));
-      live(std::max<std::int64_t>(end, 0), m);
+      live(std::max<std::int64_t>(end, 0), std::min(m, a));
+      live(std::max({b, end, std::int64_t{0}}), m);
     }
-    total += num_blocks - stale - live_sys;
+    total += num_blocks - stale - (b - a) + (scratch == nullptr ? 0 : scratch->slots(b - a)) - live_sys;
   }
   return total + union_length(std::move(shared));
 }

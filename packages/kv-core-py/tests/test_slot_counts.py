@@ -9,10 +9,19 @@ from typing import Any
 
 import pytest
 
-from kv_api import AttentionLayerConfig, BatchDesc, BufferConfig, GpuCacheTierConfig, KVCacheDesc, KVCacheManagerConfig
+from kv_api import (
+    AttentionLayerConfig,
+    BatchDesc,
+    BufferConfig,
+    GpuCacheTierConfig,
+    KVCacheDesc,
+    KVCacheManagerConfig,
+    SwaScratchReuseConfig,
+)
 from kv_api.constants import TOKEN_LIMIT
 from kv_api.errors import HostOOMError
 from kv_core_py.life_cycles import LifeCycleRegistry
+from kv_core_py.scratch import ScratchRule, scratch_rules
 from kv_core_py.slot_counts import (
     GIB,
     MIB,
@@ -165,8 +174,11 @@ def test_ratio_of_layer_groups_sharing_a_pool_group() -> None:
     assert counts(4, 8 * 2 * MIB, layers, initial_pool_ratio=[0.25, 0.75]).slots == [16]
 
 
-def slots_for_batch_by_block(registry: LifeCycleRegistry, life_cycle: int, batch: BatchDesc) -> int:
-    """The definition, block by block (the former implementation): the oracle for small batches."""
+def slots_for_batch_by_block(
+    registry: LifeCycleRegistry, life_cycle: int, batch: BatchDesc, scratch: ScratchRule | None = None
+) -> int:
+    """The definition, block by block (the former implementation): the oracle for small batches.
+    Scratch blocks have no page: they cost ``scratch.slots(n)`` per request."""
     tpb = registry.tokens_per_block
     sys_blocks = batch.system_prompt_length // tpb
     shared: set[int] = set()
@@ -174,11 +186,36 @@ def slots_for_batch_by_block(registry: LifeCycleRegistry, life_cycle: int, batch
     for desc in batch.kv_caches:
         num_blocks = -(-desc.capacity // tpb)
         begin, end = registry.stale_range(life_cycle, desc.history_length)
-        stale = max(0, min(end, num_blocks) - min(begin, num_blocks))
-        live_sys = [o for o in range(min(sys_blocks, num_blocks)) if not begin <= o < end]
+        a, b = (0, 0) if scratch is None else scratch.range(desc.capacity, desc.history_length)
+        paged = [o for o in range(num_blocks) if not begin <= o < end and not a <= o < b]
+        live_sys = [o for o in paged if o < sys_blocks]
         shared.update(live_sys)
-        total += num_blocks - stale - len(live_sys)
+        total += len(paged) - len(live_sys) + (0 if scratch is None else scratch.slots(b - a))
     return total + len(shared)
+
+
+@pytest.mark.parametrize("tpb", [1, 3, 4])
+def test_slots_for_batch_with_scratch_counts_as_the_definition(tpb: int) -> None:
+    """The same with sliding-window scratch (random rewinds): scratch blocks leave the shared and
+    private counts, and cost their scratch slots instead."""
+    rng = random.Random(tpb)
+    layers = [layer(0, 4096), layer(1, 2048, 8), layer(2, 2048, 8), layer(3, 4096, 5, 3), layer(4, 1024, 1)]
+    for rewind in (0, 3, 9):
+        config = KVCacheManagerConfig(
+            tpb, [GpuCacheTierConfig(GIB)], layers, swa_scratch_reuse=SwaScratchReuseConfig(rewind)
+        )
+        registry = LifeCycleRegistry(config)
+        rules = scratch_rules(config, registry, StorageConfig(config, registry))
+        assert [r is not None for r in rules] == [False, True, True, True]
+        for _ in range(200):
+            descs = []
+            for _ in range(rng.randint(1, 4)):
+                capacity = rng.randint(0, 60)
+                descs.append(KVCacheDesc(capacity, rng.randint(0, capacity)))
+            batch = BatchDesc(descs, system_prompt_length=rng.randint(0, 70))
+            for lc, rule in enumerate(rules):
+                got = slots_for_batch(registry, lc, batch, rule)
+                assert got == slots_for_batch_by_block(registry, lc, batch, rule), (lc, batch)
 
 
 @pytest.mark.parametrize("tpb", [1, 3, 4])

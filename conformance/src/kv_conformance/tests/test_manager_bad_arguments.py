@@ -90,7 +90,8 @@ CALLS: list[tuple[str, Callable[[Any, Any], object]]] = [
     ("layer id None", lambda m, c: m.get_layer_group_id(None)),
     ("layout layer None", lambda m, c: m.get_page_index_upper_bound(None, None)),
     ("layout role None", lambda m, c: m.get_page_stride(0, None)),
-    ("index mode None", lambda m, c: m.get_mem_pool_base_address(0, "key", None)),
+    # index_mode None is the default (PER_LAYER; required with swa_scratch_reuse: test_swa_scratch).
+    ("index mode str", lambda m, c: m.get_mem_pool_base_address(0, "key", "shared")),
     ("pool group None", lambda m, c: m.pool_memory(None, 0)),
     ("level None", lambda m, c: m.get_quota(None)),
     ("layer group None", lambda m, c: c.get_base_page_indices(None)),

@@ -309,7 +309,8 @@ def test_page_index_converters(backend: kv_api.Backend) -> None:
         (1, "scale"): (512, PageIndexConverter(2, 1, 1)),
         (2, "key"): (4096, PageIndexConverter(2, 1, 0)),
         (2, "scale"): (512, PageIndexConverter(1, 1, 0)),
-        (3, "key"): (2048, PageIndexConverter(1, 2, 0)),  # override 2 of tpb 4: two pages per block
+        # override 2 of tpb 4: two pages per block, and per scratch block
+        (3, "key"): (2048, PageIndexConverter(1, 2, 0, 2)),
         (3, "value"): (8192, PageIndexConverter(1, 1, 0)),
         (4, "value"): (4096, PageIndexConverter(2, 1, 1)),
     }

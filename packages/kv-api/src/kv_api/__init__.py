@@ -18,6 +18,7 @@ from kv_api.config import (
     KVCacheManagerConfig,
     LayerConfig,
     SsmLayerConfig,
+    SwaScratchReuseConfig,
 )
 from kv_api.constants import (
     BAD_PAGE_INDEX,
@@ -40,7 +41,7 @@ from kv_api.contract import (
     PriorityCallback,
     TokenInput,
 )
-from kv_api.descriptors import BufferId, LifeCycle, PageIndexConverter, PoolDesc, PoolGroupDesc
+from kv_api.descriptors import BufferId, LifeCycle, PageIndexConverter, PoolDesc, PoolGroupDesc, ScratchDesc
 from kv_api.page_copier import CopyRun, HostMemoryCopier, PageCopier
 from kv_api.registry import (
     ENTRY_POINT_GROUP,
@@ -106,9 +107,11 @@ __all__ = [
     "PriorityCallback",
     "ReuseMatch",
     "ReuseScope",
+    "ScratchDesc",
     "SsmLayerConfig",
     "SsmSnapshotStats",
     "StorageStatistics",
+    "SwaScratchReuseConfig",
     "TokenInput",
     "available_backends",
     "create_manager",

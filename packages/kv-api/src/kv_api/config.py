@@ -34,6 +34,7 @@ __all__ = [
     "KVCacheManagerConfig",
     "LayerConfig",
     "SsmLayerConfig",
+    "SwaScratchReuseConfig",
 ]
 
 
@@ -219,6 +220,23 @@ class BatchDesc:
         )
 
 
+@dataclass(frozen=True)
+class SwaScratchReuseConfig:
+    """Sliding-window scratch reuse (docs/manager.md, "Sliding-window scratch"): blocks of a
+    step's new tokens that are out of the window once the step is done share a few scratch slots
+    instead of a page each. ``max_rewind_len``: how far a later step may move the history back
+    below the capacity (rewound draft tokens)."""
+
+    max_rewind_len: int = 0
+
+    def __post_init__(self) -> None:
+        _set(
+            self,
+            "max_rewind_len",
+            int_in_range("SwaScratchReuseConfig.max_rewind_len", self.max_rewind_len, 0, TOKEN_LIMIT),
+        )
+
+
 _TIER_ORDER = {CacheTier.GPU_MEM: 0, CacheTier.HOST_MEM: 1, CacheTier.DISK: 2}
 
 
@@ -236,6 +254,7 @@ class KVCacheManagerConfig:
     typical_step: BatchDesc | None = None
     initial_pool_ratio: Sequence[float] | None = None
     commit_min_snapshot: bool = False
+    swa_scratch_reuse: SwaScratchReuseConfig | None = None
     enable_stats: bool = True
     text_only: bool = False
     key_format: str = DEFAULT_KEY_FORMAT
@@ -299,6 +318,8 @@ class KVCacheManagerConfig:
             int_in_range(f"{w}.reuse_match_backoff", self.reuse_match_backoff, 0, TOKEN_LIMIT),
         )
         _set(self, "constraints", _tuple_of(f"{w}.constraints", self.constraints, BatchDesc))
+        if self.swa_scratch_reuse is not None and not isinstance(self.swa_scratch_reuse, SwaScratchReuseConfig):
+            raise TypeError(f"{w}.swa_scratch_reuse: expected a SwaScratchReuseConfig or None")
         if self.typical_step is not None and not isinstance(self.typical_step, BatchDesc):
             raise TypeError(f"{w}.typical_step: expected a BatchDesc or None")
         if self.initial_pool_ratio is not None:

@@ -19,7 +19,7 @@ from typing import Protocol, SupportsIndex, TypeAlias, runtime_checkable
 from kv_api.capabilities import Capabilities
 from kv_api.config import KVCacheManagerConfig
 from kv_api.constants import GPU_LEVEL, KVCacheStatus, PageIndexMode
-from kv_api.descriptors import LifeCycle, PageIndexConverter, PoolGroupDesc
+from kv_api.descriptors import LifeCycle, PageIndexConverter, PoolGroupDesc, ScratchDesc
 from kv_api.events import KVCacheEvent
 from kv_api.keys import Token
 from kv_api.page_copier import PageCopier
@@ -153,10 +153,10 @@ class KVCacheManager(abc.ABC):
     # -- memory layout ---------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def get_mem_pool_base_address(
-        self, layer_id: int, role: str, index_mode: PageIndexMode = PageIndexMode.PER_LAYER
-    ) -> int:
-        """Address of the pool holding the buffer; in SHARED mode plus its offset in a slot."""
+    def get_mem_pool_base_address(self, layer_id: int, role: str, index_mode: PageIndexMode | None = None) -> int:
+        """Address of the pool holding the buffer; in SHARED mode plus its offset in a slot.
+        ``None`` means PER_LAYER, and is a ``ValueError`` when the config has
+        ``swa_scratch_reuse`` (the caller must choose a mode)."""
 
     @abc.abstractmethod
     def get_page_stride(self, layer_id: int, role: str) -> int:
@@ -423,7 +423,8 @@ class KVCache(abc.ABC):
     @capacity.setter
     @abc.abstractmethod
     def capacity(self, value: int) -> None:
-        """``resize(value)``, raising ``OutOfPagesError`` where that returns False."""
+        """``resize(value)``, raising ``OutOfPagesError`` where that returns False;
+        ``ValueError`` while sliding-window scratch reuse is enabled."""
 
     @property
     @abc.abstractmethod
@@ -455,8 +456,10 @@ class KVCache(abc.ABC):
 
     @abc.abstractmethod
     def resize(self, capacity: int | None = None, history_length: int | None = None) -> bool:
-        """ACTIVE only. ``ValueError`` if history would decrease or capacity drop below it.
-        False, with nothing changed, when pages run out."""
+        """ACTIVE only. ``ValueError`` if history would decrease or capacity drop below it, or
+        (scratch reuse enabled, capacity changing) the new history is outside
+        ``[old capacity - max_rewind_len, old capacity]``. False, with nothing changed, when
+        pages run out."""
 
     @abc.abstractmethod
     def commit(self, tokens: TokenInput, is_end: bool = False) -> None:
@@ -532,6 +535,34 @@ class KVCache(abc.ABC):
         """Keep ``buf`` (writable, 1-D, contiguous int32, at least ``num_blocks`` long) equal to
         the layer group's page indices, its tail past ``num_blocks`` set to -1; a resize that
         would outgrow it raises ``ValueError``. ``None`` detaches."""
+
+    # -- sliding-window scratch (docs/manager.md, "Sliding-window scratch") -------------------------
+
+    @property
+    @abc.abstractmethod
+    def enable_swa_scratch_reuse(self) -> bool:
+        """Whether this cache uses scratch slots; on by default when the config has
+        ``swa_scratch_reuse``."""
+
+    @enable_swa_scratch_reuse.setter
+    @abc.abstractmethod
+    def enable_swa_scratch_reuse(self, value: bool) -> None:
+        """``ValueError`` when turned on without ``swa_scratch_reuse`` in the config, or changed
+        while the cache has scratch blocks (at its current lengths, either way)."""
+
+    @property
+    @abc.abstractmethod
+    def has_scratch_slots(self) -> bool:
+        """Whether the cache holds scratch slots now (active, with scratch blocks)."""
+
+    @abc.abstractmethod
+    def get_scratch_desc(self, layer_group: int) -> ScratchDesc | None:
+        """The layer group's scratch blocks and the slots they share, while it has scratch
+        slots; else None. ``IndexError`` for a bad layer group."""
+
+    @abc.abstractmethod
+    def supports_index_mode(self, mode: PageIndexMode) -> bool:
+        """PER_LAYER always; SHARED only while the cache has no scratch slots."""
 
 
 # Module-level names for the annotations below: inside ``Backend`` the class names are its attributes.

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kv_api.constants import BAD_PAGE_INDEX, PageIndexMode, ceil_div
 
-__all__ = ["BufferId", "LifeCycle", "PageIndexConverter", "PoolDesc", "PoolGroupDesc"]
+__all__ = ["BufferId", "LifeCycle", "PageIndexConverter", "PoolDesc", "PoolGroupDesc", "ScratchDesc"]
 
 
 @dataclass(frozen=True, order=True)
@@ -55,11 +56,15 @@ class PageIndexConverter:
 
     ``scale`` buffers share each slot of the buffer's pool and the buffer is the
     ``layer_offset``-th of them; one block is ``expansion`` pages of the buffer.
+    ``scratch_pages_per_block``: pages of the buffer one sliding-window scratch block takes in
+    the scratch slots (``KVCache.get_scratch_desc``), which a layer's scratch blocks fill back to
+    back; scratch blocks' base indices are ``BAD_PAGE_INDEX`` and convert to it.
     """
 
     scale: int
     expansion: int
     layer_offset: int
+    scratch_pages_per_block: int = 1
 
     def __call__(self, base_indices: Iterable[int], mode: PageIndexMode = PageIndexMode.PER_LAYER) -> list[int]:
         offset = self.layer_offset if mode == PageIndexMode.PER_LAYER else 0
@@ -91,3 +96,13 @@ class PoolGroupDesc:
     num_slots: int
     life_cycles: tuple[int, ...]
     pools: tuple[PoolDesc, ...]
+
+
+@dataclass(frozen=True)
+class ScratchDesc:
+    """A cache's sliding-window scratch in one layer group: the block ordinals ``range`` (this
+    step's blocks that are out of the window once the step is done; their base indices are
+    ``BAD_PAGE_INDEX``) and the slots they share, ``slot_ids``."""
+
+    range: builtins.range
+    slot_ids: tuple[int, ...]

@@ -13,6 +13,7 @@
 #include "kvcore/poison.h"
 #include "kvcore/radix_tree.h"
 #include "kvcore/rebalancer.h"
+#include "kvcore/scratch.h"
 #include "kvcore/storage.h"
 
 namespace kvcore {
@@ -61,6 +62,9 @@ class CacheContext {
   KeyFormat key_format() const { return key_format_; }
   double max_util_for_resume() const { return max_util_for_resume_; }
   bool commit_min_snapshot() const { return commit_min_snapshot_; }
+  // Sliding-window scratch: configured or not, and per life cycle its rule (none: never).
+  const std::optional<SwaScratchReuseConfig>& swa_scratch_reuse() const { return swa_scratch_reuse_; }
+  const ScratchRule* scratch(int life_cycle) const { return scratch_[life_cycle] ? &*scratch_[life_cycle] : nullptr; }
 
   const LifeCycleRegistry& registry() const { return registry_; }
   Storage& storage() { return storage_; }
@@ -78,7 +82,7 @@ class CacheContext {
   // The manager's reuse match without reuse_match_backoff (set by the manager): a planned drop
   // re-matches the committed tokens (planned_drop.h).
   std::function<MatchPath(const Digest&, const Tokens&)> rematch;
-  Rebalancer rebalancer;      // closing caches feed it
+  Rebalancer rebalancer;  // closing caches feed it
   CacheStats committed_stats;
   CacheStats iteration_stats;
 
@@ -88,6 +92,8 @@ class CacheContext {
   KeyFormat key_format_;
   double max_util_for_resume_;
   bool commit_min_snapshot_;
+  std::optional<SwaScratchReuseConfig> swa_scratch_reuse_;
+  std::vector<std::optional<ScratchRule>> scratch_;
   const LifeCycleRegistry& registry_;
   Storage& storage_;
   RadixTree& tree_;

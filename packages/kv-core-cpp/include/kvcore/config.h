@@ -43,6 +43,10 @@ struct CacheTierConfig {
   std::string path;  // the disk tier's directory
 };
 
+struct SwaScratchReuseConfig {
+  std::int64_t max_rewind_len = 0;
+};
+
 struct KVCacheManagerConfig {
   std::int64_t tokens_per_block = 32;
   std::vector<CacheTierConfig> cache_tiers;  // warm to cold: the device tier first
@@ -55,6 +59,7 @@ struct KVCacheManagerConfig {
   std::optional<std::vector<double>> initial_pool_ratio;
   bool commit_min_snapshot = false;
   bool text_only = false;  // a cache refuses digest tokens unless create_kv_cache says otherwise
+  std::optional<SwaScratchReuseConfig> swa_scratch_reuse;
   KeyFormat key_format = kDefaultKeyFormat;
   // The auto-tuner (rebalancer.h).
   std::uint64_t rebalance_min_sampled_kv_caches = 2000;

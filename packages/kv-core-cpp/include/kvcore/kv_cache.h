@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -95,6 +96,17 @@ class KVCache {
   int num_layer_groups() const;
 
   RequestStats stats;  // feeds the manager's statistics and the request's own
+  // Sliding-window scratch (see kv_cache.py): on by default where configured.
+  bool enable_swa_scratch_reuse() const { return scratch_on_; }
+  // Error(kValue) when turned on without the config's swa_scratch_reuse, or changed while the
+  // cache has scratch blocks.
+  void set_enable_swa_scratch_reuse(bool value);
+  bool has_scratch_slots() const;
+  // The layer group's scratch blocks [first, second) and their slots; none without scratch slots.
+  std::optional<std::pair<std::pair<std::int64_t, std::int64_t>, std::vector<std::int32_t>>> get_scratch_desc(
+      int layer_group) const;
+  // Error(kValue) with scratch reuse on: the capacity setter (the binding calls it first).
+  void require_capacity_settable() const;
 
  private:
   int priority_of(std::int64_t ordinal, int lc);
@@ -110,7 +122,8 @@ class KVCache {
   };
   std::vector<Release> stale_releases(std::int64_t history) const;
   void apply_stale_releases(const std::vector<Release>& releases, std::int64_t history);
-  bool fits(const std::vector<std::pair<std::int64_t, int>>& needs, const std::vector<Release>& releases);
+  bool fits(const std::vector<std::pair<std::int64_t, int>>& needs, const std::vector<Release>& releases,
+            const std::vector<Page*>& scratch_freed);
   std::vector<Page*> to_lock() const;
   // What a page resume() allocates starts as: the reused snapshot (SSM state), the reused partial
   // block's page (a copy), or nothing.
@@ -128,12 +141,18 @@ class KVCache {
                  const std::vector<Page*>& keep = {});
   std::vector<Page*> new_pages(const std::vector<std::pair<std::int64_t, int>>& needs,
                                const std::vector<int>& priorities);
-  std::vector<std::pair<std::int64_t, int>> missing(std::int64_t first, std::int64_t num_blocks,
+  std::vector<std::pair<std::int64_t, int>> missing(std::int64_t first, std::int64_t num_blocks, std::int64_t capacity,
                                                     std::int64_t history) const;
   // The non-stale ordinals of [first, num_blocks) in a life cycle: below and above its stale range.
-  std::array<std::pair<std::int64_t, std::int64_t>, 2> live_ranges(int lc, std::int64_t first, std::int64_t num_blocks,
-                                                                   std::int64_t history) const;
-  bool may_fit(std::int64_t first, std::int64_t num_blocks, std::int64_t history) const;
+  std::array<std::pair<std::int64_t, std::int64_t>, 3> live_ranges(int lc, std::int64_t first, std::int64_t num_blocks,
+                                                                   std::int64_t capacity, std::int64_t history) const;
+  bool may_fit(std::int64_t first, std::int64_t num_blocks, std::int64_t capacity, std::int64_t history) const;
+  // The life cycle's scratch blocks [a, b) at these lengths (a == b: none), and the slots they need.
+  std::pair<std::int64_t, std::int64_t> scratch_range(int lc, std::int64_t capacity, std::int64_t history) const;
+  std::int64_t scratch_need(int lc, std::int64_t capacity, std::int64_t history) const;
+  // Error(kValue) when scratch blocks leaving the scratch range would not be stale at `history`.
+  void check_scratch_history(const char* api, std::int64_t capacity, std::int64_t history) const;
+  void free_scratch(int lc, std::size_t keep);  // frees the life cycle's scratch slots beyond `keep`
   Node* parent_node(std::int64_t ordinal);
   // `pages` (a partial tail only) replaces the block's own: snapshot copies, or live pages and states.
   void commit_block(std::int64_t ordinal, const std::vector<Page*>* pages = nullptr);
@@ -168,6 +187,10 @@ class KVCache {
   std::vector<bool> ssm_locked_;
   std::vector<Page*> ssm_snapshot_;
   std::vector<Page*> tree_holds_;  // tree pages held besides our private ones, for blocks we pin
+  // Sliding-window scratch: on or off, and per life cycle the shared slots of its scratch blocks
+  // (locked while active, freed on suspend).
+  bool scratch_on_;
+  std::vector<std::vector<Page*>> scratch_pages_;
 };
 
 }  // namespace kvcore

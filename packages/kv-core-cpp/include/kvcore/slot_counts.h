@@ -8,6 +8,7 @@
 
 #include "kvcore/config.h"
 #include "kvcore/life_cycles.h"
+#include "kvcore/scratch.h"
 #include "kvcore/storage_config.h"
 
 namespace kvcore {
@@ -18,7 +19,9 @@ std::uint64_t tier_granularity(CacheTier tier, std::uint64_t quota);
 const char* tier_name(CacheTier tier);  // "device", "host", "disk"
 std::uint64_t grains_for(std::uint64_t slots, const std::vector<std::uint64_t>& slot_sizes, std::uint64_t granularity);
 std::uint64_t max_slots(std::uint64_t grains, const std::vector<std::uint64_t>& slot_sizes, std::uint64_t granularity);
-std::int64_t slots_for_batch(const LifeCycleRegistry& registry, int life_cycle, const BatchDesc& batch);
+// With a scratch rule, a request's scratch blocks have no page of their own: their n cost rule->slots(n).
+std::int64_t slots_for_batch(const LifeCycleRegistry& registry, int life_cycle, const BatchDesc& batch,
+                             const ScratchRule* scratch = nullptr);
 // The most slots one life cycle needs at once for a request growing one token per step to
 // `length` tokens (see slot_counts.py).
 std::int64_t sequence_peak_slots(const LifeCycleRegistry& registry, int life_cycle, std::int64_t length);

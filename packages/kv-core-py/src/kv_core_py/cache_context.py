@@ -15,6 +15,7 @@ from kv_core_py.event_manager import KVCacheEventManager
 from kv_core_py.life_cycles import LifeCycleRegistry
 from kv_core_py.radix_tree import Block, RadixTree
 from kv_core_py.rebalancer import Rebalancer
+from kv_core_py.scratch import scratch_rules
 from kv_core_py.storage import Storage
 from kv_core_py.tokens import Tokens
 
@@ -40,6 +41,9 @@ class CacheContext:
         self.key_format = config.key_format
         self.max_util_for_resume = config.max_util_for_resume
         self.commit_min_snapshot = config.commit_min_snapshot
+        # Sliding-window scratch: configured or not, and per life cycle its rule (None: never).
+        self.swa_scratch_reuse = config.swa_scratch_reuse
+        self.scratch = scratch_rules(config, registry, storage.config)
         self.registry = registry
         self.storage = storage
         self.tree = tree

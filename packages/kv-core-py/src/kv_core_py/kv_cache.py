@@ -17,9 +17,11 @@ from kv_api.constants import (
     MIN_PRIORITY,
     TOKEN_LIMIT,
     KVCacheStatus,
+    PageIndexMode,
     ceil_div,
 )
 from kv_api.contract import PriorityCallback
+from kv_api.descriptors import ScratchDesc
 from kv_api.errors import HostOOMError, InvalidStateError, LogicError, OutOfPagesError
 from kv_api.keys import Token
 from kv_api.scope import ReuseScope
@@ -94,6 +96,10 @@ class KVCache(kv_api.KVCache):
         self._ssm_snapshot: list[Page | None] = [None] * len(self._lcs)
         # Tree pages held besides our own private ones, for blocks we pin (``_commit_block``).
         self._tree_holds: list[Page] = []
+        # Sliding-window scratch (``scratch.py``): on by default where configured; per life cycle
+        # the shared slots of its scratch blocks (locked while active, freed on suspend).
+        self._scratch_on = context.swa_scratch_reuse is not None
+        self._scratch_pages: list[list[Page]] = [[] for _ in self._lcs]
         # Priorities first: a failing callback must leave the tree untouched.
         reused = [
             (o, lc, page, self._priority_of(o, lc))
@@ -237,6 +243,9 @@ class KVCache(kv_api.KVCache):
             self._require(KVCacheStatus.ACTIVE, "resize")
             if value is None:
                 raise TypeError(f"{name}: expected an int, got NoneType")
+            if name == "capacity" and self._scratch_on:
+                # Alone, a new capacity keeps the history, which the scratch rule rarely allows.
+                raise ValueError("capacity: cannot be set alone with SWA scratch reuse enabled (use resize)")
             if not (self.resize(value, None) if name == "capacity" else self.resize(None, value)):
                 raise OutOfPagesError(f"{name}: not enough pages")
 
@@ -326,14 +335,19 @@ class KVCache(kv_api.KVCache):
                 o += 1
             self._stale_scan[lc] = o
 
-    def _fits(self, needs: list[tuple[int, int]], releases: list[tuple[int, int, bool]]) -> bool:
+    def _fits(
+        self, needs: list[tuple[int, int]], releases: list[tuple[int, int, bool]], scratch_freed: list[Page]
+    ) -> bool:
         """Whether room can be made for ``needs`` once ``releases`` (ordinal, life cycle, keep)
-        are applied in order: pages they free, and pages they make evictable (queued first)."""
+        are applied in order: pages they free, and pages they make evictable (queued first);
+        ``scratch_freed`` (private scratch pages) are freed too."""
         storage = self._context.storage
         need = [0] * len(storage.pool_groups)
         for _, lc in needs:
             need[storage.config.pool_group_of(lc)] += 1
         freed = [0] * len(storage.pool_groups)
+        for scratch in scratch_freed:
+            freed[scratch.pool_group] += 1
         pending: list[Page] = []
         for o, lc, keep in releases:
             cb = self._blocks[o]
@@ -360,35 +374,80 @@ class KVCache(kv_api.KVCache):
             page.holders = 1
         return pages
 
-    def _live_ranges(self, lc: int, first: int, num_blocks: int, history: int) -> tuple[range, range]:
-        """The non-stale ordinals of ``[first, num_blocks)`` in a life cycle: below and above its
-        stale range (a window's stale range spans most of a long history)."""
+    def _live_ranges(
+        self, lc: int, first: int, num_blocks: int, capacity: int, history: int
+    ) -> tuple[range, range, range]:
+        """The ordinals of ``[first, num_blocks)`` with a page of their own in a life cycle: below
+        its stale range, between it and the scratch range, and above that (a window's stale
+        range spans most of a long history; the scratch range lies above it)."""
         begin, end = self._context.registry.stale_range(lc, history)
-        return range(first, min(begin, num_blocks)), range(max(end, first), num_blocks)
+        a, b = self._scratch_range(lc, capacity, history)
+        if a == b:
+            a = b = end
+        return (
+            range(first, min(begin, num_blocks)),
+            range(max(end, first), min(a, num_blocks)),
+            range(max(b, end, first), num_blocks),
+        )
 
-    def _missing(self, first: int, num_blocks: int, history: int) -> list[tuple[int, int]]:
+    def _scratch_range(self, lc: int, capacity: int, history: int) -> tuple[int, int]:
+        """The life cycle's scratch blocks ``[a, b)`` at these lengths (``a == b``: none)."""
+        rule = self._context.scratch[lc]
+        if rule is None or not self._scratch_on:
+            return 0, 0
+        return rule.range(capacity, history)
+
+    def _scratch_need(self, lc: int, capacity: int, history: int) -> int:
+        """Scratch slots the life cycle needs at these lengths."""
+        rule = self._context.scratch[lc]
+        a, b = self._scratch_range(lc, capacity, history)
+        return 0 if rule is None or a == b else rule.slots(b - a)
+
+    def _check_scratch_history(self, api: str, capacity: int, history: int) -> None:
+        """Scratch blocks leaving the scratch range must be stale at the new history: their data
+        was never kept, so no page could take them back. ``ValueError`` otherwise (the history
+        moved below ``capacity - max_rewind_len``), before anything changes."""
+        if not self._scratch_on:
+            return
+        num_blocks = ceil_div(capacity, self._tpb)
+        for lc in self._block_lcs:
+            a, b = self._scratch_range(lc, self._capacity, self._history)
+            if a == b:
+                continue
+            a2, b2 = self._scratch_range(lc, capacity, history)
+            leaving = [(a, min(b, a2)), (max(a, b2), b)] if a2 < b2 else [(a, b)]
+            begin, end = self._context.registry.stale_range(lc, history)
+            for lo, hi in leaving:
+                hi = min(hi, num_blocks)
+                if lo < hi and (lo < begin or hi > end):
+                    raise ValueError(
+                        f"{api}: history_length {history} would bring back scratch blocks of layer group {lc}"
+                        f" (their data is gone); keep it at least capacity - max_rewind_len"
+                    )
+
+    def _missing(self, first: int, num_blocks: int, capacity: int, history: int) -> list[tuple[int, int]]:
         """Non-stale blocks in ``[first, num_blocks)`` without a page, by ordinal then life cycle.
         (Every non-stale block below ``num_blocks`` of an open cache has its pages, so a resize
         only needs to look at the blocks it adds.)"""
         out = [
             (o, lc)
             for lc in self._block_lcs
-            for live in self._live_ranges(lc, first, num_blocks, history)
+            for live in self._live_ranges(lc, first, num_blocks, capacity, history)
             for o in live
             if o >= len(self._blocks) or self._blocks[o].pages[lc] is None
         ]
         out.sort()
         return out
 
-    def _may_fit(self, first: int, num_blocks: int, history: int) -> bool:
+    def _may_fit(self, first: int, num_blocks: int, capacity: int, history: int) -> bool:
         """False when the pages blocks ``[first, num_blocks)`` need exceed a pool group's slots:
         counted, not listed, so a request too large for the pool is refused in constant time."""
         storage = self._context.storage
         per_pg = [0] * len(storage.pool_groups)
         for lc in self._block_lcs:
             per_pg[storage.config.pool_group_of(lc)] += sum(
-                len(r) for r in self._live_ranges(lc, first, num_blocks, history)
-            )
+                len(r) for r in self._live_ranges(lc, first, num_blocks, capacity, history)
+            ) + max(0, self._scratch_need(lc, capacity, history) - len(self._scratch_pages[lc]))
         return all(n <= pg.num_slots for pg, n in zip(storage.pool_groups, per_pg, strict=True))
 
     def _new_blocks(self, n: int) -> tuple[list[CacheBlock], array[int]] | None:
@@ -409,7 +468,8 @@ class KVCache(kv_api.KVCache):
     def held_pages(self) -> list[Page]:
         """Every page the cache holds (for the manager's quota resize)."""
         blocks = [page for cb in self._blocks for page in cb.pages if page is not None]
-        return blocks + [p for p in self._ssm_state + self._ssm_snapshot if p is not None] + self._tree_holds
+        scratch = [p for pages in self._scratch_pages for p in pages]
+        return blocks + [p for p in self._ssm_state + self._ssm_snapshot if p is not None] + self._tree_holds + scratch
 
     def _to_lock(self) -> list[Page]:
         """The pages ``resume`` locks: held, not stale, not a reused partial block's (copied),
@@ -459,8 +519,15 @@ class KVCache(kv_api.KVCache):
             ]
             # A new SSM state is filed under the block of the next token (for its priority).
             states = [(self._history // self._tpb, lc) for lc in self._ssm_lcs if self._ssm_state[lc] is None]
-            needs = copies + self._missing(0, len(self._blocks), self._history) + states
+            needs = copies + self._missing(0, len(self._blocks), self._capacity, self._history) + states
             priorities = [self._priority_of(o, lc) for o, lc in needs]
+            # Scratch slots last (ordinal -1: they belong to no block), with the default priority:
+            # never committed, they are never evicted.
+            scratch = [
+                (-1, lc) for lc in self._block_lcs for _ in range(self._scratch_need(lc, self._capacity, self._history))
+            ]
+            needs += scratch
+            priorities += [DEFAULT_PRIORITY] * len(scratch)
             locking = self._to_lock()
             below = [p for p in locking if p.level != GPU_LEVEL]
             if not self._make_room(GPU_LEVEL, below, needs, locking):
@@ -470,7 +537,7 @@ class KVCache(kv_api.KVCache):
             storage = self._context.storage
             try:
                 for (o, lc), page in zip(needs, new, strict=True):
-                    source = self._source_of(o, lc)
+                    source = None if o < 0 else self._source_of(o, lc)
                     if source is not None:  # copy-on-write of a reused partial block or snapshot
                         storage.copy(source, page)
             except Exception:
@@ -478,6 +545,10 @@ class KVCache(kv_api.KVCache):
                     storage.unhold(page)
                 raise
             for (o, lc), page in zip(needs, new, strict=True):
+                if o < 0:
+                    self._scratch_pages[lc].append(page)
+                    storage.lock(page)
+                    continue
                 source = self._source_of(o, lc)
                 if source is not None:
                     storage.unhold(source)
@@ -534,7 +605,17 @@ class KVCache(kv_api.KVCache):
             for lc in range(len(self._lcs)):
                 self._unlock_page(o, lc)
         self._unlock_states()
+        for lc in self._block_lcs:
+            self._free_scratch(lc, 0)
         self._status = KVCacheStatus.SUSPENDED
+
+    def _free_scratch(self, lc: int, keep: int) -> None:
+        """Free the life cycle's scratch slots beyond the first ``keep`` (last first)."""
+        pages = self._scratch_pages[lc]
+        while len(pages) > keep:
+            page = pages.pop()
+            self._context.storage.unlock(page)
+            self._context.storage.unhold(page)
 
     def _unlock_states(self) -> None:
         for lc in self._ssm_lcs:
@@ -559,27 +640,59 @@ class KVCache(kv_api.KVCache):
                 raise ValueError(f"history_length: cannot decrease ({self._history} -> {hist})")
             if cap < hist:
                 raise ValueError(f"capacity: {cap} is below history_length {hist}")
+            if self._scratch_on and cap != self._capacity:
+                # Blocks that were scratch must be stale at the new history (their data is gone),
+                # and no token may be skipped.
+                assert self._context.swa_scratch_reuse is not None
+                low = max(0, self._capacity - self._context.swa_scratch_reuse.max_rewind_len)
+                if not low <= hist <= self._capacity:
+                    raise ValueError(
+                        f"resize: with SWA scratch reuse, a new capacity needs history_length in"
+                        f" [{low}, {self._capacity}] (got {hist})"
+                    )
+            self._check_scratch_history("resize", cap, hist)
             num_blocks = ceil_div(cap, self._tpb)
             for lc, buf in self._user_buffers.items():
                 if len(buf) < num_blocks:
                     raise ValueError(f"base page index buffer of layer group {lc} too short: {len(buf)} < {num_blocks}")
-            if not self._may_fit(len(self._blocks), num_blocks, hist):
+            if not self._may_fit(len(self._blocks), num_blocks, cap, hist):
                 return False
             releases = self._stale_releases(hist)
             shrink = [(o, lc) for o in range(num_blocks, len(self._blocks)) for lc in range(len(self._lcs))]
-            needs = self._missing(len(self._blocks), num_blocks, hist)
+            needs = self._missing(len(self._blocks), num_blocks, cap, hist)
             priorities = [self._priority_of(o, lc) for o, lc in needs]
-            applied = [(o, lc, False) for o, lc in reversed(shrink)] + [r for r in releases if r[0] < num_blocks]
-            if needs and not applied:
+            # Scratch: pages of blocks entering the scratch range go (they hold tokens this step
+            # rewrites); slots are added or freed to the new count.
+            scratch_drops: list[tuple[int, int, bool]] = []
+            scratch_freed: list[Page] = []
+            for lc in self._block_lcs:
+                a, b = self._scratch_range(lc, cap, hist)
+                scratch_drops += [
+                    (o, lc, False) for o in range(a, min(b, len(self._blocks))) if self._blocks[o].pages[lc] is not None
+                ]
+                want = self._scratch_need(lc, cap, hist)
+                needs += [(-1, lc)] * max(0, want - len(self._scratch_pages[lc]))
+                priorities += [DEFAULT_PRIORITY] * max(0, want - len(self._scratch_pages[lc]))
+                scratch_freed += self._scratch_pages[lc][want:]
+            applied = (
+                [(o, lc, False) for o, lc in reversed(shrink)]
+                + [r for r in releases if r[0] < num_blocks]
+                + scratch_drops
+            )
+            if needs and not applied and not scratch_freed:
                 # Room made before anything changes: a failing copy leaves the cache as it was.
                 if not self._make_room(GPU_LEVEL, [], needs):
                     return False
-            elif needs and not self._fits(needs, applied):
+            elif needs and not self._fits(needs, applied, scratch_freed):
                 return False
             grown = self._new_blocks(num_blocks - len(self._blocks))
             for o, lc in reversed(shrink):
                 self._release_page(o, lc)
             self._apply_stale_releases([r for r in releases if r[0] < num_blocks], hist)
+            for o, lc, _ in scratch_drops:
+                self._release_page(o, lc)
+            for lc in self._block_lcs:
+                self._free_scratch(lc, self._scratch_need(lc, cap, hist))
             del self._blocks[num_blocks:]
             for idx in self._index:
                 del idx[num_blocks:]
@@ -598,6 +711,10 @@ class KVCache(kv_api.KVCache):
                 self._sync_user_buffers()
                 raise
             for (o, lc), page in zip(needs, new, strict=True):
+                if o < 0:
+                    self._scratch_pages[lc].append(page)
+                    self._context.storage.lock(page)
+                    continue
                 self._blocks[o].pages[lc] = page
                 self._lock_page(o, lc)
             self._sync_user_buffers()
@@ -625,9 +742,12 @@ class KVCache(kv_api.KVCache):
                     f"commit: with commit_min_snapshot, history_length ({self._history}) must equal the committed"
                     f" tokens before ({len(self._tokens)}) or after ({len(self._tokens) + len(new)}) the commit"
                 )
+            self._check_scratch_history("commit", self._capacity, max(self._history, len(self._tokens) + len(new)))
             first = len(self._tokens) // self._tpb
             self._tokens.extend(new)
             self._history = max(self._history, len(self._tokens))
+            for lc in self._block_lcs:  # a longer history leaves fewer scratch blocks
+                self._free_scratch(lc, self._scratch_need(lc, self._capacity, self._history))
             if cms:  # pages out of the window go before their blocks could enter the tree
                 self._apply_stale_releases(self._stale_releases(self._history), self._history)
             for ordinal in range(first, len(self._tokens) // self._tpb):
@@ -817,6 +937,8 @@ class KVCache(kv_api.KVCache):
                 for lc in range(len(self._lcs)):
                     self._release_page(o, lc)
             self._unlock_states()
+            for lc in self._block_lcs:
+                self._free_scratch(lc, 0)
             for lc in self._ssm_lcs:
                 for held in (self._ssm_state, self._ssm_snapshot):
                     page = held[lc]
@@ -904,6 +1026,56 @@ class KVCache(kv_api.KVCache):
             view = view.cast("B").cast("i")
             self._user_buffers[lg] = view
             self._sync_user_buffers()
+
+    # -- sliding-window scratch ------------------------------------------------------------------
+
+    @property
+    def enable_swa_scratch_reuse(self) -> bool:
+        poison.check()
+        return self._scratch_on
+
+    @enable_swa_scratch_reuse.setter
+    def enable_swa_scratch_reuse(self, value: bool) -> None:
+        poison.check()
+        with self._context.lock:
+            if not isinstance(value, bool):
+                raise TypeError(f"enable_swa_scratch_reuse: expected a bool, got {type(value).__name__}")
+            if value == self._scratch_on:
+                return
+            if value and self._context.swa_scratch_reuse is None:
+                raise ValueError("enable_swa_scratch_reuse: the manager's config has no swa_scratch_reuse")
+            # Either way the blocks of the scratch range would change hands (pages <-> scratch).
+            on = [
+                lc
+                for lc in self._block_lcs
+                if (rule := self._context.scratch[lc]) is not None
+                and (r := rule.range(self._capacity, self._history))[0] < r[1]
+            ]
+            if on:
+                raise ValueError(
+                    f"enable_swa_scratch_reuse: cannot change while scratch blocks are needed (layer group {on[0]})"
+                )
+            self._scratch_on = value
+
+    @property
+    def has_scratch_slots(self) -> bool:
+        poison.check()
+        return any(self._scratch_pages)
+
+    def get_scratch_desc(self, layer_group: int) -> ScratchDesc | None:
+        poison.check()
+        with self._context.lock:
+            lg = self._check_group(layer_group, 0)
+            pages = self._scratch_pages[lg]
+            if not pages:
+                return None
+            a, b = self._scratch_range(lg, self._capacity, self._history)
+            return ScratchDesc(range(a, b), tuple(p.slot for p in pages))
+
+    def supports_index_mode(self, mode: PageIndexMode) -> bool:
+        poison.check()
+        with self._context.lock:
+            return PageIndexMode(mode) == PageIndexMode.PER_LAYER or not any(self._scratch_pages)
 
     def _sync_user_buffers(self) -> None:
         for lc, buf in self._user_buffers.items():

@@ -150,17 +150,20 @@ class KVCacheManager(kv_api.KVCacheManager):
             raise KeyError(f"no layer {layer}")
         return self._storage_config.placement(layer, as_str("role", role))
 
-    def get_mem_pool_base_address(
-        self, layer_id: int, role: str, index_mode: PageIndexMode = PageIndexMode.PER_LAYER
-    ) -> int:
-        """The pool holding the buffer; in SHARED mode, plus the buffer's offset in a slot."""
+    def get_mem_pool_base_address(self, layer_id: int, role: str, index_mode: PageIndexMode | None = None) -> int:
+        """The pool holding the buffer; in SHARED mode, plus the buffer's offset in a slot. No
+        mode means PER_LAYER, except with scratch reuse configured, where the caller must say
+        (scratch slots are addressed per layer)."""
         poison.check()
         with self._context.lock:
             p = self._placement(layer_id, role)
+            if index_mode is None and self._config.swa_scratch_reuse is not None:
+                raise ValueError("get_mem_pool_base_address: index_mode is required with swa_scratch_reuse")
+            mode = PageIndexMode.PER_LAYER if index_mode is None else PageIndexMode(index_mode)
             base = (
                 self._storage.pool_groups[self._storage_config.pool_group_of(p.life_cycle)].pools[p.pool].base_address
             )
-            return base + (p.position * p.size if PageIndexMode(index_mode) == PageIndexMode.SHARED else 0)
+            return base + (p.position * p.size if mode == PageIndexMode.SHARED else 0)
 
     def get_page_stride(self, layer_id: int, role: str) -> int:
         poison.check()
@@ -171,7 +174,7 @@ class KVCacheManager(kv_api.KVCacheManager):
         poison.check()
         with self._context.lock:
             p = self._placement(layer_id, role)
-            return PageIndexConverter(p.scale, p.expansion, p.position)
+            return PageIndexConverter(p.scale, p.expansion, p.position, p.expansion)
 
     def get_page_index_upper_bound(self, layer_id: int, role: str) -> int:
         poison.check()

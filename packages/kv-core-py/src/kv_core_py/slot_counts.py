@@ -13,6 +13,7 @@ from kv_api.config import QUOTA_LIMIT, BatchDesc, KVCacheDesc, KVCacheManagerCon
 from kv_api.constants import CacheTier, ceil_div
 from kv_api.errors import HostOOMError
 from kv_core_py.life_cycles import LifeCycleRegistry
+from kv_core_py.scratch import ScratchRule, scratch_rules
 from kv_core_py.storage_config import PoolGroupConfig, StorageConfig
 
 MIB = 1 << 20
@@ -55,27 +56,36 @@ def max_slots(grains: int, slot_sizes: Sequence[int], granularity: int) -> int:
     return lo
 
 
-def slots_for_batch(registry: LifeCycleRegistry, life_cycle: int, batch: BatchDesc) -> int:
+def slots_for_batch(
+    registry: LifeCycleRegistry, life_cycle: int, batch: BatchDesc, scratch: ScratchRule | None = None
+) -> int:
     """Slots one life cycle needs to hold ``batch`` at once: each request's non-stale blocks,
     with system-prompt blocks shared (counted once, unless stale for every request); an SSM life
-    cycle needs one state slot per request."""
+    cycle needs one state slot per request. With a ``scratch`` rule a request's scratch blocks
+    have no page of their own: their ``n`` cost ``scratch.slots(n)``."""
     if registry.life_cycles[life_cycle].ssm:
         return len(batch.kv_caches)
     tpb = registry.tokens_per_block
     sys_blocks = batch.system_prompt_length // tpb
     # Counted as ranges, never block by block: a system prompt may span 2**40 blocks. A request's
-    # live system-prompt blocks are [0, m) less its stale range [begin, end): at most two ranges.
+    # live system-prompt blocks are [0, m) less its stale range [begin, end) and its scratch range
+    # [a, b) (which lies above the stale one): at most three ranges.
     shared: list[tuple[int, int]] = []
     total = 0
     for desc in batch.kv_caches:
         num_blocks = ceil_div(desc.capacity, tpb)
         begin, end = registry.stale_range(life_cycle, desc.history_length)
         stale = max(0, min(end, num_blocks) - min(begin, num_blocks))
+        a, b = (end, end) if scratch is None else scratch.range(desc.capacity, desc.history_length)
         m = min(sys_blocks, num_blocks)
-        live = [(0, m)] if begin >= end else [(0, min(m, begin)), (max(end, 0), m)]
+        if begin >= end:
+            live = [(0, min(m, a)), (max(b, 0), m)]
+        else:
+            live = [(0, min(m, begin)), (max(end, 0), min(m, a)), (max(b, end, 0), m)]
         live = [(lo, hi) for lo, hi in live if lo < hi]
         shared.extend(live)
-        total += num_blocks - stale - sum(hi - lo for lo, hi in live)
+        total += num_blocks - stale - (b - a) + (0 if scratch is None else scratch.slots(b - a))
+        total -= sum(hi - lo for lo, hi in live)
     return total + union_length(shared)
 
 
@@ -152,10 +162,11 @@ def compute_min_slots(config: KVCacheManagerConfig, registry: LifeCycleRegistry,
     """Per pool group: the sum over its life cycles of max(structural floor, each constraint
     batch's need scaled by ``1 / max_util_for_resume`` so resume keeps its headroom)."""
     per_lc = []
+    rules = scratch_rules(config, registry, storage)
     for lc in range(len(registry.life_cycles)):
         floor = registry.min_slots_floor(lc)
         for batch in config.constraints:
-            need = slots_for_batch(registry, lc, batch) / config.max_util_for_resume
+            need = slots_for_batch(registry, lc, batch, rules[lc]) / config.max_util_for_resume
             if not need < QUOTA_LIMIT:  # inf included: so many slots need 2**63 bytes or more
                 raise min_quota_error()
             floor = max(floor, math.ceil(need))
@@ -193,7 +204,8 @@ def initial_ratio(
         slots = [minimum[pg.index] for pg in groups]
     else:
         batch = config.typical_step or FALLBACK_BATCH
-        slots = [sum(slots_for_batch(registry, lc, batch) for lc in pg.life_cycles) for pg in groups]
+        rules = scratch_rules(config, registry, storage)
+        slots = [sum(slots_for_batch(registry, lc, batch, rules[lc]) for lc in pg.life_cycles) for pg in groups]
     return bytes_ratio(slots, groups)
 
 
