@@ -165,8 +165,8 @@ def check_lengths(cache: KVCache) -> None:
 
 
 def check_indices(manager: KVCacheManager, cache: KVCache) -> None:
-    """Invariant 6: an ACTIVE cache has a valid slot for every non-stale block and -1 for stale
-    ones; any other cache reports -1 everywhere. Slots of one layer group are distinct. An SSM
+    """Invariant 6: an ACTIVE cache has a valid slot for every non-stale, non-scratch block and
+    -1 for the others (its scratch slots are valid too); any other cache reports -1 everywhere. Slots of one layer group are distinct. An SSM
     layer group has no page per block, only the request's state while it is active."""
     tpb = manager.tokens_per_block
     for lc in life_cycles(manager):
@@ -184,13 +184,17 @@ def check_indices(manager: KVCacheManager, cache: KVCache) -> None:
             continue
         stale = stale_range(lc, cache.history_length, tpb)
         num_slots = pool_group_of(manager, lc.id).num_slots
+        scratch = cache.get_scratch_desc(lc.id)
+        scratch_blocks = range(0) if scratch is None else scratch.range
+        scratch_slots = [] if scratch is None else list(scratch.slot_ids)
+        assert all(0 <= slot < num_slots for slot in scratch_slots)
         for o, index in enumerate(indices):
-            if o in stale:
-                assert index == BAD_PAGE_INDEX, f"stale block {o} of layer group {lc.id} has slot {index}"
+            if o in stale or o in scratch_blocks:
+                assert index == BAD_PAGE_INDEX, f"stale or scratch block {o} of layer group {lc.id} has slot {index}"
             else:
                 assert 0 <= index < num_slots, f"block {o} of layer group {lc.id} has slot {index}"
-        valid = [i for i in indices if i != BAD_PAGE_INDEX]
-        assert len(set(valid)) == len(valid), f"layer group {lc.id} repeats a slot: {indices}"
+        valid = [i for i in indices if i != BAD_PAGE_INDEX] + scratch_slots
+        assert len(set(valid)) == len(valid), f"layer group {lc.id} repeats a slot: {indices} {scratch_slots}"
 
 
 def check_accounting(manager: KVCacheManager, open_caches: bool = True) -> None:

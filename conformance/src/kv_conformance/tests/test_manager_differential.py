@@ -36,6 +36,7 @@ from kv_api import (
     KVCacheStatus,
     ReuseScope,
     SsmLayerConfig,
+    SwaScratchReuseConfig,
 )
 from kv_api.errors import CorruptedError
 
@@ -88,11 +89,13 @@ def config_for(
     tiers: list[CacheTierConfig] | None = None,
     hybrid: str = "attention",
     tuned: bool = False,
+    rewind: int | None = None,
 ) -> KVCacheManagerConfig:
     """``hybrid``: ``attention`` alone, with ``commit_min_snapshot`` (``cms``), or with an SSM
     layer too (``ssm``, whose state slots are a pool group of their own). ``tuned``: the window's
     slots are twice the size (a pool group of their own, which short requests want a good share
-    of) and the device has 6 grains, so ``adjust()`` has grains to move between groups."""
+    of) and the device has 6 grains, so ``adjust()`` has grains to move between groups.
+    ``rewind``: sliding-window scratch reuse with that ``max_rewind_len`` (None: off)."""
     kv = [BufferConfig("key", 64 << 10), BufferConfig("value", 64 << 10)]
     window_kv = [BufferConfig("key", 128 << 10), BufferConfig("value", 128 << 10)] if tuned else kv
     # A zero sink count is valid without a window too (no sinks); a positive one goes to the window only.
@@ -115,6 +118,7 @@ def config_for(
         reuse_match_backoff=backoff,
         enable_partial_reuse=partial,
         commit_min_snapshot=hybrid != "attention",
+        swa_scratch_reuse=None if rewind is None else SwaScratchReuseConfig(rewind),
         # An eager auto-tuner, with no clock in its answers: every close is sampled and counts.
         rebalance_min_sampled_kv_caches=2,
         rebalance_cooldown_secs=0,
@@ -148,6 +152,7 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
             host_slots=st.sampled_from([2, 4, 8]),
             hybrid=st.sampled_from(HYBRID),
             tuned=st.sampled_from([False, False, True]),
+            rewind=st.sampled_from([None, None, 0, 2, 5]),
         )
         def build(
             self,
@@ -163,10 +168,13 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
             host_slots: int,
             hybrid: str,
             tuned: bool,
+            rewind: int | None,
         ) -> None:
             self.dirs = [tempfile.mkdtemp(prefix="kv-differential-") for _ in backends]
             self.configs = [
-                config_for(tpb, window, sinks, full, backoff, partial, tiers_for(tiers, host_slots, d), hybrid, tuned)
+                config_for(
+                    tpb, window, sinks, full, backoff, partial, tiers_for(tiers, host_slots, d), hybrid, tuned, rewind
+                )
                 for d in self.dirs
             ]
             self.levels = len(self.configs[0].cache_tiers)
@@ -176,6 +184,7 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
                 b.KVCacheManager(config, em) for b, em, config in zip(backends, self.events, self.configs, strict=True)
             ]
             self.groups = len(self.managers[0].life_cycles)
+            self.rewind = rewind
 
         def each(self, call: Callable[[int], tuple[Any, Any]]) -> list[Any] | None:
             """``call(i) -> (kept, compared)`` on every backend. The compared values, or the
@@ -265,6 +274,32 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
         @rule(index=st.integers(0, 99), grow=st.integers(-3, 12), advance=st.integers(-1, 8))
         def resize(self, index: int, grow: int, advance: int) -> None:
             self.on_cache(index, lambda c: c.resize(max(0, c.capacity + grow), max(0, c.history_length + advance)))
+
+        @precondition(lambda self: self.caches and self.rewind is not None)
+        @rule(index=st.integers(0, 99), grow=st.integers(0, 12), back=st.integers(0, 6), done=st.integers(0, 12))
+        def scratch_step(self, index: int, grow: int, back: int, done: int) -> None:
+            """A step with sliding-window scratch: grow the capacity with the history moved to
+            ``back`` tokens before the old capacity (a rewind when that is below the committed
+            end; the resize rule refuses more than ``max_rewind_len``), then commit ``done``
+            tokens of it."""
+
+            def step(c: Any) -> Any:
+                cap = c.capacity
+                if not c.resize(cap + grow, max(c.history_length, cap - back)):
+                    return False
+                room = c.capacity - c.num_committed_tokens
+                c.commit(list(range(min(done, room))))
+                return True
+
+            self.on_cache(index, step)
+
+        @precondition(lambda self: self.caches)
+        @rule(index=st.integers(0, 99), on=st.booleans())
+        def toggle_scratch(self, index: int, on: bool) -> None:
+            def toggle(c: Any) -> None:
+                c.enable_swa_scratch_reuse = on
+
+            self.on_cache(index, toggle)
 
         @precondition(lambda self: self.caches)
         @rule(index=st.integers(0, 99), tokens=st.lists(TOKEN, max_size=10), is_end=st.booleans())
@@ -399,6 +434,9 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
                         *(tuple(c[i].get_base_page_indices(lg)) for lg in range(self.groups)),
                         *(tuple(c[i].get_page_levels(lg)) for lg in range(self.groups)),
                         *(c[i].get_ssm_block_base_index(lg) for lg in range(self.groups)),
+                        c[i].has_scratch_slots,
+                        c[i].enable_swa_scratch_reuse,
+                        *(c[i].get_scratch_desc(lg) for lg in range(self.groups)),
                     )
                     for c in self.caches
                 ]
