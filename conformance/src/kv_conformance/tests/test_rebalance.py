@@ -130,6 +130,21 @@ def test_nothing_learnt_before_the_first_update(backend: kv_api.Backend) -> None
     assert m.adjust() is False
 
 
+def test_excluded_caches_are_not_sampled(backend: kv_api.Backend) -> None:
+    """``mark_stats_excluded`` keeps a cache out of the tuner's samples: with an update every 3
+    samples, two excluded closes and two counted ones learn nothing; a third counted one does."""
+    m = backend.KVCacheManager(config(rebalance_target_ratio_update_interval=3))
+    for cache_id in (100, 101):
+        m.mark_stats_excluded(cache_id)
+        c = m.create_kv_cache(None, None, cache_id)
+        assert c.resume() and c.resize(8, 8)
+        c.close()
+    feed(m, 2, 8)
+    assert not m.need_adjustment
+    feed(m, 1, 8)
+    assert m.need_adjustment
+
+
 def test_cooldown(backend: kv_api.Backend) -> None:
     m = backend.KVCacheManager(config(rebalance_cooldown_secs=3600))
     feed(m, 1, 8)
