@@ -19,6 +19,7 @@ FAKE_BACKEND = """
         block_hash_v2_sha256,
         block_hash_v2_sha256_64,
         block_keys,
+        block_keys_many,
         cache_salt_to_id,
         gen_multimodal_cache_key_tokens,
         reuse_scope_to_bytes,

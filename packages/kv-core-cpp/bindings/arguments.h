@@ -34,6 +34,9 @@ inline constexpr char kExpectedStr[] = "{}: expected a str, got {}";
 inline constexpr char kExpectedBytes[] = "{}: expected bytes, got {}";
 inline constexpr char kDigestSize[] = "{}: must be 32 bytes (got {})";
 inline constexpr char kExpectedScope[] = "reuse_scope: expected ReuseScope or None, got {}";
+inline constexpr char kExpectedScopeList[] = "reuse_scopes: expected a list or tuple of ReuseScope or None, got {}";
+inline constexpr char kExpectedTokenInputs[] = "token_inputs: expected a list or tuple of token inputs, got {}";
+inline constexpr char kTokenInputsCount[] = "token_inputs: {} inputs for {} reuse scopes";
 // kv_api.scope: a scope's fields, checked again where it is used (see arg::reuse_scope).
 inline constexpr char kScopeLoraId[] = "ReuseScope.lora_id";
 inline constexpr char kScopeSalt[] = "ReuseScope.salt";

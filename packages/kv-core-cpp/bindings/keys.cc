@@ -2,6 +2,8 @@
 #include <nanobind/stl/string.h>
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "arguments.h"
 #include "bind.h"
@@ -47,6 +49,80 @@ nb::bytes py_block_keys(nb::handle tokens_per_block, nb::handle scope, nb::handl
     block_keys(args.tokens_per_block, args.scope, t, args.format, dst);
   }
   return nb::borrow<nb::bytes>(out);
+}
+
+// kv_api.keys.named_item: runs `check`; a plain TypeError or ValueError it raises is raised
+// again, same class, as "where[index]: message" (chained from it); anything else passes through.
+template <typename F>
+auto named_item(const char* where, std::size_t index, F&& check) -> decltype(check()) {
+  try {
+    return check();
+  } catch (nb::python_error& e) {
+    PyObject* type = e.type().ptr();
+    if (type != PyExc_TypeError && type != PyExc_ValueError) throw;
+    const std::string text = std::string(where) + "[" + std::to_string(index) + "]: " + nb::str(e.value()).c_str();
+    nb::raise_from(e, type, "%s", text.c_str());
+  }
+}
+
+std::size_t sequence_size(nb::handle seq) {
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());  // an exact list or tuple
+  return static_cast<std::size_t>(n);
+}
+
+// The order of kv_api.keys.block_keys_many: tokens_per_block, reuse_scopes (the list, then each
+// item), key_format, token_inputs (the list, its length, then each input). All before hashing.
+nb::list py_block_keys_many(nb::handle tokens_per_block, nb::handle scopes, nb::handle inputs, nb::handle format) {
+  const std::uint64_t tpb = arg::int_at_least("tokens_per_block", tokens_per_block, 1);
+  const bool one_scope = scopes.is_none();
+  std::vector<ReuseScope> scope_list;
+  if (!one_scope) {
+    if (!PyList_Check(scopes.ptr()) && !PyTuple_Check(scopes.ptr()))
+      fail(PyExc_TypeError, msg::kExpectedScopeList, {py_type_name(scopes)});
+    // A copy: the items are Python objects a scope's checks may run code on (__index__).
+    nb::object items = nb::steal(PySequence_Tuple(scopes.ptr()));
+    if (!items.is_valid()) throw nb::python_error();
+    for (std::size_t i = 0; i < sequence_size(items); ++i) {
+      nb::handle item = PyTuple_GET_ITEM(items.ptr(), static_cast<Py_ssize_t>(i));
+      scope_list.push_back(named_item("reuse_scopes", i, [&] { return arg::reuse_scope(item); }));
+    }
+  }
+  const KeyFormat fmt = arg::key_format(format);
+  if (!PyList_Check(inputs.ptr()) && !PyTuple_Check(inputs.ptr()))
+    fail(PyExc_TypeError, msg::kExpectedTokenInputs, {py_type_name(inputs)});
+  nb::object items = nb::steal(PySequence_Tuple(inputs.ptr()));
+  if (!items.is_valid()) throw nb::python_error();
+  const std::size_t count = sequence_size(items);
+  if (!one_scope && scope_list.size() != count)
+    fail(PyExc_ValueError, msg::kTokenInputsCount, {std::to_string(count), std::to_string(scope_list.size())});
+  std::vector<std::unique_ptr<TokenInput>> read;
+  read.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    nb::handle item = PyTuple_GET_ITEM(items.ptr(), static_cast<Py_ssize_t>(i));
+    read.push_back(named_item("token_inputs", i, [&] { return std::make_unique<TokenInput>(item, fmt); }));
+  }
+
+  nb::list out;
+  std::vector<KeyChainInput> chains;
+  chains.reserve(count);
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const Tokens& t = read[i]->tokens();
+    const std::size_t size = 32 * (1 + ceil_div(t.count, static_cast<std::size_t>(tpb)));
+    nb::object keys = nb::steal(PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(size)));
+    if (!keys.is_valid()) throw nb::python_error();
+    chains.push_back(
+        {one_scope ? ReuseScope{} : scope_list[i], &t, reinterpret_cast<std::uint8_t*>(PyBytes_AS_STRING(keys.ptr()))});
+    out.append(keys);
+    total += t.count;
+  }
+  if (total > kReleaseGilTokens) {
+    nb::gil_scoped_release release;
+    block_keys_many(static_cast<std::size_t>(tpb), chains.data(), chains.size(), fmt);
+  } else {
+    block_keys_many(static_cast<std::size_t>(tpb), chains.data(), chains.size(), fmt);
+  }
+  return out;
 }
 
 nb::object token_object(const Tokens& t, std::size_t i, std::size_t& digest) {
@@ -128,6 +204,9 @@ void bind_keys(nb::module_& m) {
   m.def("sequence_to_blockchain_keys", &py_sequence_to_blockchain_keys, nb::arg("tokens_per_block").none(),
         nb::arg("reuse_scope").none(), nb::arg("tokens").none(), nb::arg("key_format").none() = default_format,
         "Yield ``([], root_key)`` then ``(block_tokens, block_key)`` per block; validates now, hashes lazily.");
+  m.def("block_keys_many", &py_block_keys_many, nb::arg("tokens_per_block").none(), nb::arg("reuse_scopes").none(),
+        nb::arg("token_inputs").none(), nb::arg("key_format").none() = default_format,
+        "``block_keys`` of each input, independent chains hashed two at a time (interleaved).");
   m.def("reuse_scope_to_bytes", &py_reuse_scope_to_bytes, nb::arg("reuse_scope").none());
   m.def("gen_multimodal_cache_key_tokens", &py_gen_multimodal_cache_key_tokens, nb::arg("id_offset").none(),
         nb::arg("digest").none(), nb::arg("num_tokens").none(), nb::arg("token_offset").none() = 0,

@@ -90,6 +90,65 @@ void block_keys(std::size_t tokens_per_block, const ReuseScope& scope, const Tok
   chained_keys(root_key(scope), tokens, 0, ceil_div(tokens.count, tokens_per_block), tokens_per_block, format, out);
 }
 
+namespace {
+
+// A run of full blocks still to hash: n keys of one chain, each block read from data (advancing
+// by the block length), the previous key at out - 32.
+struct PendingRun {
+  const std::uint8_t* data;
+  std::uint8_t* out;
+  std::size_t n;
+};
+
+}  // namespace
+
+void block_keys_many(std::size_t tokens_per_block, const KeyChainInput* inputs, std::size_t count,
+                     KeyFormat format) noexcept {
+  const std::size_t width = token_width(format);
+  const std::size_t len = tokens_per_block * width;
+  std::vector<PendingRun> runs;
+  std::vector<std::size_t> paired(count, 0);  // leading full blocks of each input hashed in pairs
+  for (std::size_t i = 0; i < count; ++i) {
+    const Tokens& t = *inputs[i].tokens;
+    const Digest root = root_key(inputs[i].scope);
+    std::memcpy(inputs[i].out, root.data(), root.size());
+    if (t.width != width || !t.contiguous()) continue;
+    const std::size_t stop = t.digests.empty() ? t.count : std::min(t.count, t.digests.front().position);
+    paired[i] = stop / tokens_per_block;
+    if (paired[i] != 0) runs.push_back({t.data, inputs[i].out + 32, paired[i]});
+  }
+
+  // Two runs in flight; when one ends the next pending run takes its slot, so chains of unequal
+  // lengths still pair up (every block has the same length, so any two runs can).
+  std::size_t next = 0;
+  PendingRun a{}, b{};
+  auto take = [&](PendingRun& slot) { slot = next < runs.size() ? runs[next++] : PendingRun{nullptr, nullptr, 0}; };
+  take(a);
+  take(b);
+  while (a.n != 0 && b.n != 0) {
+    const std::size_t k = std::min(a.n, b.n);
+    sha256::chain_keys2(a.out - 32, a.data, a.out, b.out - 32, b.data, b.out, len, k);
+    for (PendingRun* r : {&a, &b}) {
+      r->data += k * len;
+      r->out += 32 * k;
+      r->n -= k;
+      if (r->n == 0) take(*r);
+    }
+  }
+  for (const PendingRun& r : {a, b})
+    if (r.n != 0) sha256::chain_keys(r.out - 32, r.data, len, r.n, r.out);
+
+  // The rest of each chain, from its last paired key, exactly as block_keys goes on.
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::size_t blocks = ceil_div(inputs[i].tokens->count, tokens_per_block);
+    if (paired[i] == blocks) continue;
+    std::uint8_t* at = inputs[i].out + 32 * paired[i];
+    Digest parent;
+    std::memcpy(parent.data(), at, parent.size());
+    chained_keys(parent, *inputs[i].tokens, paired[i], blocks - paired[i], tokens_per_block, format, at);
+  }
+}
+
 BlockKeyIterator::BlockKeyIterator(std::size_t tokens_per_block, const ReuseScope& scope, Tokens tokens,
                                    KeyFormat format)
     : tokens_per_block_(tokens_per_block), tokens_(std::move(tokens)), hasher_(format), key_(root_key(scope)) {}

@@ -78,6 +78,72 @@ KVCORE_INLINE void compress_blocks(uint32x4_t& abcd, uint32x4_t& efgh, const std
     compress(abcd, efgh, load_be(p), load_be(p + 16), load_be(p + 32), load_be(p + 48));
 }
 
+// One stream's state and message schedule, for the 2-way kernels.
+struct Lane {
+  uint32x4_t abcd, efgh;
+  uint32x4_t w0, w1, w2, w3;
+};
+
+// Rounds t..t+15 of both lanes, the two streams alternating quad by quad: each
+// stream's SHA256H/H2 chain is latency-bound, so the other's instructions
+// issue in its gaps. kSchedule: expand W first (t >= 16).
+template <bool kSchedule>
+KVCORE_INLINE void sixteen_rounds2(Lane& a, Lane& b, int t) {
+  if (kSchedule) {
+    a.w0 = schedule(a.w0, a.w1, a.w2, a.w3);
+    b.w0 = schedule(b.w0, b.w1, b.w2, b.w3);
+  }
+  four_rounds(a.abcd, a.efgh, a.w0, t);
+  four_rounds(b.abcd, b.efgh, b.w0, t);
+  if (kSchedule) {
+    a.w1 = schedule(a.w1, a.w2, a.w3, a.w0);
+    b.w1 = schedule(b.w1, b.w2, b.w3, b.w0);
+  }
+  four_rounds(a.abcd, a.efgh, a.w1, t + 4);
+  four_rounds(b.abcd, b.efgh, b.w1, t + 4);
+  if (kSchedule) {
+    a.w2 = schedule(a.w2, a.w3, a.w0, a.w1);
+    b.w2 = schedule(b.w2, b.w3, b.w0, b.w1);
+  }
+  four_rounds(a.abcd, a.efgh, a.w2, t + 8);
+  four_rounds(b.abcd, b.efgh, b.w2, t + 8);
+  if (kSchedule) {
+    a.w3 = schedule(a.w3, a.w0, a.w1, a.w2);
+    b.w3 = schedule(b.w3, b.w0, b.w1, b.w2);
+  }
+  four_rounds(a.abcd, a.efgh, a.w3, t + 12);
+  four_rounds(b.abcd, b.efgh, b.w3, t + 12);
+}
+
+// One block of each lane (message words already in w0..w3) plus feed-forward.
+KVCORE_INLINE void compress2(Lane& a, Lane& b) {
+  const uint32x4_t a_abcd = a.abcd, a_efgh = a.efgh, b_abcd = b.abcd, b_efgh = b.efgh;
+  sixteen_rounds2<false>(a, b, 0);
+  sixteen_rounds2<true>(a, b, 16);
+  sixteen_rounds2<true>(a, b, 32);
+  sixteen_rounds2<true>(a, b, 48);
+  a.abcd = vaddq_u32(a.abcd, a_abcd);
+  a.efgh = vaddq_u32(a.efgh, a_efgh);
+  b.abcd = vaddq_u32(b.abcd, b_abcd);
+  b.efgh = vaddq_u32(b.efgh, b_efgh);
+}
+
+KVCORE_INLINE void load_block(Lane& l, const std::uint8_t* p) {
+  l.w0 = load_be(p);
+  l.w1 = load_be(p + 16);
+  l.w2 = load_be(p + 32);
+  l.w3 = load_be(p + 48);
+}
+
+KVCORE_INLINE void compress_blocks2(Lane& a, const std::uint8_t* pa, Lane& b, const std::uint8_t* pb,
+                                    std::size_t blocks) {
+  for (; blocks != 0; --blocks, pa += 64, pb += 64) {
+    load_block(a, pa);
+    load_block(b, pb);
+    compress2(a, b);
+  }
+}
+
 // Digest bytes are the big-endian state words.
 KVCORE_INLINE void store_be(std::uint8_t* p, uint32x4_t v) { vst1q_u8(p, vrev32q_u8(vreinterpretq_u8_u32(v))); }
 
@@ -118,6 +184,58 @@ void chain_armv8(const std::uint8_t parent[32], const std::uint8_t* data, std::s
     prev1 = efgh;
     store_be(out, abcd);
     store_be(out + 16, efgh);
+  }
+}
+
+void transform2_armv8(std::uint32_t state_a[8], const std::uint8_t* data_a, std::uint32_t state_b[8],
+                      const std::uint8_t* data_b, std::size_t blocks) {
+  Lane a, b;
+  a.abcd = vld1q_u32(state_a);
+  a.efgh = vld1q_u32(state_a + 4);
+  b.abcd = vld1q_u32(state_b);
+  b.efgh = vld1q_u32(state_b + 4);
+  compress_blocks2(a, data_a, b, data_b, blocks);
+  vst1q_u32(state_a, a.abcd);
+  vst1q_u32(state_a + 4, a.efgh);
+  vst1q_u32(state_b, b.abcd);
+  vst1q_u32(state_b + 4, b.efgh);
+}
+
+// chain_armv8's loop with two chains in lock step. Both share len, so one plan
+// shape serves both; each has its own tail buffer (different data bytes).
+void chain2_armv8(const std::uint8_t parent_a[32], const std::uint8_t* data_a, std::uint8_t* out_a,
+                  const std::uint8_t parent_b[32], const std::uint8_t* data_b, std::uint8_t* out_b, std::size_t len,
+                  std::size_t n) {
+  detail::ChainPlan plan_a, plan_b;
+  detail::chain_plan_init(plan_a, len);
+  detail::chain_plan_init(plan_b, len);
+  const uint32x4_t iv_abcd = vld1q_u32(detail::kInitialHash);
+  const uint32x4_t iv_efgh = vld1q_u32(detail::kInitialHash + 4);
+
+  // Each chain's previous digest: message words 0..7 of its next key.
+  uint32x4_t prev_a0 = load_be(parent_a), prev_a1 = load_be(parent_a + 16);
+  uint32x4_t prev_b0 = load_be(parent_b), prev_b1 = load_be(parent_b + 16);
+  const std::size_t mid = plan_a.mid_blocks, tail = plan_a.tail_blocks;
+  for (std::size_t i = 0; i < n; ++i, data_a += len, data_b += len, out_a += 32, out_b += 32) {
+    detail::copy_short(plan_a.buf, data_a + plan_a.copy_off, plan_a.copy_len);
+    detail::copy_short(plan_b.buf, data_b + plan_b.copy_off, plan_b.copy_len);
+    const std::uint8_t* hi_a = plan_a.hi_from_buf ? plan_a.buf : data_a;
+    const std::uint8_t* hi_b = plan_b.hi_from_buf ? plan_b.buf : data_b;
+
+    Lane a{iv_abcd, iv_efgh, prev_a0, prev_a1, load_be(hi_a), load_be(hi_a + 16)};
+    Lane b{iv_abcd, iv_efgh, prev_b0, prev_b1, load_be(hi_b), load_be(hi_b + 16)};
+    compress2(a, b);
+    if (mid != 0) compress_blocks2(a, data_a + 32, b, data_b + 32, mid);  // data + 32 may be past the end
+    compress_blocks2(a, plan_a.buf + plan_a.tail_off, b, plan_b.buf + plan_b.tail_off, tail);
+
+    prev_a0 = a.abcd;
+    prev_a1 = a.efgh;
+    prev_b0 = b.abcd;
+    prev_b1 = b.efgh;
+    store_be(out_a, a.abcd);
+    store_be(out_a + 16, a.efgh);
+    store_be(out_b, b.abcd);
+    store_be(out_b + 16, b.efgh);
   }
 }
 

@@ -117,5 +117,20 @@ void chain_portable(const std::uint8_t parent[32], const std::uint8_t* data, std
   }
 }
 
+// The scalar rounds already keep the integer units busy with one stream, so
+// the 2-way forms are plain loops over the two streams.
+void transform2_portable(std::uint32_t state_a[8], const std::uint8_t* data_a, std::uint32_t state_b[8],
+                         const std::uint8_t* data_b, std::size_t blocks) {
+  transform_portable(state_a, data_a, blocks);
+  transform_portable(state_b, data_b, blocks);
+}
+
+void chain2_portable(const std::uint8_t parent_a[32], const std::uint8_t* data_a, std::uint8_t* out_a,
+                     const std::uint8_t parent_b[32], const std::uint8_t* data_b, std::uint8_t* out_b, std::size_t len,
+                     std::size_t n) {
+  chain_portable(parent_a, data_a, len, n, out_a);
+  chain_portable(parent_b, data_b, len, n, out_b);
+}
+
 }  // namespace sha256
 }  // namespace kvcore

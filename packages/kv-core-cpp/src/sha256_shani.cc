@@ -83,6 +83,82 @@ KVCORE_INLINE void compress(__m128i& abef, __m128i& cdgh, __m128i w0, __m128i w1
   cdgh = _mm_add_epi32(cdgh, cdgh_in);
 }
 
+// One stream's state and message schedule, for the 2-way kernels.
+struct Lane {
+  __m128i abef, cdgh;
+  __m128i w0, w1, w2, w3;
+};
+
+// Rounds t..t+15 of both lanes, the two streams alternating quad by quad: the
+// RNDS2 chain of each stream is latency-bound, so the other's instructions
+// issue in its gaps. kSchedule: expand W first (t >= 16).
+template <bool kSchedule>
+KVCORE_INLINE void sixteen_rounds2(Lane& a, Lane& b, int t) {
+  if (kSchedule) {
+    a.w0 = schedule(a.w0, a.w1, a.w2, a.w3);
+    b.w0 = schedule(b.w0, b.w1, b.w2, b.w3);
+  }
+  four_rounds(a.abef, a.cdgh, a.w0, t);
+  four_rounds(b.abef, b.cdgh, b.w0, t);
+  if (kSchedule) {
+    a.w1 = schedule(a.w1, a.w2, a.w3, a.w0);
+    b.w1 = schedule(b.w1, b.w2, b.w3, b.w0);
+  }
+  four_rounds(a.abef, a.cdgh, a.w1, t + 4);
+  four_rounds(b.abef, b.cdgh, b.w1, t + 4);
+  if (kSchedule) {
+    a.w2 = schedule(a.w2, a.w3, a.w0, a.w1);
+    b.w2 = schedule(b.w2, b.w3, b.w0, b.w1);
+  }
+  four_rounds(a.abef, a.cdgh, a.w2, t + 8);
+  four_rounds(b.abef, b.cdgh, b.w2, t + 8);
+  if (kSchedule) {
+    a.w3 = schedule(a.w3, a.w0, a.w1, a.w2);
+    b.w3 = schedule(b.w3, b.w0, b.w1, b.w2);
+  }
+  four_rounds(a.abef, a.cdgh, a.w3, t + 12);
+  four_rounds(b.abef, b.cdgh, b.w3, t + 12);
+}
+
+// One block of each lane (message words already in w0..w3) plus feed-forward.
+KVCORE_INLINE void compress2(Lane& a, Lane& b) {
+  const __m128i a_abef = a.abef, a_cdgh = a.cdgh, b_abef = b.abef, b_cdgh = b.cdgh;
+  sixteen_rounds2<false>(a, b, 0);
+  sixteen_rounds2<true>(a, b, 16);
+  sixteen_rounds2<true>(a, b, 32);
+  sixteen_rounds2<true>(a, b, 48);
+  a.abef = _mm_add_epi32(a.abef, a_abef);
+  a.cdgh = _mm_add_epi32(a.cdgh, a_cdgh);
+  b.abef = _mm_add_epi32(b.abef, b_abef);
+  b.cdgh = _mm_add_epi32(b.cdgh, b_cdgh);
+}
+
+KVCORE_INLINE void load_block(Lane& l, const std::uint8_t* p) {
+  l.w0 = load_be(p);
+  l.w1 = load_be(p + 16);
+  l.w2 = load_be(p + 32);
+  l.w3 = load_be(p + 48);
+}
+
+KVCORE_INLINE void compress_blocks2(Lane& a, const std::uint8_t* pa, Lane& b, const std::uint8_t* pb,
+                                    std::size_t blocks) {
+  for (; blocks != 0; --blocks, pa += 64, pb += 64) {
+    load_block(a, pa);
+    load_block(b, pb);
+    compress2(a, b);
+  }
+}
+
+// state[] is {a,b,c,d},{e,f,g,h} with a in lane 0 <-> ABEF/CDGH (lanes 3..0).
+KVCORE_INLINE void from_natural(const std::uint32_t state[8], __m128i& abef, __m128i& cdgh) {
+  const __m128i abcd = _mm_loadu_si128(reinterpret_cast<const __m128i*>(state));
+  const __m128i efgh = _mm_loadu_si128(reinterpret_cast<const __m128i*>(state + 4));
+  const __m128i badc = _mm_shuffle_epi32(abcd, 0xB1);  // lanes 0..3: b a d c
+  const __m128i hgfe = _mm_shuffle_epi32(efgh, 0x1B);  // lanes 0..3: h g f e
+  abef = _mm_alignr_epi8(badc, hgfe, 8);               // lanes 0..3: f e b a
+  cdgh = _mm_blend_epi16(hgfe, badc, 0xF0);            // lanes 0..3: h g d c
+}
+
 KVCORE_INLINE void compress_blocks(__m128i& abef, __m128i& cdgh, const std::uint8_t* p, std::size_t blocks) {
   for (; blocks != 0; --blocks, p += 64)
     compress(abef, cdgh, load_be(p), load_be(p + 16), load_be(p + 32), load_be(p + 48));
@@ -143,6 +219,60 @@ void chain_shani(const std::uint8_t parent[32], const std::uint8_t* data, std::s
     to_natural(abef, cdgh, prev0, prev1);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_shuffle_epi8(prev0, bswap_mask()));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm_shuffle_epi8(prev1, bswap_mask()));
+  }
+}
+
+void transform2_shani(std::uint32_t state_a[8], const std::uint8_t* data_a, std::uint32_t state_b[8],
+                      const std::uint8_t* data_b, std::size_t blocks) {
+  Lane a, b;
+  from_natural(state_a, a.abef, a.cdgh);
+  from_natural(state_b, b.abef, b.cdgh);
+  compress_blocks2(a, data_a, b, data_b, blocks);
+  __m128i out0, out1;
+  to_natural(a.abef, a.cdgh, out0, out1);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(state_a), out0);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(state_a + 4), out1);
+  to_natural(b.abef, b.cdgh, out0, out1);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(state_b), out0);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(state_b + 4), out1);
+}
+
+// chain_shani's loop with two chains in lock step. Both share len, so one plan
+// shape serves both; each has its own tail buffer (different data bytes).
+void chain2_shani(const std::uint8_t parent_a[32], const std::uint8_t* data_a, std::uint8_t* out_a,
+                  const std::uint8_t parent_b[32], const std::uint8_t* data_b, std::uint8_t* out_b, std::size_t len,
+                  std::size_t n) {
+  detail::ChainPlan plan_a, plan_b;
+  detail::chain_plan_init(plan_a, len);
+  detail::chain_plan_init(plan_b, len);
+  const std::uint32_t* iv = detail::kInitialHash;
+  const __m128i iv_abef =
+      _mm_set_epi32(static_cast<int>(iv[0]), static_cast<int>(iv[1]), static_cast<int>(iv[4]), static_cast<int>(iv[5]));
+  const __m128i iv_cdgh =
+      _mm_set_epi32(static_cast<int>(iv[2]), static_cast<int>(iv[3]), static_cast<int>(iv[6]), static_cast<int>(iv[7]));
+
+  // Each chain's previous digest, in natural word order: message words 0..7 of its next key.
+  __m128i prev_a0 = load_be(parent_a), prev_a1 = load_be(parent_a + 16);
+  __m128i prev_b0 = load_be(parent_b), prev_b1 = load_be(parent_b + 16);
+  const std::size_t mid = plan_a.mid_blocks, tail = plan_a.tail_blocks;
+  for (std::size_t i = 0; i < n; ++i, data_a += len, data_b += len, out_a += 32, out_b += 32) {
+    detail::copy_short(plan_a.buf, data_a + plan_a.copy_off, plan_a.copy_len);
+    detail::copy_short(plan_b.buf, data_b + plan_b.copy_off, plan_b.copy_len);
+    const std::uint8_t* hi_a = plan_a.hi_from_buf ? plan_a.buf : data_a;
+    const std::uint8_t* hi_b = plan_b.hi_from_buf ? plan_b.buf : data_b;
+
+    Lane a{iv_abef, iv_cdgh, prev_a0, prev_a1, load_be(hi_a), load_be(hi_a + 16)};
+    Lane b{iv_abef, iv_cdgh, prev_b0, prev_b1, load_be(hi_b), load_be(hi_b + 16)};
+    compress2(a, b);
+    if (mid != 0) compress_blocks2(a, data_a + 32, b, data_b + 32, mid);  // data + 32 may be past the end
+    compress_blocks2(a, plan_a.buf + plan_a.tail_off, b, plan_b.buf + plan_b.tail_off, tail);
+
+    to_natural(a.abef, a.cdgh, prev_a0, prev_a1);
+    to_natural(b.abef, b.cdgh, prev_b0, prev_b1);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out_a), _mm_shuffle_epi8(prev_a0, bswap_mask()));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out_a + 16), _mm_shuffle_epi8(prev_a1, bswap_mask()));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out_b), _mm_shuffle_epi8(prev_b0, bswap_mask()));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out_b + 16), _mm_shuffle_epi8(prev_b1, bswap_mask()));
   }
 }
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 from array import array
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Protocol, SupportsIndex, TypeAlias, runtime_checkable
 
@@ -595,6 +595,18 @@ class Backend(Protocol):
     def block_keys(
         self, tokens_per_block: int, reuse_scope: ReuseScope | None, tokens: TokenInput, key_format: str = ...
     ) -> bytes: ...
+
+    def block_keys_many(
+        self,
+        tokens_per_block: int,
+        reuse_scopes: Sequence[ReuseScope | None] | None,
+        token_inputs: Sequence[TokenInput],
+        key_format: str = ...,
+    ) -> list[bytes]:
+        """``block_keys`` of each input (one scope per input; None: ``ReuseScope()`` for all).
+        Everything is checked before any hashing; an item's error names it (docs/key-format.md,
+        "Many chains"). The native backend hashes independent chains two at a time, interleaved."""
+        ...
 
     def gen_multimodal_cache_key_tokens(
         self, id_offset: int, digest: bytes, num_tokens: int, token_offset: int = ..., uuid: str | None = ...

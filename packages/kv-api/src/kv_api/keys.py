@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterable, Iterator
-from typing import Any, Literal, TypeAlias, cast
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Literal, TypeAlias, TypeVar, cast
 
 from kv_api._check import U64_LIMIT, as_int, as_str, int_in_range, optional_u64
 from kv_api.constants import DEFAULT_KEY_FORMAT, KEY_FORMATS, SHA256_U32, SHA256_U64, TOKEN_LIMIT
@@ -27,12 +27,16 @@ __all__ = [
     "block_hash_v2_sha256",
     "block_hash_v2_sha256_64",
     "block_keys",
+    "block_keys_many",
     "cache_salt_to_id",
     "check_digest",
     "check_key_format",
+    "check_many_inputs",
+    "check_many_scopes",
     "check_mm_item",
     "check_reuse_scope",
     "gen_multimodal_cache_key_tokens",
+    "named_item",
     "reuse_scope_to_bytes",
     "sequence_to_blockchain_keys",
     "token_list",
@@ -206,6 +210,63 @@ def block_keys(
 ) -> bytes:
     """The same keys as ``sequence_to_blockchain_keys``, root first, concatenated (32 B each)."""
     return b"".join(key for _, key in sequence_to_blockchain_keys(tokens_per_block, reuse_scope, tokens, key_format))
+
+
+# --- many chains at once (docs/key-format.md, "Many chains") ------------------------------
+
+_T = TypeVar("_T")
+
+
+def named_item(where: str, index: int, check: Callable[[Any], _T], value: Any) -> _T:
+    """``check(value)`` for item ``index`` of the list argument ``where``: a plain ``TypeError``
+    or ``ValueError`` it raises is raised again, same class, its message prefixed with
+    ``where[index]: `` so that the bad input is named; anything else passes through as is."""
+    try:
+        return check(value)
+    except (TypeError, ValueError) as e:
+        if type(e) is not TypeError and type(e) is not ValueError:
+            raise
+        raise type(e)(f"{where}[{index}]: {e}") from e
+
+
+def check_many_scopes(reuse_scopes: Any) -> list[ReuseScope] | None:
+    """``reuse_scopes``: None (``ReuseScope()`` for every input) or a list or tuple whose items
+    are checked one by one as ``reuse_scope`` is (errors name the item)."""
+    if reuse_scopes is None:
+        return None
+    if not isinstance(reuse_scopes, (list, tuple)):
+        raise TypeError(
+            f"reuse_scopes: expected a list or tuple of ReuseScope or None, got {type(reuse_scopes).__name__}"
+        )
+    return [named_item("reuse_scopes", i, check_reuse_scope, s) for i, s in enumerate(reuse_scopes)]
+
+
+def check_many_inputs(token_inputs: Any, scopes: list[ReuseScope] | None) -> list[Any]:
+    """``token_inputs``: a list or tuple, one item per scope when ``reuse_scopes`` is a list. Its
+    items are read (and named in errors) by the caller."""
+    if not isinstance(token_inputs, (list, tuple)):
+        raise TypeError(f"token_inputs: expected a list or tuple of token inputs, got {type(token_inputs).__name__}")
+    inputs = list(token_inputs)
+    if scopes is not None and len(scopes) != len(inputs):
+        raise ValueError(f"token_inputs: {len(inputs)} inputs for {len(scopes)} reuse scopes")
+    return inputs
+
+
+def block_keys_many(
+    tokens_per_block: int,
+    reuse_scopes: Any,
+    token_inputs: Any,
+    key_format: str = DEFAULT_KEY_FORMAT,
+) -> list[bytes]:
+    """``block_keys`` of every input, in order. Checked, all before any hashing: tokens_per_block,
+    reuse_scopes (the list, then each item), key_format, token_inputs (the list, its length, then
+    each input's tokens); an item's error names it (``reuse_scopes[i]: ``, ``token_inputs[i]: ``)."""
+    tpb = int_in_range("tokens_per_block", tokens_per_block, 1)
+    scopes = check_many_scopes(reuse_scopes)
+    fmt = check_key_format(key_format)
+    inputs = check_many_inputs(token_inputs, scopes)
+    lists = [named_item("token_inputs", i, lambda t: token_list(t, fmt), t) for i, t in enumerate(inputs)]
+    return [block_keys(tpb, None if scopes is None else scopes[i], tokens, fmt) for i, tokens in enumerate(lists)]
 
 
 def check_mm_item(id_offset: Any, digest: Any, num_tokens: Any, token_offset: Any) -> tuple[int, int, int]:

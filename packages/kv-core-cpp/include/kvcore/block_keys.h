@@ -32,6 +32,21 @@ void chained_keys(const Digest& parent, const Tokens& tokens, std::size_t first,
 void block_keys(std::size_t tokens_per_block, const ReuseScope& scope, const Tokens& tokens, KeyFormat format,
                 std::uint8_t* out) noexcept;
 
+// One chain of block_keys_many: its scope, its tokens, and where its keys go (32 * (1 + blocks) bytes).
+struct KeyChainInput {
+  ReuseScope scope;
+  const Tokens* tokens;
+  std::uint8_t* out;
+};
+
+// block_keys for every input, writing exactly what block_keys writes. The leading runs of full
+// blocks of inputs read in place (the format's width, contiguous, no digest token before the
+// run's end) are hashed two chains at a time through sha256::chain_keys2, paired greedily in
+// input order (a chain that ends hands its slot to the next one); the rest of each chain
+// (blocks after a digest token, the partial tail, packed inputs) goes through chained_keys.
+void block_keys_many(std::size_t tokens_per_block, const KeyChainInput* inputs, std::size_t count,
+                     KeyFormat format) noexcept;
+
 // The same keys one block at a time; it owns its tokens so it may outlive the caller's buffer.
 class BlockKeyIterator {
  public:

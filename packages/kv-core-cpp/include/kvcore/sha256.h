@@ -22,10 +22,23 @@ using TransformFn = void (*)(std::uint32_t state[8], const std::uint8_t* data, s
 using ChainFn = void (*)(const std::uint8_t parent[32], const std::uint8_t* data, std::size_t len, std::size_t n,
                          std::uint8_t* out);
 
+// Two independent streams interleaved: compresses `blocks` blocks of `data_a` into `state_a`
+// and as many of `data_b` into `state_b`, so one stream's rounds fill the other's latency.
+using TransformFn2 = void (*)(std::uint32_t state_a[8], const std::uint8_t* data_a, std::uint32_t state_b[8],
+                              const std::uint8_t* data_b, std::size_t blocks);
+
+// Two independent chains of ChainFn, interleaved: n keys of each, every message len bytes.
+// Each parent may alias its own out, never the other chain's.
+using ChainFn2 = void (*)(const std::uint8_t parent_a[32], const std::uint8_t* data_a, std::uint8_t* out_a,
+                          const std::uint8_t parent_b[32], const std::uint8_t* data_b, std::uint8_t* out_b,
+                          std::size_t len, std::size_t n);
+
 struct Transform {
   const char* name;
   TransformFn fn;
   ChainFn chain;  // fused chain of keys; keeps the state in registers across keys
+  TransformFn2 fn2;
+  ChainFn2 chain2;
 };
 
 // Transforms compiled in AND supported by this CPU; "portable" first, then "shani"/"armv8".
@@ -47,6 +60,11 @@ void select(const std::string& name);
 // before anything is written, so it may alias out.
 void chain_keys(const std::uint8_t parent[32], const std::uint8_t* data, std::size_t len, std::size_t n,
                 std::uint8_t* out) noexcept;
+
+// Two chains at once with the active transform (see ChainFn2).
+void chain_keys2(const std::uint8_t parent_a[32], const std::uint8_t* data_a, std::uint8_t* out_a,
+                 const std::uint8_t parent_b[32], const std::uint8_t* data_b, std::uint8_t* out_b, std::size_t len,
+                 std::size_t n) noexcept;
 
 }  // namespace sha256
 

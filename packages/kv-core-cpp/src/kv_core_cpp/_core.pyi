@@ -22,6 +22,16 @@ def sequence_to_blockchain_keys(
     Yield ``([], root_key)`` then ``(block_tokens, block_key)`` per block; validates now, hashes lazily.
     """
 
+def block_keys_many(
+    tokens_per_block: object | None,
+    reuse_scopes: object | None,
+    token_inputs: object | None,
+    key_format: object | None = "sha256-u32",
+) -> list:
+    """
+    ``block_keys`` of each input, independent chains hashed two at a time (interleaved).
+    """
+
 def reuse_scope_to_bytes(reuse_scope: object | None) -> bytes: ...
 def gen_multimodal_cache_key_tokens(
     id_offset: object | None,

@@ -137,6 +137,131 @@ void test_chain(const std::string& name) {
   check(std::memcmp(via_api.data() + 32 * (c.n - 1), c.want.back().data(), 32) == 0, p + "chain_keys() matches");
 }
 
+// `msg` padded as FIPS 180-4 section 5.1.1 pads it: whole 64-byte blocks.
+std::vector<std::uint8_t> pad(const std::string& msg) {
+  std::vector<std::uint8_t> out(msg.begin(), msg.end());
+  out.push_back(0x80);
+  while (out.size() % 64 != 56) out.push_back(0);
+  const std::uint64_t bits = static_cast<std::uint64_t>(msg.size()) * 8;
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<std::uint8_t>(bits >> (56 - 8 * i)));
+  return out;
+}
+
+std::string hex_state(const std::uint32_t st[8]) {
+  kvcore::Digest d;
+  for (int w = 0; w < 8; ++w)
+    for (int b = 0; b < 4; ++b) d[4 * w + b] = static_cast<std::uint8_t>(st[w] >> (24 - 8 * b));
+  return hex(d);
+}
+
+// The 2-way kernels (Transform::fn2 / chain2): FIPS vectors through each stream, and random
+// differential checks against the same transform's single-stream kernels (themselves checked
+// against portable above).
+void test_two_way(const std::string& name) {
+  const std::string p = "[" + name + "] ";
+  kvcore::sha256::select(name);
+  const kvcore::sha256::Transform& t = kvcore::sha256::active();
+  static const std::uint32_t kIv[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                                       0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+
+  // FIPS 180-4 examples paired by padded block count: "abc" with "" (1 block each), the
+  // 448-bit message with the 896-bit one (2 blocks each).
+  struct Pair {
+    std::string a, b;
+    const char *want_a, *want_b;
+  };
+  const Pair pairs[] = {
+      {"abc", "", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
+       "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
+      {"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq",
+       "abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklmnopqklmnopqrlmnopqrsmnopqrs"
+       "tnopqrstu",
+       "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1",
+       "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1"},
+  };
+  for (const Pair& pr : pairs) {
+    const std::vector<std::uint8_t> a = pad(pr.a), b = pad(pr.b);
+    std::uint32_t sa[8], sb[8];
+    std::memcpy(sa, kIv, sizeof sa);
+    std::memcpy(sb, kIv, sizeof sb);
+    t.fn2(sa, a.data(), sb, b.data(), a.size() / 64);
+    const bool ok = hex_state(sa) == pr.want_a && hex_state(sb) == pr.want_b;
+    check(ok, p + "2-way NIST pair (" + std::to_string(a.size() / 64) + " blocks each)");
+    // Swapped streams: neither lane may depend on its position.
+    std::memcpy(sa, kIv, sizeof sa);
+    std::memcpy(sb, kIv, sizeof sb);
+    t.fn2(sb, b.data(), sa, a.data(), a.size() / 64);
+    check(hex_state(sa) == pr.want_a && hex_state(sb) == pr.want_b, p + "2-way NIST pair, streams swapped");
+  }
+
+  // Random states and unaligned random blocks, 0..9 blocks, vs the single-stream fn.
+  Rng rng;
+  const std::vector<std::uint8_t> pool = random_bytes(2 * 9 * 64 + 3);
+  std::size_t bad = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::size_t blocks = rng.next() % 10;
+    const std::size_t off_a = rng.next() % 3, off_b = 9 * 64 + rng.next() % 3;
+    std::uint32_t sa[8], sb[8], ra[8], rb[8];
+    for (int i = 0; i < 8; ++i) {
+      sa[i] = ra[i] = static_cast<std::uint32_t>(rng.next());
+      sb[i] = rb[i] = static_cast<std::uint32_t>(rng.next());
+    }
+    t.fn2(sa, pool.data() + off_a, sb, pool.data() + off_b, blocks);
+    t.fn(ra, pool.data() + off_a, blocks);
+    t.fn(rb, pool.data() + off_b, blocks);
+    if (std::memcmp(sa, ra, sizeof sa) != 0 || std::memcmp(sb, rb, sizeof sb) != 0) ++bad;
+  }
+  check(bad == 0, p + "2-way transform == single-stream on 200 random (states, blocks) pairs" +
+                      (bad ? " (" + std::to_string(bad) + " bad)" : ""));
+
+  // Chains: every padding case of test_chain's lengths, two different chains of n keys each,
+  // unaligned and sized exactly, vs chain() per chain; a spare key after each output checks
+  // for overruns. Parents alias nothing, then alias their own out (as block_keys_many uses it).
+  static const std::size_t kLens[] = {1,  4,  20, 23,  24,  31,  32,  55,  56,  63,  64,   87,
+                                      88, 95, 96, 119, 120, 127, 128, 129, 200, 256, 1000, 4096};
+  constexpr std::uint8_t kSentinel = 0xcd;
+  const std::vector<std::uint8_t> src = random_bytes(2 * 7 * 4096 + 64);
+  bad = 0;
+  std::string first_bad;
+  std::size_t cases = 0;
+  for (std::size_t len : kLens) {
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{7}}) {
+      ++cases;
+      std::vector<std::uint8_t> da(1 + n * len), db(1 + n * len);
+      std::memcpy(da.data() + 1, src.data(), n * len);
+      std::memcpy(db.data() + 1, src.data() + 7 * 4096, n * len);
+      const std::uint8_t* pa = src.data() + 2 * 7 * 4096;
+      const std::uint8_t* pb = pa + 32;
+      std::vector<std::uint8_t> want_a(32 * n + 32, kSentinel), want_b(32 * n + 32, kSentinel);
+      t.chain(pa, da.data() + 1, len, n, want_a.data());
+      t.chain(pb, db.data() + 1, len, n, want_b.data());
+      std::vector<std::uint8_t> got_a(32 * n + 32, kSentinel), got_b(32 * n + 32, kSentinel);
+      t.chain2(pa, da.data() + 1, got_a.data(), pb, db.data() + 1, got_b.data(), len, n);
+      bool ok = got_a == want_a && got_b == want_b;
+      // Aliased: each parent stored just before its own output, as block_keys_many passes them.
+      std::vector<std::uint8_t> al_a(32 * n + 64, kSentinel), al_b(32 * n + 64, kSentinel);
+      std::memcpy(al_a.data(), pa, 32);
+      std::memcpy(al_b.data(), pb, 32);
+      t.chain2(al_a.data(), da.data() + 1, al_a.data() + 32, al_b.data(), db.data() + 1, al_b.data() + 32, len, n);
+      ok = ok && std::memcmp(al_a.data() + 32, want_a.data(), want_a.size()) == 0 &&
+           std::memcmp(al_b.data() + 32, want_b.data(), want_b.size()) == 0;
+      if (!ok && bad++ == 0) first_bad = " (first: len " + std::to_string(len) + " n " + std::to_string(n) + ")";
+    }
+  }
+  check(bad == 0, p + "2-way chain == chain() per stream for " + std::to_string(cases) + " (len, n) cases" +
+                      (bad ? ", " + std::to_string(bad) + " bad" + first_bad : ""));
+
+  // The public entry point dispatches to the active transform's chain2.
+  std::vector<std::uint8_t> d(2 * 3 * 64);
+  for (std::size_t i = 0; i < d.size(); ++i) d[i] = static_cast<std::uint8_t>(i * 7);
+  std::uint8_t parent[32] = {1, 2, 3};
+  std::uint8_t ka[3 * 32], kb[3 * 32], wa[3 * 32], wb[3 * 32];
+  kvcore::sha256::chain_keys2(parent, d.data(), ka, parent, d.data() + 3 * 64, kb, 64, 3);
+  t.chain(parent, d.data(), 64, 3, wa);
+  t.chain(parent, d.data() + 3 * 64, 64, 3, wb);
+  check(std::memcmp(ka, wa, sizeof ka) == 0 && std::memcmp(kb, wb, sizeof kb) == 0, p + "chain_keys2() matches");
+}
+
 void test_transform(const std::string& name, const std::vector<std::uint8_t>& msg,
                     const std::vector<kvcore::Digest>& ref) {
   kvcore::sha256::select(name);
@@ -230,6 +355,7 @@ void test_transform(const std::string& name, const std::vector<std::uint8_t>& ms
   }
 
   test_chain(name);
+  test_two_way(name);
 }
 
 int run(int argc, char** argv) {

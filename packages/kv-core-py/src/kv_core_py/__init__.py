@@ -6,7 +6,7 @@ import platform
 import sys
 
 from kv_api import Capabilities
-from kv_core_py.block_keys import block_keys, reuse_scope_to_bytes, sequence_to_blockchain_keys
+from kv_core_py.block_keys import block_keys, block_keys_many, reuse_scope_to_bytes, sequence_to_blockchain_keys
 from kv_core_py.event_hash import block_hash_v1, block_hash_v2_sha256, block_hash_v2_sha256_64, cache_salt_to_id
 from kv_core_py.event_manager import KVCacheEventManager
 from kv_core_py.kv_cache import KVCache
@@ -41,6 +41,7 @@ __all__ = [
     "block_hash_v2_sha256",
     "block_hash_v2_sha256_64",
     "block_keys",
+    "block_keys_many",
     "build_info",
     "cache_salt_to_id",
     "capabilities",

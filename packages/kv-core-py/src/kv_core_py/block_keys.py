@@ -5,13 +5,13 @@ hashlib call per block, over a slice of the packed tokens when they are plain in
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from hashlib import sha256
 from typing import Any
 
 from kv_api._check import int_in_range
 from kv_api.constants import DEFAULT_KEY_FORMAT, ceil_div
-from kv_api.keys import Token, check_key_format, check_reuse_scope
+from kv_api.keys import Token, check_key_format, check_many_inputs, check_many_scopes, check_reuse_scope, named_item
 from kv_api.scope import ReuseScope
 from kv_core_py.tokens import Tokens
 
@@ -72,6 +72,26 @@ def block_keys(
 ) -> bytes:
     tpb, root, toks = _prepare(tokens_per_block, reuse_scope, tokens, key_format)
     return b"".join(chained_keys(root, toks, 0, ceil_div(len(toks), tpb), tpb))
+
+
+def block_keys_many(
+    tokens_per_block: int,
+    reuse_scopes: Sequence[ReuseScope | None] | None,
+    token_inputs: Sequence[Any],
+    key_format: str = DEFAULT_KEY_FORMAT,
+) -> list[bytes]:
+    """``block_keys`` per input; every argument and input is checked before any hashing, in
+    ``kv_api.keys.block_keys_many``'s order (C++ ``block_keys_many``; hashlib has no 2-way form)."""
+    tpb = int_in_range("tokens_per_block", tokens_per_block, 1)
+    scopes = check_many_scopes(reuse_scopes)
+    fmt = check_key_format(key_format)
+    inputs = check_many_inputs(token_inputs, scopes)
+    toks = [named_item("token_inputs", i, lambda t: Tokens(t, fmt), t) for i, t in enumerate(inputs)]
+    out = []
+    for i, t in enumerate(toks):
+        root = root_key(None if scopes is None else scopes[i])
+        out.append(b"".join(chained_keys(root, t, 0, ceil_div(len(t), tpb), tpb)))
+    return out
 
 
 #: Blocks hashed per step of ``sequence_to_blockchain_keys``' iteration: one call per block
