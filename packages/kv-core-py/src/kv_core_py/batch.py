@@ -9,16 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
+import kv_api
 from kv_api._check import int_in_range
 from kv_api.constants import CACHE_ID_LIMIT, TOKEN_LIMIT
 from kv_api.keys import check_reuse_scope
 from kv_core_py.kv_cache import KVCache
 from kv_core_py.tokens import Tokens
 
-if TYPE_CHECKING:
-    from kv_core_py.manager import KVCacheManager
+# The manager as the contract types it: this module sits below manager.py (no import cycle).
+KVCacheManager = kv_api.KVCacheManager
 
 _T = TypeVar("_T")
 
@@ -94,7 +95,7 @@ def commit_many(manager: KVCacheManager, caches: Any, tokens: Any, counts: Any, 
     for i in range(len(cs)):
         targets.append(cache_arg(manager, cs[i], i))
         sizes.append(int_in_range(f"counts[{i}]", ns[i], 0, TOKEN_LIMIT))
-    toks = Tokens(tokens, manager._config.key_format)  # once for the batch; sliced per cache
+    toks = Tokens(tokens, manager.init_config.key_format)  # once for the batch; sliced per cache
     if sum(sizes) != len(toks):
         raise ValueError(f"counts: add up to {sum(sizes)} but tokens holds {len(toks)}")
     end = bool(is_end)
@@ -109,7 +110,7 @@ def commit_many(manager: KVCacheManager, caches: Any, tokens: Any, counts: Any, 
 
 def admit_many(
     manager: KVCacheManager, reuse_scopes: Any, prompts: Any, ids: Any, priority_callbacks: Any
-) -> list[KVCache]:
+) -> list[kv_api.KVCache]:
     scopes = items("reuse_scopes", reuse_scopes)
     ps = items("prompts", prompts)
     n = len(scopes)
@@ -128,10 +129,12 @@ def admit_many(
         prompt = ps[i]
         item("admit_many", "priority_callbacks", i, _callable_or_none, callbacks[i])
         scope = item("admit_many", "reuse_scopes", i, check_reuse_scope, scopes[i])
-        toks = item("admit_many", "prompts", i, Tokens, [] if prompt is None else prompt, manager._config.key_format)
+        toks = item(
+            "admit_many", "prompts", i, Tokens, [] if prompt is None else prompt, manager.init_config.key_format
+        )
         cache_id = item("admit_many", "ids", i, _optional_count, "id", id_items[i], CACHE_ID_LIMIT)
         calls.append((scope, toks.to_list(), cache_id, callbacks[i]))  # converted once, as kv_core_cpp reads them
-    created: list[KVCache] = []
+    created: list[kv_api.KVCache] = []
     with in_order("admit_many", n, created):
         for scope, prompt, cache_id, cb in calls:
             created.append(manager.create_kv_cache(scope, prompt, cache_id, cb))

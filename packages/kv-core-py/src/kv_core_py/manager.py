@@ -580,7 +580,7 @@ class KVCacheManager(kv_api.KVCacheManager):
         poison.check()
         with self._context.lock:
             self._require_live()
-            return list(batch.admit_many(self, reuse_scopes, prompts, ids, priority_callbacks))
+            return batch.admit_many(self, reuse_scopes, prompts, ids, priority_callbacks)
 
     @property
     def num_open_kv_caches(self) -> int:
