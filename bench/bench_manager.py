@@ -5,6 +5,10 @@ the same on a hybrid model (full attention, a 4,096-token window and an SSM laye
 
 Admission is ``create_kv_cache`` + ``resume`` + ``resize`` to the prompt length, as an engine
 admits a request; a decode step is ``resize`` by one token and ``commit`` of one token.
+
+Last, the iteration cost for 256 running requests (issue 14): every request resized by one token
+and given one token, as one ``resize_many`` + one ``commit_many`` against one ``resize`` and one
+``commit`` per cache, per backend. The engine keeps its own capacities (no per-cache reads).
 """
 
 from __future__ import annotations
@@ -112,6 +116,48 @@ def measure(
     return out
 
 
+def iteration(backend: kv_api.Backend, running: int, tpb: int, repeat: int, steps: int) -> dict[str, float]:
+    """Seconds per iteration of ``running`` requests, batched and one call per cache."""
+    prompt = 64
+    manager = backend.KVCacheManager(config(running * (prompt + 2 * repeat * steps + 2 * tpb), tpb))
+    rng = np.random.default_rng(1)
+    caches = manager.admit_many(
+        [None] * running, [rng.integers(0, 2**31, prompt, dtype=np.int32) for _ in range(running)]
+    )
+    capacities = [prompt] * running
+    for c in caches:
+        assert c.resume() and c.resize(prompt)
+    ones = [1] * running
+    next_token = 1
+
+    def batched() -> float:
+        nonlocal next_token
+        start = time.perf_counter()
+        for _ in range(steps):
+            for i in range(running):
+                capacities[i] += 1
+            assert all(manager.resize_many(caches, capacities))
+            manager.commit_many(caches, np.arange(next_token, next_token + running, dtype=np.int32), ones)
+            next_token += running
+        return (time.perf_counter() - start) / steps
+
+    def single() -> float:
+        nonlocal next_token
+        start = time.perf_counter()
+        for _ in range(steps):
+            for i, c in enumerate(caches):
+                capacities[i] += 1
+                assert c.resize(capacities[i])
+                c.commit([next_token])
+                next_token += 1
+        return (time.perf_counter() - start) / steps
+
+    out = {"batched": best_of(batched, repeat), "single": best_of(single, repeat)}
+    for c in caches:
+        c.close()
+    return out
+
+
 def timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
@@ -124,10 +170,13 @@ def main() -> None:
     parser.add_argument("--tokens-per-block", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--running", type=int, default=256, help="requests in an iteration (batched calls)")
+    parser.add_argument("--iterations", type=int, default=50, help="iterations per batched-call measurement")
+    parser.add_argument("--only-batched", action="store_true", help="measure the batched calls only")
     args = parser.parse_args()
     tokens = np.random.default_rng(0).integers(0, 2**31, args.tokens, dtype=np.int32)
     plain_results: dict[str, dict[str, float]] = {}
-    for hybrid in (False, True):
+    for hybrid in () if args.only_batched else (False, True):
         results = {
             name: measure(
                 kv_api.load_backend(name), tokens, args.tokens_per_block, args.repeat, args.steps, None, hybrid
@@ -146,6 +195,15 @@ def main() -> None:
                 )
         plain_results = results
         print()
+    print(
+        f"Iteration of {args.running} running requests (resize by one + commit of one, all of them), "
+        f"{args.tokens_per_block} tokens per block\n"
+    )
+    print("| backend | one call per cache (us) | batched (us) | batched speed-up |")
+    print("|---|---|---|---|")
+    for name in kv_api.available_backends():
+        r = iteration(kv_api.load_backend(name), args.running, args.tokens_per_block, args.repeat, args.iterations)
+        print(f"| {name} | {r['single'] * 1e6:.0f} | {r['batched'] * 1e6:.0f} | {r['single'] / r['batched']:.2f}x |")
 
 
 def report(results: dict[str, dict[str, float]]) -> None:

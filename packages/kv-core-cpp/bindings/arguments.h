@@ -70,6 +70,12 @@ inline constexpr char kNotEnoughPages[] = "{}: not enough pages";
 inline constexpr char kExpectedIndexBuffer[] = "buf: expected a writable int32 buffer, got {}";
 inline constexpr char kIndexBufferFormat[] = "buf: must be a writable 1-D buffer of format 'i' (got format {})";
 inline constexpr char kIndexBufferContiguous[] = "buf: must be contiguous";
+// kv_core_py.batch
+inline constexpr char kExpectedItems[] = "{}: expected a list or tuple, got {}";
+inline constexpr char kItemsFor[] = "{}: {} items for {} {}";  // the name, its length, the first's length and name
+inline constexpr char kExpectedCache[] = "{}: expected this backend's KVCache, got {}";
+inline constexpr char kOtherManager[] = "{}: belongs to another manager";
+inline constexpr char kCountsSum[] = "counts: add up to {} but tokens holds {}";
 // kv_core_py.event_manager
 inline constexpr char kUnsupportedHashAlgo[] =
     "hash_algo: Unsupported V2 KV cache event hash algorithm: {} (expected auto, v2_sha256, v2_sha256_64, "

@@ -11,5 +11,6 @@ void bind_manager(nanobind::module_& m);
 void bind_event_manager(nanobind::module_& m);
 void bind_kv_cache(nanobind::module_& m);
 void bind_planned_drop(nanobind::module_& m);
+void bind_batch(nanobind::module_& m);  // after bind_manager: adds KVCacheManager methods
 
 }  // namespace kvcore::py

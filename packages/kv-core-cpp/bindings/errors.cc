@@ -42,20 +42,24 @@ PyObject* python_class(ErrorKind kind) {
 
 }  // namespace
 
+void set_python_error(const Error& e) {
+  if (e.kind() == ErrorKind::kOS) {  // OSError(errno, strerror): the errno's subclass, as Python's os calls raise
+    PyObject* args = Py_BuildValue("(is)", e.error_number(), e.what());
+    if (args != nullptr) {
+      PyErr_SetObject(PyExc_OSError, args);
+      Py_DECREF(args);
+    }
+    return;
+  }
+  PyErr_SetString(python_class(e.kind()), e.what());
+}
+
 void bind_errors(nb::module_&) {
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
     } catch (const Error& e) {
-      if (e.kind() == ErrorKind::kOS) {  // OSError(errno, strerror): the errno's subclass, as Python's os calls raise
-        PyObject* args = Py_BuildValue("(is)", e.error_number(), e.what());
-        if (args != nullptr) {
-          PyErr_SetObject(PyExc_OSError, args);
-          Py_DECREF(args);
-        }
-        return;
-      }
-      PyErr_SetString(python_class(e.kind()), e.what());
+      set_python_error(e);
     }
   });
 }

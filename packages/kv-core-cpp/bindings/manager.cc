@@ -189,6 +189,8 @@ std::unique_ptr<TokenInput> tokens_arg(PyManager& self, nb::handle tokens) {
                                       self.manager->config().key_format);
 }
 
+}  // namespace
+
 // The core keeps callbacks without the GIL, so the closure holds only borrowed pointers: the
 // callable is owned by the PyKVCache (and by the call's arguments while it is created), the
 // life-cycle objects by the PyManager.
@@ -201,6 +203,8 @@ PriorityCallback priority_callback(nb::handle callback, PyManager& self) {
     return arg::priority(nb::handle(fn)(ordinal, nb::handle(PyTuple_GET_ITEM(life_cycles, lc))));
   };
 }
+
+namespace {
 
 nb::object create_kv_cache(nb::handle self_handle, nb::handle reuse_scope_arg, nb::handle input_tokens, nb::handle id,
                            nb::handle callback, nb::handle expected_prompt_length, nb::handle text_only,

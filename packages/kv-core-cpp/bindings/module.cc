@@ -27,6 +27,7 @@ NB_MODULE(_core, m) {
   kvcore::py::bind_manager(m);
   kvcore::py::bind_kv_cache(m);
   kvcore::py::bind_planned_drop(m);
+  kvcore::py::bind_batch(m);
 
   // kv_api.constants as the core uses them, for the conformance suite to compare.
   m.attr("BAD_PAGE_INDEX") = kvcore::kBadPageIndex;

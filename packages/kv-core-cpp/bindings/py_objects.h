@@ -69,4 +69,7 @@ struct PyPlannedDropHandle {
   std::unique_ptr<PlannedDropHandle> handle;
 };
 
+// A Python priority callback as the core calls it (manager.cc); empty for None.
+PriorityCallback priority_callback(nb::handle callback, PyManager& self);
+
 }  // namespace kvcore::py

@@ -306,6 +306,51 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
         def commit(self, index: int, tokens: list[Any], is_end: bool) -> None:
             self.on_cache(index, lambda c: c.commit(tokens, is_end))
 
+        # Batched calls: on each backend either the batch or the same single calls one by one
+        # (``batched`` picks which backends batch), so the backends' agreement checks one against
+        # the other, partial failures included (a failing call ends both).
+
+        @precondition(lambda self: self.caches)
+        @rule(
+            indices=st.lists(st.integers(0, 99), max_size=6),
+            grows=st.lists(st.integers(-3, 12), min_size=6, max_size=6),
+            batched=st.integers(0, 3),
+        )
+        def resize_many(self, indices: list[int], grows: list[int], batched: int) -> None:
+            picked = [self.caches[k % len(self.caches)] for k in indices]
+
+            def call(i: int) -> tuple[None, Any]:
+                caches = [c[i] for c in picked]
+                caps = [max(0, c.capacity + g) for c, g in zip(caches, grows, strict=False)]
+                if (batched >> (i % 2)) & 1:
+                    return None, self.managers[i].resize_many(caches, caps)
+                return None, [c.resize(cap) for c, cap in zip(caches, caps, strict=True)]
+
+            self.each(call)
+
+        @precondition(lambda self: self.caches)
+        @rule(
+            indices=st.lists(st.integers(0, 99), max_size=6),
+            tokens=st.lists(st.lists(TOKEN, max_size=4), min_size=6, max_size=6),
+            is_end=st.booleans(),
+            batched=st.integers(0, 3),
+        )
+        def commit_many(self, indices: list[int], tokens: list[list[Any]], is_end: bool, batched: int) -> None:
+            picked = [self.caches[k % len(self.caches)] for k in indices]
+            parts = tokens[: len(picked)]
+
+            def call(i: int) -> tuple[None, Any]:
+                caches = [c[i] for c in picked]
+                if (batched >> (i % 2)) & 1:
+                    flat = [t for part in parts for t in part]
+                    self.managers[i].commit_many(caches, flat, [len(p) for p in parts], is_end)
+                else:
+                    for c, part in zip(caches, parts, strict=True):
+                        c.commit(part, is_end)
+                return None, None
+
+            self.each(call)
+
         @precondition(lambda self: self.caches)
         @rule(index=st.integers(0, 99), prefix=st.sampled_from(range(len(PREFIXES))), size=st.integers(1, 8))
         def prefill(self, index: int, prefix: int, size: int) -> None:

@@ -303,6 +303,44 @@ class KVCacheManager(abc.ABC):
         in its per-request stats; ``text_only`` (default the config's) refuses digest tokens;
         ``enable_request_stats`` keeps per-request stats (``commit_pending_stats``)."""
 
+    # Batched calls (docs/manager.md, "Batched calls"): exactly the single calls, in the given
+    # order, in one call (one crossing into a native backend, which runs the batch without the
+    # GIL). Each sequence argument is a list or a tuple (TypeError otherwise), copied when the
+    # call starts. Every argument is checked first: a bad one raises and nothing changes (an
+    # item's error is the single call's, with a note naming the item). Then the calls run in
+    # order under the manager's lock; if call k raises, calls 0..k-1 took effect and k..n-1 did
+    # not, and call k's exception propagates unchanged in class and message, with a note, and
+    # ``batch_index`` (k) and ``batch_results`` (the results of calls 0..k-1) set on it.
+
+    @abc.abstractmethod
+    def resize_many(self, caches: Sequence[KVCache], capacities: Sequence[int | None]) -> list[bool]:
+        """``caches[i].resize(capacities[i])`` for each i in order (one capacity each; None
+        leaves it unchanged); their results. ``caches`` are this manager's (TypeError for
+        another backend's, ValueError for another manager's); ``capacities`` has their length
+        (ValueError)."""
+
+    @abc.abstractmethod
+    def commit_many(
+        self, caches: Sequence[KVCache], tokens: TokenInput, counts: Sequence[int], is_end: bool = False
+    ) -> None:
+        """``caches[i].commit(its slice of tokens, is_end)`` for each i in order: ``tokens`` is
+        every cache's tokens concatenated (one buffer, viewed in place, or one list), ``counts[i]``
+        how many are cache i's (each an int >= 0; one per cache; they add up to ``len(tokens)``,
+        else ValueError). Bad tokens raise as ``commit``'s do, positions counted in ``tokens``."""
+
+    @abc.abstractmethod
+    def admit_many(
+        self,
+        reuse_scopes: Sequence[ReuseScope | None],
+        prompts: Sequence[TokenInput | None],
+        ids: Sequence[int | None] | None = None,
+        priority_callbacks: Sequence[PriorityCallback | None] | None = None,
+    ) -> list[KVCache]:
+        """``create_kv_cache(reuse_scopes[i], prompts[i], ids[i], priority_callbacks[i])`` for
+        each i in order: SUSPENDED caches holding their reusable prefixes, not resumed (the
+        caller resumes each when it schedules it). ``ids`` and ``priority_callbacks``, when
+        given, have one item per prompt (None: the default for every prompt)."""
+
     @property
     @abc.abstractmethod
     def num_open_kv_caches(self) -> int:

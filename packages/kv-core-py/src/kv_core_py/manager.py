@@ -18,7 +18,7 @@ from kv_api.keys import check_reuse_scope
 from kv_api.page_copier import HostMemoryCopier, PageCopier
 from kv_api.scope import ReuseScope
 from kv_api.stats import CacheStats, LifeCycleStats, ReuseMatch, SsmSnapshotStats, StorageStatistics
-from kv_core_py import poison
+from kv_core_py import batch, poison
 from kv_core_py.block_keys import chained_keys, root_key
 from kv_core_py.cache_context import CacheContext
 from kv_core_py.cache_level import CacheLevel
@@ -559,6 +559,28 @@ class KVCacheManager(kv_api.KVCacheManager):
             self._context.register_cache(cache)
             stats.created(len(toks), reused, bool(path) and bool(self._registry.ssm_life_cycles))
             return cache
+
+    # -- batched calls (batch.py) -------------------------------------------------------------
+
+    def resize_many(self, caches: Any, capacities: Any) -> list[bool]:
+        poison.check()
+        with self._context.lock:
+            self._require_live()
+            return batch.resize_many(self, caches, capacities)
+
+    def commit_many(self, caches: Any, tokens: Any, counts: Any, is_end: bool = False) -> None:
+        poison.check()
+        with self._context.lock:
+            self._require_live()
+            batch.commit_many(self, caches, tokens, counts, is_end)
+
+    def admit_many(
+        self, reuse_scopes: Any, prompts: Any, ids: Any = None, priority_callbacks: Any = None
+    ) -> list[kv_api.KVCache]:
+        poison.check()
+        with self._context.lock:
+            self._require_live()
+            return batch.admit_many(self, reuse_scopes, prompts, ids, priority_callbacks)
 
     @property
     def num_open_kv_caches(self) -> int:

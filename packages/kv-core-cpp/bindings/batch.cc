@@ -1,0 +1,223 @@
+// Batched calls (kvcore/batch.h; as kv_core_py.batch): every argument is checked and converted
+// with the GIL held, then the core runs the whole batch without it, in one crossing. A failing
+// call's exception is the single call's, with a note and the batch_index / batch_results
+// attributes (docs/manager.md, "Batched calls").
+#include "kvcore/batch.h"
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "arguments.h"
+#include "bind.h"
+#include "kvcore/constants.h"
+#include "kvcore/error.h"
+#include "py_objects.h"
+#include "python_api.h"
+#include "token_input.h"
+
+namespace kvcore::py {
+
+namespace {
+
+// A list or tuple, copied to a tuple first: what an item's __index__ does to the caller's list
+// afterwards changes nothing here (kv_core_py takes the same snapshot).
+nb::tuple items(const char* where, nb::handle value) {
+  if (!PyList_Check(value.ptr()) && !PyTuple_Check(value.ptr())) {
+    fail(PyExc_TypeError, msg::kExpectedItems, {where, py_type_name(value)});
+  }
+  return nb::steal<nb::tuple>(PySequence_Tuple(value.ptr()));
+}
+
+void same_length(const char* where, std::size_t size, const char* first, std::size_t n) {
+  if (size != n) fail(PyExc_ValueError, msg::kItemsFor, {where, std::to_string(size), std::to_string(n), first});
+}
+
+// The exception `error` holds as the Python error a single call raises (a kvcore::Error as the
+// translator in errors.cc sets it); nullopt for one nanobind translates itself.
+std::optional<nb::python_error> as_python_error(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (nb::python_error& e) {
+    e.restore();
+  } catch (const Error& e) {
+    set_python_error(e);
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+  } catch (...) {
+    return std::nullopt;
+  }
+  return nb::python_error();
+}
+
+// Runs `check` (the conversion of one item); its error gets a note naming the item.
+template <typename Check>
+auto item(const char* api, const char* name, std::size_t i, Check&& check) {
+  try {
+    return check();
+  } catch (...) {
+    std::optional<nb::python_error> error = as_python_error(std::current_exception());
+    if (!error) throw;
+    error->value().attr("add_note")(std::string(api) + ": in " + name + "[" + std::to_string(i) + "]; nothing changed");
+    throw std::move(*error);
+  }
+}
+
+// caches[i]: one of this manager's caches.
+KVCache* cache_arg(nb::handle manager, nb::handle cache, std::size_t i) {
+  const std::string where = "caches[" + std::to_string(i) + "]";
+  if (!nb::isinstance<PyKVCache>(cache)) fail(PyExc_TypeError, msg::kExpectedCache, {where, py_type_name(cache)});
+  PyKVCache& c = nb::cast<PyKVCache&>(cache);
+  if (!c.manager.is(manager)) fail(PyExc_ValueError, msg::kOtherManager, {where});
+  return c.cache.get();
+}
+
+// The failing call's exception as the single call raised it, with where the batch stopped.
+[[noreturn]] void raise_failure(const BatchFailure& failure, const char* api, std::size_t n, nb::handle results) {
+  std::optional<nb::python_error> error = as_python_error(failure.error);
+  if (!error) std::rethrow_exception(failure.error);
+  const std::size_t k = failure.index;
+  error->value().attr("add_note")(std::string(api) + ": call " + std::to_string(k) + " of " + std::to_string(n) +
+                                  " raised this; the " + std::to_string(k) + " before it took effect, it and the " +
+                                  std::to_string(n - k - 1) + " after it did not");
+  error->value().attr("batch_index") = k;
+  error->value().attr("batch_results") = results;
+  throw std::move(*error);
+}
+
+nb::list resize_many(nb::handle self_handle, nb::handle caches_arg_, nb::handle capacities_arg) {
+  PyManager& self = nb::cast<PyManager&>(self_handle);
+  const ManagerLock lock(self.manager->context());
+  self.manager->require_live();
+  const nb::tuple caches = items("caches", caches_arg_);
+  const nb::tuple capacities = items("capacities", capacities_arg);
+  same_length("capacities", capacities.size(), "caches", caches.size());
+  std::vector<KVCache*> targets;
+  std::vector<std::optional<std::int64_t>> caps;
+  for (std::size_t i = 0; i < caches.size(); ++i) {
+    targets.push_back(cache_arg(self_handle, caches[i], i));
+    caps.push_back(item("resize_many", "capacities", i,
+                        [&] { return arg::optional_count("capacity", capacities[i], kTokenLimit); }));
+  }
+  std::vector<bool> results;
+  std::optional<BatchFailure> failure;
+  {
+    nb::gil_scoped_release release;
+    failure = kvcore::resize_many(targets, caps, results);
+  }
+  nb::list out;
+  for (bool r : results) out.append(r);
+  if (failure) raise_failure(*failure, "resize_many", targets.size(), out);
+  return out;
+}
+
+void commit_many(nb::handle self_handle, nb::handle caches_arg_, nb::handle tokens, nb::handle counts_arg,
+                 nb::handle is_end) {
+  PyManager& self = nb::cast<PyManager&>(self_handle);
+  const ManagerLock lock(self.manager->context());
+  self.manager->require_live();
+  const nb::tuple caches = items("caches", caches_arg_);
+  const nb::tuple counts_items = items("counts", counts_arg);
+  same_length("counts", counts_items.size(), "caches", caches.size());
+  std::vector<KVCache*> targets;
+  std::vector<std::size_t> counts;
+  for (std::size_t i = 0; i < caches.size(); ++i) {
+    targets.push_back(cache_arg(self_handle, caches[i], i));
+    const std::string where = "counts[" + std::to_string(i) + "]";
+    counts.push_back(static_cast<std::size_t>(arg::int_between(where.c_str(), counts_items[i], 0, kTokenLimit)));
+  }
+  // Viewed in place (a buffer) or packed once (a list, read as commit reads it); sliced per cache.
+  const TokenInput input(tokens, self.manager->config().key_format);
+  std::size_t total = 0;
+  bool overflow = false;
+  for (std::size_t c : counts) {
+    overflow = overflow || total > SIZE_MAX - c;
+    total += c;
+  }
+  if (overflow || total != input.tokens().count) {
+    nb::object sum = nb::int_(0);  // exact, as Python's sum() prints it
+    for (std::size_t c : counts) sum = nb::steal(PyNumber_Add(sum.ptr(), nb::int_(c).ptr()));
+    fail(PyExc_ValueError, msg::kCountsSum, {str(sum), std::to_string(input.tokens().count)});
+  }
+  const bool end = arg::truthy(is_end);
+  std::optional<BatchFailure> failure;
+  {
+    nb::gil_scoped_release release;
+    failure = kvcore::commit_many(targets, input.tokens(), counts, end);
+  }
+  if (failure) {
+    nb::list done;
+    for (std::size_t i = 0; i < failure->index; ++i) done.append(nb::none());
+    raise_failure(*failure, "commit_many", targets.size(), done);
+  }
+}
+
+nb::list admit_many(nb::handle self_handle, nb::handle scopes_arg, nb::handle prompts_arg, nb::handle ids_arg,
+                    nb::handle callbacks_arg) {
+  PyManager& self = nb::cast<PyManager&>(self_handle);
+  const ManagerLock lock(self.manager->context());
+  self.manager->require_live();
+  const nb::tuple scopes = items("reuse_scopes", scopes_arg);
+  const nb::tuple prompts = items("prompts", prompts_arg);
+  same_length("prompts", prompts.size(), "reuse_scopes", scopes.size());
+  const std::size_t n = scopes.size();
+  nb::tuple ids, callbacks;
+  if (!ids_arg.is_none()) {
+    ids = items("ids", ids_arg);
+    same_length("ids", ids.size(), "reuse_scopes", n);
+  }
+  if (!callbacks_arg.is_none()) {
+    callbacks = items("priority_callbacks", callbacks_arg);
+    same_length("priority_callbacks", callbacks.size(), "reuse_scopes", n);
+  }
+  // create_kv_cache's order for each prompt: the callback, the scope, the tokens, the id.
+  std::vector<std::unique_ptr<TokenInput>> inputs;
+  std::vector<Admission> admissions;
+  const KeyFormat format = self.manager->config().key_format;
+  for (std::size_t i = 0; i < n; ++i) {
+    nb::handle callback = callbacks_arg.is_none() ? nb::handle(Py_None) : nb::handle(callbacks[i]);
+    item("admit_many", "priority_callbacks", i, [&] { arg::callable_or_none(callback); });
+    const ReuseScope scope = item("admit_many", "reuse_scopes", i, [&] { return arg::reuse_scope(scopes[i]); });
+    inputs.push_back(item("admit_many", "prompts", i, [&] {
+      nb::handle p = prompts[i];
+      return std::make_unique<TokenInput>(p.is_none() ? nb::tuple() : nb::borrow(p), format);
+    }));
+    const std::optional<std::int64_t> id = ids_arg.is_none() ? std::nullopt : item("admit_many", "ids", i, [&] {
+      return arg::optional_count("id", ids[i], kCacheIdLimit);
+    });
+    admissions.push_back({scope, &inputs.back()->tokens(), id, priority_callback(callback, self)});
+  }
+  std::vector<std::unique_ptr<KVCache>> created;
+  std::optional<BatchFailure> failure;
+  {
+    nb::gil_scoped_release release;
+    failure = kvcore::admit_many(*self.manager, admissions, created);
+  }
+  nb::list out;
+  for (std::size_t i = 0; i < created.size(); ++i) {
+    nb::handle callback = callbacks_arg.is_none() ? nb::handle(Py_None) : nb::handle(callbacks[i]);
+    auto* py_cache = new PyKVCache{nb::borrow(self_handle), nb::borrow(callback), std::move(created[i]), {}};
+    out.append(nb::cast(py_cache, nb::rv_policy::take_ownership));
+  }
+  if (failure) raise_failure(*failure, "admit_many", n, out);
+  return out;
+}
+
+}  // namespace
+
+void bind_batch(nb::module_& m) {
+  nb::handle cls = m.attr("KVCacheManager");
+  // Added to the class bind_manager made; every argument .none() (arguments.h checks None).
+  nb::cpp_function_def(&resize_many, nb::scope(cls), nb::name("resize_many"), nb::is_method(), nb::arg("caches").none(),
+                       nb::arg("capacities").none());
+  nb::cpp_function_def(&commit_many, nb::scope(cls), nb::name("commit_many"), nb::is_method(), nb::arg("caches").none(),
+                       nb::arg("tokens").none(), nb::arg("counts").none(), nb::arg("is_end").none() = false);
+  nb::cpp_function_def(&admit_many, nb::scope(cls), nb::name("admit_many"), nb::is_method(),
+                       nb::arg("reuse_scopes").none(), nb::arg("prompts").none(), nb::arg("ids").none() = nb::none(),
+                       nb::arg("priority_callbacks").none() = nb::none());
+}
+
+}  // namespace kvcore::py

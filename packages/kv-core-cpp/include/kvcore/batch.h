@@ -1,0 +1,47 @@
+// Batched calls (docs/manager.md, "Batched calls"): many caches' resize, commit or admission in
+// one call, exactly the single calls in order. The first call that throws ends the batch: the
+// calls before it took effect, it and the later ones did not, and the caller learns its index.
+// The caller holds the manager's lock for the whole batch (one consistent state, as a single
+// call sees it) and has checked the arguments.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "kvcore/kv_cache.h"
+#include "kvcore/manager.h"
+#include "kvcore/tokens.h"
+
+namespace kvcore {
+
+// The call that threw and what it threw.
+struct BatchFailure {
+  std::size_t index;
+  std::exception_ptr error;
+};
+
+// caches[i]->resize(capacities[i], nullopt) in order; `results` gets one entry per call made.
+std::optional<BatchFailure> resize_many(const std::vector<KVCache*>& caches,
+                                        const std::vector<std::optional<std::int64_t>>& capacities,
+                                        std::vector<bool>& results);
+
+// caches[i]->commit(its slice of `tokens`, is_end) in order, the slices consecutive, counts[i]
+// tokens each (the counts sum to tokens.count).
+std::optional<BatchFailure> commit_many(const std::vector<KVCache*>& caches, const Tokens& tokens,
+                                        const std::vector<std::size_t>& counts, bool is_end);
+
+// One create_kv_cache per prompt, in order; `created` gets the caches of the calls made.
+struct Admission {
+  ReuseScope scope;
+  const Tokens* prompt;
+  std::optional<std::int64_t> id;
+  PriorityCallback priority;
+};
+std::optional<BatchFailure> admit_many(KVCacheManager& manager, std::vector<Admission>& admissions,
+                                       std::vector<std::unique_ptr<KVCache>>& created);
+
+}  // namespace kvcore

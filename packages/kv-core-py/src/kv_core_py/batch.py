@@ -1,0 +1,150 @@
+"""Batched calls (docs/manager.md, "Batched calls"): many caches' resize, commit or admission in
+one call, exactly the single calls in order. Every argument is checked first, changing nothing
+when one is bad; then the calls run in order, and the first that raises ends the batch: the
+calls before it took effect, it and the later ones did not. Its exception is the single call's
+with a note, ``batch_index`` (its index) and ``batch_results`` (the earlier calls' results).
+The caller (the manager) holds the lock for the whole batch; kv_core_cpp's batch.cc mirrors this."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import kv_api
+from kv_api._check import int_in_range
+from kv_api.constants import CACHE_ID_LIMIT, TOKEN_LIMIT
+from kv_api.keys import check_reuse_scope
+from kv_core_py.kv_cache import KVCache
+from kv_core_py.tokens import Tokens
+
+# The manager as the contract types it: this module sits below manager.py (no import cycle).
+KVCacheManager = kv_api.KVCacheManager
+
+_T = TypeVar("_T")
+
+
+def items(where: str, value: Any) -> tuple[Any, ...]:
+    """A list or tuple, copied first: what an item's ``__index__`` does to the caller's list
+    afterwards changes nothing here."""
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{where}: expected a list or tuple, got {type(value).__name__}")
+    return tuple(value)
+
+
+def same_length(where: str, size: int, first: str, n: int) -> None:
+    if size != n:
+        raise ValueError(f"{where}: {size} items for {n} {first}")
+
+
+def item(api: str, name: str, i: int, check: Callable[..., _T], *args: Any) -> _T:
+    """``check(*args)`` (the conversion of one item); its error gets a note naming the item."""
+    try:
+        return check(*args)
+    except BaseException as e:
+        e.add_note(f"{api}: in {name}[{i}]; nothing changed")
+        raise
+
+
+def cache_arg(manager: KVCacheManager, cache: Any, i: int) -> KVCache:
+    """``caches[i]``: one of this manager's caches."""
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"caches[{i}]: expected this backend's KVCache, got {type(cache).__name__}")
+    if cache._manager is not manager:
+        raise ValueError(f"caches[{i}]: belongs to another manager")
+    return cache
+
+
+@contextmanager
+def in_order(api: str, n: int, results: list[Any]) -> Iterator[None]:
+    """Around the loop of calls: the first failure is call ``len(results)``."""
+    try:
+        yield
+    except BaseException as e:
+        k = len(results)
+        e.add_note(
+            f"{api}: call {k} of {n} raised this; the {k} before it took effect, it and the {n - k - 1} after it did not"
+        )
+        setattr(e, "batch_index", k)  # noqa: B010 (an attribute exception classes do not declare)
+        setattr(e, "batch_results", list(results))  # noqa: B010
+        raise
+
+
+def resize_many(manager: KVCacheManager, caches: Any, capacities: Any) -> list[bool]:
+    cs = items("caches", caches)
+    caps = items("capacities", capacities)
+    same_length("capacities", len(caps), "caches", len(cs))
+    targets: list[KVCache] = []
+    values: list[int | None] = []
+    for i in range(len(cs)):
+        targets.append(cache_arg(manager, cs[i], i))
+        values.append(item("resize_many", "capacities", i, _optional_count, "capacity", caps[i], TOKEN_LIMIT))
+    results: list[bool] = []
+    with in_order("resize_many", len(targets), results):
+        for cache, capacity in zip(targets, values, strict=True):
+            results.append(cache.resize(capacity))
+    return results
+
+
+def commit_many(manager: KVCacheManager, caches: Any, tokens: Any, counts: Any, is_end: Any) -> None:
+    cs = items("caches", caches)
+    ns = items("counts", counts)
+    same_length("counts", len(ns), "caches", len(cs))
+    targets: list[KVCache] = []
+    sizes: list[int] = []
+    for i in range(len(cs)):
+        targets.append(cache_arg(manager, cs[i], i))
+        sizes.append(int_in_range(f"counts[{i}]", ns[i], 0, TOKEN_LIMIT))
+    toks = Tokens(tokens, manager.init_config.key_format)  # once for the batch; sliced per cache
+    if sum(sizes) != len(toks):
+        raise ValueError(f"counts: add up to {sum(sizes)} but tokens holds {len(toks)}")
+    end = bool(is_end)
+    results: list[None] = []
+    begin = 0
+    with in_order("commit_many", len(targets), results):
+        for cache, size in zip(targets, sizes, strict=True):
+            cache.commit(toks.to_list(begin, begin + size), end)
+            results.append(None)
+            begin += size
+
+
+def admit_many(
+    manager: KVCacheManager, reuse_scopes: Any, prompts: Any, ids: Any, priority_callbacks: Any
+) -> list[kv_api.KVCache]:
+    scopes = items("reuse_scopes", reuse_scopes)
+    ps = items("prompts", prompts)
+    n = len(scopes)
+    same_length("prompts", len(ps), "reuse_scopes", n)
+    id_items: tuple[Any, ...] = (None,) * n
+    callbacks: tuple[Any, ...] = (None,) * n
+    if ids is not None:
+        id_items = items("ids", ids)
+        same_length("ids", len(id_items), "reuse_scopes", n)
+    if priority_callbacks is not None:
+        callbacks = items("priority_callbacks", priority_callbacks)
+        same_length("priority_callbacks", len(callbacks), "reuse_scopes", n)
+    # create_kv_cache's order for each prompt: the callback, the scope, the tokens, the id.
+    calls: list[tuple[Any, ...]] = []
+    for i in range(n):
+        prompt = ps[i]
+        item("admit_many", "priority_callbacks", i, _callable_or_none, callbacks[i])
+        scope = item("admit_many", "reuse_scopes", i, check_reuse_scope, scopes[i])
+        toks = item(
+            "admit_many", "prompts", i, Tokens, [] if prompt is None else prompt, manager.init_config.key_format
+        )
+        cache_id = item("admit_many", "ids", i, _optional_count, "id", id_items[i], CACHE_ID_LIMIT)
+        calls.append((scope, toks.to_list(), cache_id, callbacks[i]))  # converted once, as kv_core_cpp reads them
+    created: list[kv_api.KVCache] = []
+    with in_order("admit_many", n, created):
+        for scope, prompt, cache_id, cb in calls:
+            created.append(manager.create_kv_cache(scope, prompt, cache_id, cb))
+    return created
+
+
+def _optional_count(where: str, value: Any, high: int) -> int | None:
+    return None if value is None else int_in_range(where, value, 0, high)
+
+
+def _callable_or_none(callback: Any) -> None:
+    if callback is not None and not callable(callback):
+        raise TypeError("custom_priority_callback: expected a callable or None")
