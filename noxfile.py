@@ -249,3 +249,4 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/bench_manager.py")
     session.run("python", "bench/bench_tiers.py")
     session.run("python", "bench/bench_events.py")
+    session.run("python", "bench/bench_replay_vs_mocker.py")  # skips the mocker's row without ai-dynamo-runtime

@@ -10,6 +10,10 @@ the tokens generated so far. A request that cannot start or decode while it is t
 cache never will, and is rejected. Every decision depends only on what the manager returns, so
 two backends that behave identically replay identically.
 
+Batched decode: when every layer is plain full attention, the decode step issues its resizes as one
+``resize_many`` and its commits as one ``commit_many`` (one crossing each into a native backend)
+wherever that is the same as the per-cache order: see ``_decode_batch``.
+
 Termination: every step decodes a token, completes a request or rejects one (the oldest open
 request either makes progress or is left alone with the whole pool and then rejected), so a
 replay ends within ``len(requests) + total output tokens`` steps; ``run`` raises rather than
@@ -27,6 +31,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from kv_api import (
+    AttentionLayerConfig,
     Backend,
     DiskCacheTierConfig,
     HostCacheTierConfig,
@@ -98,7 +103,7 @@ _T = TypeVar("_T")
 _Queued = tuple[int, "np.ndarray[Any, np.dtype[np.int32]]", int, bool]  # index, tokens, generated, first
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: ``live in running`` must not compare every field
 class _Live:
     index: int
     request: Request
@@ -127,6 +132,11 @@ class Replayer:
         self.tiered = len(config.cache_tiers) > 1  # the tier APIs are only asked for with tiers
         self.max_in_flight = max_in_flight
         self.progress = progress
+        # Slots one new block takes in each pool group, when the decode step may be batched
+        # (None: one call per cache; see _decode_batch).
+        self.batch_pages: list[int] | None = (
+            [len(pg.life_cycles) for pg in self.manager.pool_group_descs] if _batchable(config) else None
+        )
 
     # -- timed manager calls --------------------------------------------------------------------------
 
@@ -176,15 +186,98 @@ class Replayer:
             self._timed(lambda: cache.commit(rest), hashed=len(rest))
         return True
 
-    def _decode(self, live: _Live) -> bool:
-        """One token; False (nothing changed) when the manager has no page for it."""
+    def _decode(self, live: _Live, resized: bool = False) -> bool:
+        """One token; False (nothing changed) when the manager has no page for it. ``resized``:
+        a batch already gave it the room."""
         cache = live.cache
-        if not self._timed(lambda: cache.resize(cache.capacity + 1)):
+        if not resized and not self._timed(lambda: cache.resize(cache.capacity + 1)):
             return False
         token = live.request.output[live.generated : live.generated + 1]
         self._timed(lambda: cache.commit(token), hashed=1)
         live.generated += 1
         return True
+
+    def _decode_one(self, live: _Live, resized: bool = False) -> int:
+        """Decode ``live``, making room by preemption as needed; 1 if it decoded, else 0."""
+        running = self.running
+        while not self._decode(live, resized):
+            if self.waiting is not None:  # the newest open request holds pages too
+                self._requeue(self.waiting)
+                self.waiting = None
+                continue
+            victim = running.pop()  # the newest running request makes room
+            if victim is live and not running:  # alone with the whole pool: never fits
+                self._finish(live, rejected=True)
+                return 0
+            self.result.records[victim.index].preemptions += 1
+            self._requeue(victim)
+            if victim is live:
+                return 0
+        return 1
+
+    def _decode_batch(self, group: list[_Live]) -> int:
+        """Decode ``group`` (consecutive running requests, oldest first); how many decoded.
+
+        One ``resize_many`` then one ``commit_many`` replace ``resize, commit`` per request, which
+        moves each commit after the later requests' resizes. With full-attention layers only
+        (``_batchable``) and capacity = committed tokens, a resize by one takes pages only when it
+        starts a block, and a commit of one changes more than the cache's own tokens only when it
+        fills one (the block enters the tree and may rebase onto a page another resize could
+        evict); ``_group`` never puts a resize that starts a block after a commit that fills one,
+        so only calls that touch nothing in common swap places. The resizes run batched only if
+        the pool groups' free and evictable slots cover every block they start, so none fails
+        (per cache, none would); otherwise the group goes one cache at a time, as before.
+        """
+        if len(group) == 1:
+            return self._decode_one(group[0])
+        assert self.batch_pages is not None
+        tpb = self.config.tokens_per_block
+        starts = sum(1 for live in group if live.cache.capacity % tpb == 0)
+        if starts:
+            stats = self.manager.get_storage_statistics()
+            if any(starts * n > s.available for n, s in zip(self.batch_pages, stats, strict=True)):
+                return sum(self._decode_one(live) for live in group if live in self.running)
+        caches = [live.cache for live in group]
+        try:
+            resized = self._timed(lambda: self.manager.resize_many(caches, [c.capacity + 1 for c in caches]))
+        except Exception as exc:
+            # Resize k raised: one cache at a time, requests 0..k-1 would have decoded before it.
+            done = list(getattr(exc, "batch_results", None) or [])
+            if done and all(done):
+                self._commit_batch(group[: len(done)])
+            raise
+        if all(resized):
+            self._commit_batch(group)
+            return len(group)
+        # Not expected (the slots were counted), but a resize that found no page changed nothing:
+        # the ones before it decode as they would have, then one cache at a time from it on (those
+        # after it that were resized only commit).
+        first = resized.index(False)
+        self._commit_batch(group[:first])
+        decoded = first
+        for live, ok in zip(group[first:], resized[first:], strict=True):
+            if live in self.running:  # not preempted by an older request of this group
+                decoded += self._decode_one(live, resized=ok)
+        return decoded
+
+    def _commit_batch(self, group: list[_Live]) -> None:
+        """Commit each resized request's next token, in one call."""
+        if not group:
+            return
+        tokens = np.fromiter((live.request.output[live.generated] for live in group), np.int32, len(group))
+        self._timed(
+            lambda: self.manager.commit_many([live.cache for live in group], tokens, [1] * len(group)),
+            hashed=len(group),
+        )
+        for live in group:
+            live.generated += 1
+
+    def _group(self, group: list[_Live], live: _Live) -> bool:
+        """Whether ``live`` may join ``group`` in one batch: not if its resize starts a block
+        after a commit of the group fills one (see _decode_batch)."""
+        if not group or live.cache.capacity % self.config.tokens_per_block:
+            return True
+        return not any((g.cache.capacity + 1) % self.config.tokens_per_block == 0 for g in group)
 
     def _requeue(self, live: _Live) -> None:
         """Close an open request and queue it first, to be re-admitted with what it generated."""
@@ -269,28 +362,30 @@ class Replayer:
             else:
                 self._finish(live, rejected=True)
         decoded = 0
+        group: list[_Live] = []  # requests to decode in one batch, oldest first
         for live in list(running):
             if live not in running:
                 continue  # preempted by an older request this step
+            if self.batch_pages is not None and live.generated < len(live.request.output):
+                if not self._group(group, live):
+                    decoded += self._decode_batch(group)
+                    group = []
+                    if live not in running:
+                        continue
+                group.append(live)
+                continue
+            if group:  # the order of calls is kept: the batch goes before this request's
+                decoded += self._decode_batch(group)
+                group = []
+                if live not in running:
+                    continue
             if live.generated == len(live.request.output):
                 running.remove(live)
                 self._finish(live)
                 continue
-            while not self._decode(live):
-                if self.waiting is not None:  # the newest open request holds pages too
-                    self._requeue(self.waiting)
-                    self.waiting = None
-                    continue
-                victim = running.pop()  # the newest running request makes room
-                if victim is live and not running:  # alone with the whole pool: never fits
-                    self._finish(live, rejected=True)
-                    break
-                self.result.records[victim.index].preemptions += 1
-                self._requeue(victim)
-                if victim is live:
-                    break
-            else:
-                decoded += 1
+            decoded += self._decode_one(live)
+        if group:
+            decoded += self._decode_batch(group)
         if self.done == done_before and not decoded:
             raise RuntimeError(f"replay made no progress at step {self.steps} (a bug in the replayer)")
         self._sample(self.steps)
@@ -326,6 +421,23 @@ class Replayer:
                 _occupancy(stats),
             )
         )
+
+
+def _batchable(config: KVCacheManagerConfig) -> bool:
+    """Whether decode steps may be batched (see Replayer._decode_batch): every layer is full
+    attention with the manager's block size, and no commit snapshots or scratch slots, so a
+    resize by one takes pages only when it starts a block and a commit of one touches shared
+    state only when it fills one."""
+    return (
+        not config.commit_min_snapshot
+        and config.swa_scratch_reuse is None
+        and all(
+            isinstance(layer, AttentionLayerConfig)
+            and layer.sliding_window_size is None
+            and all(b.tokens_per_block_override in (None, config.tokens_per_block) for b in layer.buffers)
+            for layer in config.layers
+        )
+    )
 
 
 def _occupancy(stats: list[StorageStatistics]) -> float:
