@@ -61,7 +61,8 @@ def workloads(draw: st.DrawFn) -> tuple[list[Request], int, int, int]:
     shared = synthetic_tokens(draw(st.integers(0, 3)), 4 * pool_tokens, stream=1)
     requests: list[Request] = []
     for i in range(draw(st.integers(2, 12))):
-        if requests and draw(st.booleans()):
+        repeat: bool = draw(st.booleans())
+        if requests and repeat:
             # The same prompt and answer as an earlier request: its decode fills blocks the tree
             # already has (a commit that rebases onto a page a resize could evict).
             requests.append(requests[draw(st.integers(0, len(requests) - 1))])

@@ -115,6 +115,8 @@ class _Live:
 
 
 class Replayer:
+    waiting: _Live | None  # admitted, suspended until the manager lets it start (set by begin())
+
     def __init__(
         self,
         backend: Backend,
@@ -319,7 +321,7 @@ class Replayer:
         self.reused = 0
         self.done = 0
         self.pending: deque[_Queued] = deque()
-        self.waiting: _Live | None = None  # admitted, suspended until the manager lets it start
+        self.waiting = None
         self.running: list[_Live] = []  # oldest first
         self.steps = 0
         self.wall_seconds = 0.0
