@@ -92,12 +92,36 @@ def interleaved(per_compression: float, repeat: int, prompts: int = 64, tokens: 
         print(f"| {name} | {prompts} x block_keys | {separate * 1e3:.3f} | {limit * 1e-9 / separate:.2f} | |")
 
 
+def lists(per_compression: float, n_tokens: int, repeat: int) -> None:
+    """Issue 14's list-ingestion figures: block_keys from a list of ints (u32, tpb 32) over the
+    SHA-256 limit, and sequence_to_blockchain_keys on a list against slicing it in pure Python
+    (what the reference system does)."""
+    ids = np.random.default_rng(0).integers(0, 2**31, n_tokens, dtype=np.int64)
+    as_list = [int(i) for i in ids]
+    limit = compressions(n_tokens, 32, 4) * per_compression
+    print(f"\nList ingestion: {n_tokens} tokens in a list of ints (u32, tpb 32):")
+    print("| backend | block_keys ns/token | x limit | sequence_to_blockchain_keys vs slicing |")
+    print("|---|---|---|---|")
+    reference = best_of(partial(slicing_reference, 32, as_list), repeat)
+    for name in kv_api.available_backends():
+        backend = kv_api.load_backend(name)
+        keys = best_of(partial(backend.block_keys, 32, None, as_list), repeat)
+        pairs = best_of(partial(iterate, backend, 32, as_list, "sha256-u32"), repeat)
+        print(f"| {name} | {keys / n_tokens * 1e9:.2f} | {keys * 1e9 / limit:.2f} | {pairs / reference:.2f}x |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tokens", type=int, default=N_TOKENS)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--interleaved-only", action="store_true", help="only the block_keys_many figure")
+    parser.add_argument("--lists-only", action="store_true", help="only the list-ingestion figures")
     args = parser.parse_args()
+    if args.lists_only:
+        per_compression = ns_per_compression(args.repeat)
+        print(f"SHA-256 limit: {per_compression:.1f} ns per 64-byte compression (hashlib, one large buffer)")
+        lists(per_compression, args.tokens, args.repeat)
+        return
     if args.interleaved_only:
         per_compression = ns_per_compression(args.repeat)
         print(f"SHA-256 limit: {per_compression:.1f} ns per 64-byte compression (hashlib, one large buffer)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator, Sequence
 from hashlib import sha256
+from itertools import chain, islice
 from typing import Any
 
 from kv_api._check import int_in_range
@@ -100,14 +101,25 @@ PAIRS_BATCH = 64
 
 
 def _pairs(root: bytes, tokens: Tokens, tokens_per_block: int) -> Iterator[tuple[list[Token], bytes]]:
-    key = root
-    yield [], key
     tpb = tokens_per_block
-    for first in range(0, ceil_div(len(tokens), tpb), PAIRS_BATCH):
-        keys = chained_keys(key, tokens, first, PAIRS_BATCH, tpb)
-        chunk = tokens.to_list(first * tpb, (first + PAIRS_BATCH) * tpb)
-        for i, key in enumerate(keys[1:]):
-            yield chunk[i * tpb : (i + 1) * tpb], key
+    ids = tokens.as_list()
+    last = [root]  # the key the next batch chains from
+
+    def batch(first: int) -> Iterator[tuple[list[Token], bytes]]:
+        keys = chained_keys(last[0], tokens, first, PAIRS_BATCH, tpb)
+        last[0] = keys[-1]
+        # Block lists sliced from the kept copy of the caller's list (no new ints), else from
+        # this batch's ids unpacked from the buffer.
+        chunk, base = (
+            (ids, first * tpb) if ids is not None else (tokens.to_list(first * tpb, (first + PAIRS_BATCH) * tpb), 0)
+        )
+        stop = base + (len(keys) - 1) * tpb
+        blocks = map(chunk.__getitem__, map(slice, range(base, stop, tpb), range(base + tpb, stop + tpb, tpb)))
+        return zip(blocks, islice(keys, 1, None), strict=True)
+
+    # Iterated in C (zip, map, chain): a generator frame resumed per block cost more than slicing.
+    batches = map(batch, range(0, ceil_div(len(tokens), tpb), PAIRS_BATCH))
+    return chain((([], root),), chain.from_iterable(batches))
 
 
 def sequence_to_blockchain_keys(
