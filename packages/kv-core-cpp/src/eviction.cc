@@ -3,16 +3,22 @@
 namespace kvcore {
 
 void EvictionQueue::push(Page* page) {
-  auto& bucket = buckets_[page->priority];
-  page->queue_pos = bucket.insert(bucket.end(), page);
+  Bucket& bucket = buckets_[page->priority];
+  page->queue_prev = bucket.tail;
+  page->queue_next = nullptr;
+  (bucket.tail != nullptr ? bucket.tail->queue_next : bucket.head) = page;
+  bucket.tail = page;
   page->queued = true;
   ++size_;
 }
 
 void EvictionQueue::remove(Page* page) {
   auto it = buckets_.find(page->priority);
-  it->second.erase(page->queue_pos);
-  if (it->second.empty()) buckets_.erase(it);
+  Bucket& bucket = it->second;
+  (page->queue_prev != nullptr ? page->queue_prev->queue_next : bucket.head) = page->queue_next;
+  (page->queue_next != nullptr ? page->queue_next->queue_prev : bucket.tail) = page->queue_prev;
+  page->queue_prev = page->queue_next = nullptr;
+  if (bucket.head == nullptr) buckets_.erase(it);
   page->queued = false;
   --size_;
 }
@@ -32,7 +38,7 @@ std::vector<Page*> EvictionQueue::candidates(std::size_t n, const std::unordered
       priority = pend->first;
     }
     if (queued != buckets_.end() && queued->first == priority) {
-      for (Page* page : queued->second) {
+      for (Page* page = queued->second.head; page != nullptr; page = page->queue_next) {
         if (out.size() == n) break;
         if (!exclude.count(page)) out.push_back(page);
       }

@@ -13,6 +13,18 @@ namespace kvcore {
 
 namespace {
 
+// Room for `n` items, grown geometrically: decode steps add a block at a time, and an exact
+// reserve would move the whole table each time (an admission reserves exactly what it reuses).
+template <typename V>
+void reserve_for(V& v, std::size_t n) {
+  if (v.capacity() >= n) return;
+  try {
+    v.reserve(std::max(n, 2 * v.capacity()));
+  } catch (const std::exception&) {  // the doubled size may not fit where `n` does
+    v.reserve(n);
+  }
+}
+
 const char* status_name(CacheStatus s) {
   switch (s) {
     case CacheStatus::kActive:
@@ -59,12 +71,14 @@ KVCache::KVCache(CacheContext& context, std::int64_t id, const ReuseScope& scope
     int priority;
   };
   std::vector<Reused> reused;
+  reused.reserve(path.size() * block_lcs_.size());
+  const std::vector<std::pair<std::int64_t, std::int64_t>> stale = stale_ranges(history_);
   for (std::size_t o = 0; o < path.size(); ++o) {
     Block* block = path[o].first;
     for (int lc : block_lcs_) {
       Page* page = block->pages[lc];
       const auto ordinal = static_cast<std::int64_t>(o);
-      if (page != nullptr && !is_stale(lc, ordinal, history_))
+      if (page != nullptr && !in_range(stale[lc], ordinal))
         reused.push_back({ordinal, lc, page, priority_of(ordinal, lc)});
     }
   }
@@ -78,17 +92,17 @@ KVCache::KVCache(CacheContext& context, std::int64_t id, const ReuseScope& scope
   for (const Reused& r : reused) block_level[r.ordinal] = std::max(block_level[r.ordinal], r.page->level);
   for (const Reused& r : snapshots) block_level[r.ordinal] = std::max(block_level[r.ordinal], r.page->level);
   for (std::size_t o = 0; o < path.size(); ++o) cached_by_level_[block_level[o]] += path[o].second;
+  blocks_.reserve(path.size());
   for (const auto& [block, matched] : path) {
-    CacheBlock cb(num_lcs_);
+    CacheBlock& cb = blocks_.emplace_back(num_lcs_);
     if (matched == static_cast<std::int64_t>(block->tokens.size()) && matched == tpb_) {
       cb.tree_block = block;
       ++block->pins;
     } else {
       cb.copy_on_resume = true;  // a reused partial block: never written in place
     }
-    blocks_.push_back(std::move(cb));
-    for (auto& idx : index_) idx.push_back(kBadPageIndex);
   }
+  for (auto& idx : index_) idx.assign(path.size(), kBadPageIndex);
   Storage& storage = context_.storage();
   for (const Reused& r : reused) {
     storage.hold(r.page, r.priority);  // reuse may raise a block's priority
@@ -171,6 +185,13 @@ void KVCache::release_page(std::int64_t ordinal, int lc) {
 
 bool KVCache::is_stale(int lc, std::int64_t ordinal, std::int64_t history) const {
   return context_.registry().is_stale(lc, ordinal, history);
+}
+
+std::vector<std::pair<std::int64_t, std::int64_t>> KVCache::stale_ranges(std::int64_t history) const {
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  out.reserve(num_lcs_);
+  for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) out.push_back(context_.registry().stale_range(lc, history));
+  return out;
 }
 
 std::vector<KVCache::Release> KVCache::stale_releases(std::int64_t history) const {
@@ -405,11 +426,13 @@ std::vector<Page*> KVCache::to_lock() const {
   // The pages resume() locks: held, not stale, not a reused partial block's (copied), and the
   // SSM states.
   std::vector<Page*> out;
+  out.reserve(blocks_.size() * num_lcs_ + ssm_state_.size());
+  const std::vector<std::pair<std::int64_t, std::int64_t>> stale = stale_ranges(history_);
   for (std::int64_t o = 0; o < num_blocks(); ++o) {
     const CacheBlock& cb = blocks_[o];
     if (cb.copy_on_resume) continue;
     for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
-      if (cb.pages[lc] != nullptr && !is_stale(lc, o, history_)) out.push_back(cb.pages[lc]);
+      if (cb.pages[lc] != nullptr && !in_range(stale[lc], o)) out.push_back(cb.pages[lc]);
     }
   }
   for (Page* p : ssm_state_) {
@@ -430,6 +453,9 @@ bool KVCache::make_room(int level, const std::vector<Page*>& pages,
   std::vector<std::uint64_t> need(storage.pool_groups().size(), 0);
   for (const Page* page : pages) ++need[page->pool_group];
   for (const auto& n : needs) ++need[storage.config().pool_group_of(n.second)];
+  // Nothing to make room for (a cached prompt resuming on the device): no set of the pages to
+  // keep, which would cost an allocation per page.
+  if (std::all_of(need.begin(), need.end(), [](std::uint64_t n) { return n == 0; })) return true;
   Storage::PageSet exclude;
   for (const Page* page : keep) exclude.insert(page);
   try {
@@ -506,9 +532,10 @@ bool KVCache::resume() {
     }
   }
   for (CacheBlock& cb : blocks_) cb.copy_on_resume = false;
+  const std::vector<std::pair<std::int64_t, std::int64_t>> stale = stale_ranges(history_);
   for (std::int64_t o = 0; o < num_blocks(); ++o) {
     for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
-      if (blocks_[o].pages[lc] != nullptr && !is_stale(lc, o, history_)) lock_page(o, lc);
+      if (blocks_[o].pages[lc] != nullptr && !in_range(stale[lc], o)) lock_page(o, lc);
     }
   }
   for (int lc : ssm_lcs_) {
@@ -633,8 +660,8 @@ bool KVCache::resize(std::optional<std::int64_t> capacity, std::optional<std::in
     return false;
   }
   try {  // room for the block table before anything changes: one the host cannot hold changes nothing
-    blocks_.reserve(static_cast<std::size_t>(new_blocks));
-    for (auto& idx : index_) idx.reserve(static_cast<std::size_t>(new_blocks));
+    reserve_for(blocks_, static_cast<std::size_t>(new_blocks));
+    for (auto& idx : index_) reserve_for(idx, static_cast<std::size_t>(new_blocks));
   } catch (const std::exception&) {  // std::bad_alloc, or std::length_error beyond max_size()
     throw Error(ErrorKind::kHostOOM,
                 "resize: cannot allocate " + std::to_string(new_blocks - num_blocks()) + " blocks");
@@ -749,7 +776,7 @@ void KVCache::commit_block(std::int64_t ordinal, const std::vector<Page*>* pages
     stats.committed_block();
     if (shorter != nullptr) storage.adopt(block, shorter);
   }
-  const std::vector<Page*>& ours_by_lc = pages == nullptr ? cb.pages : *pages;
+  Page* const* ours_by_lc = pages == nullptr ? cb.pages.data() : pages->data();
   for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) {
     Page* ours = ours_by_lc[lc];
     Page* theirs = block->pages[lc];

@@ -1,6 +1,7 @@
 #include "kvcore/radix_tree.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "kvcore/constants.h"
 
@@ -9,35 +10,63 @@ namespace kvcore {
 Node::~Node() {
   // Take the descendants apart one by one: destroying a chain of blocks recursively would use a
   // stack frame per block, and a long prompt is a chain of thousands.
-  std::vector<std::unique_ptr<Block>> pending;
-  for (auto& entry : children_) pending.push_back(std::move(entry.second));
-  children_.clear();
+  std::vector<Block*> pending;
+  pending.swap(order_);
   while (!pending.empty()) {
-    std::unique_ptr<Block> block = std::move(pending.back());
+    Block* block = pending.back();
     pending.pop_back();
-    for (auto& entry : block->children_) pending.push_back(std::move(entry.second));
-    block->children_.clear();
-  }  // each block is destroyed childless
+    pending.insert(pending.end(), block->order_.begin(), block->order_.end());
+    block->order_.clear();
+    delete block;  // childless now
+  }
 }
 
+namespace {
+
+// Two keys in four 8-byte words, inline (operator== calls memcmp); a different key differs in
+// the first word all but never (SHA-256 output).
+bool same_key(const Digest& a, const Digest& b) noexcept {
+  std::uint64_t x[4], y[4];
+  std::memcpy(x, a.data(), sizeof x);
+  std::memcpy(y, b.data(), sizeof y);
+  return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3])) == 0;
+}
+
+}  // namespace
+
 Block* Node::child(const Digest& key) const {
-  const auto it = children_.find(key);
-  return it == children_.end() ? nullptr : it->second.get();
+  if (index_ != nullptr) {
+    const auto it = index_->find(key);
+    return it == index_->end() ? nullptr : it->second;
+  }
+  for (Block* c : order_) {
+    if (same_key(c->key, key)) return c;
+  }
+  return nullptr;
 }
 
 Block* Node::add_child(std::unique_ptr<Block> block) {
   Block* raw = block.get();
-  order_.push_back(raw);
-  children_.emplace(raw->key, std::move(block));
+  order_.reserve(order_.size() + 1);  // so that the push cannot throw once the index has it
+  if (index_ != nullptr) {
+    index_->emplace(raw->key, raw);
+  } else if (order_.size() == kChildScanLimit) {
+    auto index = std::make_unique<std::unordered_map<Digest, Block*, DigestHash>>();
+    for (Block* c : order_) index->emplace(c->key, c);
+    index->emplace(raw->key, raw);
+    index_ = std::move(index);
+  }
+  order_.push_back(block.release());
   return raw;
 }
 
 std::unique_ptr<Block> Node::take_child(Block* block) {
   order_.erase(std::find(order_.begin(), order_.end(), block));
-  auto it = children_.find(block->key);
-  std::unique_ptr<Block> out = std::move(it->second);
-  children_.erase(it);
-  return out;
+  if (index_ != nullptr) {
+    index_->erase(block->key);
+    if (order_.size() <= kChildScanLimit) index_.reset();
+  }
+  return std::unique_ptr<Block>(block);
 }
 
 bool Block::has_pages() const {

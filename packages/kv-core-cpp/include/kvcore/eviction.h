@@ -2,7 +2,6 @@
 #pragma once
 
 #include <cstddef>
-#include <list>
 #include <map>
 #include <unordered_set>
 #include <vector>
@@ -22,7 +21,11 @@ class EvictionQueue {
                                 const std::vector<Page*>& pending) const;
 
  private:
-  std::map<int, std::list<Page*>> buckets_;  // priority -> pages in release order
+  struct Bucket {  // pages in release order, linked through Page::queue_prev / queue_next
+    Page* head = nullptr;
+    Page* tail = nullptr;
+  };
+  std::map<int, Bucket> buckets_;  // priority -> its pages (never empty)
   std::size_t size_ = 0;
 };
 

@@ -13,6 +13,7 @@
 
 #include "kvcore/block_keys.h"
 #include "kvcore/page.h"
+#include "kvcore/per_life_cycle.h"
 #include "kvcore/planned_drop.h"
 #include "kvcore/radix_tree.h"
 #include "kvcore/request_stats.h"
@@ -30,8 +31,8 @@ using PriorityCallback = std::function<int(std::int64_t, int)>;
 
 struct CacheBlock {
   explicit CacheBlock(std::size_t num_life_cycles) : pages(num_life_cycles, nullptr), locked(num_life_cycles, false) {}
-  std::vector<Page*> pages;
-  std::vector<bool> locked;
+  PerLifeCycle<Page*> pages;
+  PerLifeCycle<bool> locked;
   Block* tree_block = nullptr;  // the tree block once this block is committed
   bool copy_on_resume = false;  // pages are a reused partial block's, shared with the tree
 };
@@ -115,6 +116,11 @@ class KVCache {
   void unlock_page(std::int64_t ordinal, int lc);
   void release_page(std::int64_t ordinal, int lc);
   bool is_stale(int lc, std::int64_t ordinal, std::int64_t history) const;
+  // Per life cycle, its stale range at `history` (is_stale, computed once for a loop over blocks).
+  std::vector<std::pair<std::int64_t, std::int64_t>> stale_ranges(std::int64_t history) const;
+  static bool in_range(const std::pair<std::int64_t, std::int64_t>& range, std::int64_t ordinal) {
+    return range.first <= ordinal && ordinal < range.second;
+  }
   struct Release {
     std::int64_t ordinal;
     int lc;

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <list>
 
 namespace kvcore {
 
@@ -25,7 +24,10 @@ struct Page {
   // Bumped each time the record is retired: a planned-drop handle knows its page by (record,
   // generation), so a page freed meanwhile, its record reused, is not taken for the new one.
   std::uint64_t generation = 0;
-  std::list<Page*>::iterator queue_pos;  // its place in the eviction queue, while queued
+  // Its neighbours in its eviction queue's priority bucket, while queued: an intrusive list, so
+  // queuing and dequeuing a page (every hold, lock and release) allocates nothing.
+  Page* queue_prev = nullptr;
+  Page* queue_next = nullptr;
 
   bool committed() const { return block != nullptr; }
   // Freed while a make_room plan still points to it (Python's `block is None and holders == 0`).

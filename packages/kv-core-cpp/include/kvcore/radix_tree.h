@@ -20,6 +20,10 @@ namespace kvcore {
 
 // Siblings are scanned for a partial match only when there are fewer than this many.
 constexpr std::size_t kPartialScanLimit = 32;
+// A node looks its children up by scanning them up to this many, by a hash index beyond: most
+// nodes of a long prompt have one child, and a scan touches only the child itself, where a hash
+// map costs a bucket array and a map node per lookup (the walk's cache misses).
+constexpr std::size_t kChildScanLimit = 8;
 
 struct DigestHash {
   std::size_t operator()(const Digest& d) const noexcept {
@@ -48,8 +52,9 @@ class Node {
   Node* parent;
 
  private:
-  std::unordered_map<Digest, std::unique_ptr<Block>, DigestHash> children_;
-  std::vector<Block*> order_;  // insertion order
+  std::vector<Block*> order_;  // the children, owned, in insertion order
+  // Key -> child, kept only while there are more than kChildScanLimit children.
+  std::unique_ptr<std::unordered_map<Digest, Block*, DigestHash>> index_;
 };
 
 class Root : public Node {

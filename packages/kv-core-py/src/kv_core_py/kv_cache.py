@@ -493,6 +493,8 @@ class KVCache(kv_api.KVCache):
             need[page.pool_group] += 1
         for _, lc in needs:
             need[storage.config.pool_group_of(lc)] += 1
+        if not any(need):
+            return True  # a cached prompt resuming on the device: no set of the pages to keep
         try:
             storage.make_room(level, need, frozenset(id(p) for p in keep or ()))
         except OutOfPagesError:

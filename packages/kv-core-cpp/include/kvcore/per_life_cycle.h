@@ -1,0 +1,56 @@
+// A fixed-size array with one entry per life cycle, stored inline for the usual few life cycles:
+// a cache keeps one per block for its pages and another for their locks, so a heap vector each
+// would cost two allocations per block on every admission of a long prompt.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <memory>
+
+namespace kvcore {
+
+template <typename T, std::size_t Inline = 4>
+class PerLifeCycle {
+ public:
+  PerLifeCycle(std::size_t n, const T& value) : size_(n) {
+    if (n > Inline) heap_ = std::make_unique<T[]>(n);
+    std::fill(begin(), end(), value);
+  }
+  PerLifeCycle(const PerLifeCycle& other) : PerLifeCycle(other.size_, T{}) {
+    std::copy(other.begin(), other.end(), begin());
+  }
+  PerLifeCycle(PerLifeCycle&& other) noexcept
+      : inline_(other.inline_), heap_(std::move(other.heap_)), size_(other.size_) {
+    other.size_ = 0;
+  }
+  PerLifeCycle& operator=(const PerLifeCycle& other) {
+    if (this != &other) *this = PerLifeCycle(other);
+    return *this;
+  }
+  PerLifeCycle& operator=(PerLifeCycle&& other) noexcept {
+    inline_ = other.inline_;
+    heap_ = std::move(other.heap_);
+    size_ = other.size_;
+    other.size_ = 0;
+    return *this;
+  }
+  ~PerLifeCycle() = default;
+
+  std::size_t size() const noexcept { return size_; }
+  T* data() noexcept { return heap_ ? heap_.get() : inline_.data(); }
+  const T* data() const noexcept { return heap_ ? heap_.get() : inline_.data(); }
+  T& operator[](std::size_t i) noexcept { return data()[i]; }
+  const T& operator[](std::size_t i) const noexcept { return data()[i]; }
+  T* begin() noexcept { return data(); }
+  T* end() noexcept { return data() + size_; }
+  const T* begin() const noexcept { return data(); }
+  const T* end() const noexcept { return data() + size_; }
+
+ private:
+  std::array<T, Inline> inline_{};
+  std::unique_ptr<T[]> heap_;  // beyond Inline entries
+  std::size_t size_;
+};
+
+}  // namespace kvcore
