@@ -4,6 +4,7 @@ concurrently raises nothing unexpected and leaves consistent accounting."""
 from __future__ import annotations
 
 import random
+import sys
 import threading
 import time
 from array import array
@@ -123,8 +124,15 @@ def test_matching_releases_the_gil(backend: kv_api.Backend) -> None:
         return longest
 
     # A probe holding the GIL stalls this thread for all of it, every time; a busy machine can
-    # deschedule it once in a while, so the best of three attempts is judged.
-    longest = min(longest_stall() for _ in range(3))
+    # deschedule it once in a while, so the best of three attempts is judged. The probe takes a
+    # few milliseconds now: with the default 5 ms switch interval, handing the GIL back and forth
+    # around the call would be a stall of that order by itself, so the interval is shortened.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.0002)
+    try:
+        longest = min(longest_stall() for _ in range(3))
+    finally:
+        sys.setswitchinterval(interval)
     assert longest < alone / 2, f"main thread stalled {longest:.4f}s of a {alone:.4f}s probe"
 
 
