@@ -96,9 +96,11 @@ def test_concurrent_requests(backend: kv_api.Backend) -> None:
 
 @pytest.mark.requires("native_buffers")
 def test_matching_releases_the_gil(backend: kv_api.Backend) -> None:
-    """A long probe (hashing and matching 2M cached tokens) leaves other Python threads running."""
-    tokens = np.arange(1 << 21, dtype=np.int32)
-    manager = backend.KVCacheManager(make_config(tokens_per_block=32, slots=(1 << 21) // 32 + 64))
+    """A long probe (hashing and matching 8M cached tokens) leaves other Python threads running."""
+    # Long enough (tens of milliseconds) that being descheduled for a time slice on a loaded
+    # machine is well below half of it.
+    tokens = np.arange(1 << 23, dtype=np.int32)
+    manager = backend.KVCacheManager(make_config(tokens_per_block=32, slots=(1 << 23) // 32 + 64))
     cache = manager.create_kv_cache(None, [])
     assert cache.resume() and cache.resize(len(tokens))
     cache.commit(tokens)
