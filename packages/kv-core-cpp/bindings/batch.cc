@@ -68,11 +68,24 @@ auto item(const char* api, const char* name, std::size_t i, Check&& check) {
 
 // caches[i]: one of this manager's caches.
 KVCache* cache_arg(nb::handle manager, nb::handle cache, std::size_t i) {
-  const std::string where = "caches[" + std::to_string(i) + "]";
-  if (!nb::isinstance<PyKVCache>(cache)) fail(PyExc_TypeError, msg::kExpectedCache, {where, py_type_name(cache)});
+  // The item's name is only built for an error: a batch converts every item on every call.
+  const auto where = [i] { return "caches[" + std::to_string(i) + "]"; };
+  if (!nb::isinstance<PyKVCache>(cache)) fail(PyExc_TypeError, msg::kExpectedCache, {where(), py_type_name(cache)});
   PyKVCache& c = nb::cast<PyKVCache&>(cache);
-  if (!c.manager.is(manager)) fail(PyExc_ValueError, msg::kOtherManager, {where});
+  if (!c.manager.is(manager)) fail(PyExc_ValueError, msg::kOtherManager, {where()});
   return c.cache.get();
+}
+
+// counts[i]: an exact int in range is read straight; anything else (and every error) goes the
+// general way, which names the item.
+std::size_t count_arg(nb::handle value, std::size_t i) {
+  if (PyLong_CheckExact(value.ptr())) {
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
+    if (!overflow && v >= 0 && v < kTokenLimit) return static_cast<std::size_t>(v);
+  }
+  const std::string where = "counts[" + std::to_string(i) + "]";
+  return static_cast<std::size_t>(arg::int_between(where.c_str(), value, 0, kTokenLimit));
 }
 
 // The failing call's exception as the single call raised it, with where the batch stopped.
@@ -126,8 +139,7 @@ void commit_many(nb::handle self_handle, nb::handle caches_arg_, nb::handle toke
   std::vector<std::size_t> counts;
   for (std::size_t i = 0; i < caches.size(); ++i) {
     targets.push_back(cache_arg(self_handle, caches[i], i));
-    const std::string where = "counts[" + std::to_string(i) + "]";
-    counts.push_back(static_cast<std::size_t>(arg::int_between(where.c_str(), counts_items[i], 0, kTokenLimit)));
+    counts.push_back(count_arg(counts_items[i], i));
   }
   // Viewed in place (a buffer) or packed once (a list, read as commit reads it); sliced per cache.
   const TokenInput input(tokens, self.manager->config().key_format);

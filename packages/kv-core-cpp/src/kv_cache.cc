@@ -256,6 +256,7 @@ bool KVCache::fits(const std::vector<std::pair<std::int64_t, int>>& needs, const
 
 std::vector<Page*> KVCache::new_pages(const std::vector<std::pair<std::int64_t, int>>& needs,
                                       const std::vector<int>& priorities) {
+  if (needs.empty()) return {};  // most resizes of a decode step: no allocation, no statistics to add
   std::vector<std::pair<int, int>> requests;
   for (std::size_t i = 0; i < needs.size(); ++i) requests.emplace_back(needs[i].second, priorities[i]);
   std::vector<Page*> pages = context_.storage().new_pages(requests);

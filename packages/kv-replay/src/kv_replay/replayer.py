@@ -112,6 +112,12 @@ class _Live:
     generated: int
     first: bool  # not started yet: its reuse and latency are recorded when it starts
     started: float = 0.0  # when create_kv_cache was called
+    # The decode step's bookkeeping, kept here rather than asked of the cache every step: the
+    # capacity its last successful resize gave it, its output tokens as ints, and whether it is
+    # still open (closed when it completes, is rejected or is preempted).
+    capacity: int = 0
+    output: list[int] = field(default_factory=list)
+    open: bool = True
 
 
 class Replayer:
@@ -159,7 +165,7 @@ class Replayer:
         request = self.requests[index]
         start = time.perf_counter()
         cache = self._timed(lambda: self.manager.create_kv_cache(request.scope, tokens), hashed=len(tokens))
-        return _Live(index, request, cache, tokens, generated, first, start)
+        return _Live(index, request, cache, tokens, generated, first, start, output=request.output.tolist())
 
     def _start(self, live: _Live) -> bool:
         """Resume and size a suspended request, then prefill; False leaves it suspended."""
@@ -175,6 +181,7 @@ class Replayer:
         if not self._timed(lambda: cache.resize(len(live.tokens))):
             self._timed(cache.suspend)
             return False
+        live.capacity = len(live.tokens)
         if live.first:  # the admission that runs: its reuse and latency are the request's
             live.first = False
             record = self.result.records[live.index]
@@ -192,9 +199,11 @@ class Replayer:
         """One token; False (nothing changed) when the manager has no page for it. ``resized``:
         a batch already gave it the room."""
         cache = live.cache
-        if not resized and not self._timed(lambda: cache.resize(cache.capacity + 1)):
-            return False
-        token = live.request.output[live.generated : live.generated + 1]
+        if not resized:
+            if not self._timed(lambda: cache.resize(live.capacity + 1)):
+                return False
+            live.capacity += 1
+        token = live.output[live.generated : live.generated + 1]
         self._timed(lambda: cache.commit(token), hashed=1)
         live.generated += 1
         return True
@@ -234,20 +243,25 @@ class Replayer:
             return self._decode_one(group[0])
         assert self.batch_pages is not None
         tpb = self.config.tokens_per_block
-        starts = sum(1 for live in group if live.cache.capacity % tpb == 0)
+        starts = sum(1 for live in group if live.capacity % tpb == 0)
         if starts:
             stats = self.manager.get_storage_statistics()
             if any(starts * n > s.available for n, s in zip(self.batch_pages, stats, strict=True)):
-                return sum(self._decode_one(live) for live in group if live in self.running)
+                return sum(self._decode_one(live) for live in group if live.open)
         caches = [live.cache for live in group]
+        capacities = [live.capacity + 1 for live in group]
         try:
-            resized = self._timed(lambda: self.manager.resize_many(caches, [c.capacity + 1 for c in caches]))
+            resized = self._timed(lambda: self.manager.resize_many(caches, capacities))
         except Exception as exc:
             # Resize k raised: one cache at a time, requests 0..k-1 would have decoded before it.
             done = list(getattr(exc, "batch_results", None) or [])
             if done and all(done):
+                for live in group[: len(done)]:
+                    live.capacity += 1
                 self._commit_batch(group[: len(done)])
             raise
+        for live, ok in zip(group, resized, strict=True):
+            live.capacity += ok
         if all(resized):
             self._commit_batch(group)
             return len(group)
@@ -258,7 +272,7 @@ class Replayer:
         self._commit_batch(group[:first])
         decoded = first
         for live, ok in zip(group[first:], resized[first:], strict=True):
-            if live in self.running:  # not preempted by an older request of this group
+            if live.open:  # not preempted by an older request of this group
                 decoded += self._decode_one(live, resized=ok)
         return decoded
 
@@ -266,7 +280,7 @@ class Replayer:
         """Commit each resized request's next token, in one call."""
         if not group:
             return
-        tokens = np.fromiter((live.request.output[live.generated] for live in group), np.int32, len(group))
+        tokens = [live.output[live.generated] for live in group]
         self._timed(
             lambda: self.manager.commit_many([live.cache for live in group], tokens, [1] * len(group)),
             hashed=len(group),
@@ -277,13 +291,15 @@ class Replayer:
     def _group(self, group: list[_Live], live: _Live) -> bool:
         """Whether ``live`` may join ``group`` in one batch: not if its resize starts a block
         after a commit of the group fills one (see _decode_batch)."""
-        if not group or live.cache.capacity % self.config.tokens_per_block:
+        tpb = self.config.tokens_per_block
+        if not group or live.capacity % tpb:
             return True
-        return not any((g.cache.capacity + 1) % self.config.tokens_per_block == 0 for g in group)
+        return not any((g.capacity + 1) % tpb == 0 for g in group)
 
     def _requeue(self, live: _Live) -> None:
         """Close an open request and queue it first, to be re-admitted with what it generated."""
         self._timed(live.cache.close)
+        live.open = False
         tokens = live.tokens
         if len(tokens) < len(live.request.prompt) + live.generated:
             tokens = np.concatenate([live.request.prompt, live.request.output[: live.generated]]).astype(np.int32)
@@ -291,6 +307,7 @@ class Replayer:
 
     def _finish(self, live: _Live, rejected: bool = False) -> None:
         self._timed(live.cache.close)
+        live.open = False
         self.result.records[live.index].rejected = rejected
         if live.first:  # rejected before it started: its prompt counts, all of it missed
             self.admitted_prompt += len(live.request.prompt)
@@ -365,23 +382,24 @@ class Replayer:
                 self._finish(live, rejected=True)
         decoded = 0
         group: list[_Live] = []  # requests to decode in one batch, oldest first
+        batched = self.batch_pages is not None
         for live in list(running):
-            if live not in running:
+            if not live.open:
                 continue  # preempted by an older request this step
-            if self.batch_pages is not None and live.generated < len(live.request.output):
+            if batched and live.generated < len(live.output):
                 if not self._group(group, live):
                     decoded += self._decode_batch(group)
                     group = []
-                    if live not in running:
+                    if not live.open:
                         continue
                 group.append(live)
                 continue
             if group:  # the order of calls is kept: the batch goes before this request's
                 decoded += self._decode_batch(group)
                 group = []
-                if live not in running:
+                if not live.open:
                     continue
-            if live.generated == len(live.request.output):
+            if live.generated == len(live.output):
                 running.remove(live)
                 self._finish(live)
                 continue
