@@ -37,10 +37,7 @@ void full_block_keys(const Tokens& tokens, std::size_t begin, std::size_t n, std
   const std::size_t per_pack = sizeof buf / len;  // >= 1: callers send bigger blocks elsewhere
   while (n != 0) {
     const std::size_t k = n < per_pack ? n : per_pack;
-    for (std::size_t i = 0; i < k * tokens_per_block; ++i) {
-      const std::uint64_t v = tokens.raw(begin + i);
-      std::memcpy(buf + i * width, &v, width);  // little-endian: the low bytes
-    }
+    tokens.pack(begin, begin + k * tokens_per_block, width, buf);
     sha256::chain_keys(out - 32, buf, len, k, out);
     out += 32 * k;
     begin += k * tokens_per_block;

@@ -35,10 +35,7 @@ void Hasher::write_ids(const Tokens& tokens, std::size_t begin, std::size_t end)
   const std::size_t per_flush = sizeof buf / width;
   while (begin < end) {
     const std::size_t n = end - begin < per_flush ? end - begin : per_flush;
-    for (std::size_t i = 0; i < n; ++i) {
-      const std::uint64_t v = tokens.raw(begin + i);
-      std::memcpy(buf + i * width, &v, width);  // little-endian: the low bytes come first
-    }
+    tokens.pack(begin, begin + n, width, buf);
     sha_.write(buf, n * width);
     begin += n;
   }

@@ -78,7 +78,48 @@ void widen(const Tokens& t, std::size_t begin, std::size_t end, std::uint64_t* o
   }
 }
 
+// Items [begin, end) as Tokens::raw reads them, cut to `Out` (the low bytes), into `out`.
+template <typename T, typename Out>
+void narrow(const Tokens& t, std::size_t begin, std::size_t end, std::uint8_t* out) {
+  using Wide = std::conditional_t<std::is_signed_v<T>, std::int64_t, std::uint64_t>;
+  const std::uint8_t* p = t.data;
+  if (t.contiguous()) {  // a fixed stride: the loop vectorises
+    for (std::size_t i = begin; i < end; ++i) {
+      const auto v = static_cast<Out>(static_cast<Wide>(load<T>(p + i * sizeof(T))));
+      std::memcpy(out + (i - begin) * sizeof(Out), &v, sizeof(Out));  // little-endian host
+    }
+    return;
+  }
+  for (std::size_t i = begin; i < end; ++i) {
+    const auto v = static_cast<Out>(static_cast<Wide>(load<T>(p + static_cast<std::ptrdiff_t>(i) * t.stride)));
+    std::memcpy(out + (i - begin) * sizeof(Out), &v, sizeof(Out));
+  }
+}
+
+template <typename Out>
+void narrow_to(const Tokens& t, std::size_t begin, std::size_t end, std::uint8_t* out) {
+  if (t.width == 4) {
+    if (t.is_signed) {
+      narrow<std::int32_t, Out>(t, begin, end, out);
+    } else {
+      narrow<std::uint32_t, Out>(t, begin, end, out);
+    }
+  } else if (t.is_signed) {
+    narrow<std::int64_t, Out>(t, begin, end, out);
+  } else {
+    narrow<std::uint64_t, Out>(t, begin, end, out);
+  }
+}
+
 }  // namespace
+
+void Tokens::pack(std::size_t begin, std::size_t end, std::size_t out_width, std::uint8_t* out) const noexcept {
+  if (out_width == 4) {
+    narrow_to<std::uint32_t>(*this, begin, end, out);
+  } else {
+    narrow_to<std::uint64_t>(*this, begin, end, out);
+  }
+}
 
 std::uint64_t Tokens::raw(std::size_t i) const noexcept {
   const std::uint8_t* p = data + static_cast<std::ptrdiff_t>(i) * stride;
@@ -114,10 +155,7 @@ Tokens Tokens::to_owned(KeyFormat format) const {
   out.count = count;
   out.digests = digests;
   out.owned.resize(count * out.width);
-  for (std::size_t i = 0; i < count; ++i) {
-    const std::uint64_t v = raw(i);                                // validated: fits the format's width
-    std::memcpy(out.owned.data() + i * out.width, &v, out.width);  // little-endian low bytes
-  }
+  pack(0, count, out.width, out.owned.data());  // validated: every id fits the format's width
   out.data = out.owned.data();
   return out;
 }

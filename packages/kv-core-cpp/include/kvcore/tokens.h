@@ -34,6 +34,9 @@ struct Tokens {
   bool contiguous() const noexcept { return stride == static_cast<std::ptrdiff_t>(width); }
   // Item i as an unsigned 64-bit value (sign-extended first for signed items).
   std::uint64_t raw(std::size_t i) const noexcept;
+  // Items [begin, end) as raw() reads them, as `width`-byte (4 or 8) little-endian integers into
+  // `out` (low bytes kept): one typed loop, not a call per item (the hasher's packing).
+  void pack(std::size_t begin, std::size_t end, std::size_t width, std::uint8_t* out) const noexcept;
   std::string value_text(std::size_t i) const;  // item i in decimal, as Python would print it
 
   const Digest* digest_at(std::size_t i) const noexcept;  // the digest token at i, if any

@@ -234,7 +234,7 @@ class Replayer:
         (``_batchable``) and capacity = committed tokens, a resize by one takes pages only when it
         starts a block, and a commit of one changes more than the cache's own tokens only when it
         fills one (the block enters the tree and may rebase onto a page another resize could
-        evict); ``_group`` never puts a resize that starts a block after a commit that fills one,
+        evict); ``step`` never puts a resize that starts a block after a commit that fills one,
         so only calls that touch nothing in common swap places. The resizes run batched only if
         the pool groups' free and evictable slots cover every block they start, so none fails
         (per cache, none would); otherwise the group goes one cache at a time, as before.
@@ -287,14 +287,6 @@ class Replayer:
         )
         for live in group:
             live.generated += 1
-
-    def _group(self, group: list[_Live], live: _Live) -> bool:
-        """Whether ``live`` may join ``group`` in one batch: not if its resize starts a block
-        after a commit of the group fills one (see _decode_batch)."""
-        tpb = self.config.tokens_per_block
-        if not group or live.capacity % tpb:
-            return True
-        return not any((g.capacity + 1) % tpb == 0 for g in group)
 
     def _requeue(self, live: _Live) -> None:
         """Close an open request and queue it first, to be re-admitted with what it generated."""
@@ -383,20 +375,25 @@ class Replayer:
         decoded = 0
         group: list[_Live] = []  # requests to decode in one batch, oldest first
         batched = self.batch_pages is not None
+        tpb = self.config.tokens_per_block
+        fills = False  # a commit of the group fills a block
         for live in list(running):
             if not live.open:
                 continue  # preempted by an older request this step
             if batched and live.generated < len(live.output):
-                if not self._group(group, live):
+                # A resize that starts a block does not join a group in which a commit fills one
+                # (see _decode_batch).
+                if fills and live.capacity % tpb == 0:
                     decoded += self._decode_batch(group)
-                    group = []
+                    group, fills = [], False
                     if not live.open:
                         continue
                 group.append(live)
+                fills = fills or (live.capacity + 1) % tpb == 0
                 continue
             if group:  # the order of calls is kept: the batch goes before this request's
                 decoded += self._decode_batch(group)
-                group = []
+                group, fills = [], False
                 if not live.open:
                     continue
             if live.generated == len(live.output):
