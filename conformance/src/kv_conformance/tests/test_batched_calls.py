@@ -119,15 +119,23 @@ def test_admit_many_is_create_kv_cache(backend: kv_api.Backend) -> None:
     ps[4] = None
     scopes = [None, kv_api.ReuseScope(lora_id=1), None, None, None, None]
     ids = [None, 50, None, 7, None, None]
-    calls: list[tuple[int, int]] = []
+    calls: dict[str, list[tuple[int, int]]] = {"batched": [], "single": []}
 
-    def callback(ordinal: int, life_cycle: Any) -> int:
-        calls.append((ordinal, life_cycle.id))
-        return 40
+    def callback(seen: list[tuple[int, int]]) -> Callable[[int, Any], int]:
+        def priority(ordinal: int, life_cycle: Any) -> int:
+            seen.append((ordinal, life_cycle.id))
+            return 40
 
-    callbacks = [None, None, callback, None, None, None]
-    got = batched.admit_many(scopes, ps, ids, callbacks)
-    want = [single.create_kv_cache(s, p, i, cb) for s, p, i, cb in zip(scopes, ps, ids, callbacks, strict=True)]
+        return priority
+
+    def with_callback(seen: list[tuple[int, int]]) -> list[Any]:
+        return [None, None, callback(seen), None, None, None]
+
+    got = batched.admit_many(scopes, ps, ids, with_callback(calls["batched"]))
+    want = [
+        single.create_kv_cache(s, p, i, cb)
+        for s, p, i, cb in zip(scopes, ps, ids, with_callback(calls["single"]), strict=True)
+    ]
     assert [(c.id, c.status, c.reuse_scope, c.committed_tokens) for c in got] == [
         (c.id, c.status, c.reuse_scope, c.committed_tokens) for c in want
     ]
@@ -136,7 +144,8 @@ def test_admit_many_is_create_kv_cache(backend: kv_api.Backend) -> None:
     # The callbacks were kept with their caches: the same pages get the same priorities.
     for cs in (got, want):
         assert cs[2].resume() and cs[2].resize(cs[2].num_committed_tokens + 8)
-    assert calls and state(batched, got) == state(single, want)
+    assert calls["batched"] and calls["batched"] == calls["single"]
+    assert state(batched, got) == state(single, want)
     # Defaults for ids and callbacks.
     assert [c.id for c in batched.admit_many((None, None), ([1], [2]))] == [
         single.create_kv_cache(None, [1]).id,
@@ -165,10 +174,8 @@ def check_partial(
     results = singles(sc)
     assert getattr(e, "batch_index", None) == index
     assert getattr(e, "batch_results", None) == results
-    name = getattr(batch, "__name__", "")
-    assert e.__notes__[-1].endswith(
-        f"call {index} of 5 raised this; the {index} before it took effect, it and the {4 - index} after it did not"
-    ), (name, e.__notes__)
+    tail = f"call {index} of 5 raised this; the {index} before it took effect, it and the {4 - index} after it did not"
+    assert e.__notes__[-1] in {f"{api}: {tail}" for api in ("resize_many", "commit_many")}, e.__notes__
     assert state(batched, bc) == state(single, sc)
     return e
 
@@ -252,6 +259,9 @@ def test_admit_many_stops_at_a_digest_in_a_text_only_manager(backend: kv_api.Bac
     assert isinstance(created, list) and len(created) == 1
     assert m.num_open_kv_caches == 1  # the first was created (and is the caller's to close)
     assert created[0].committed_tokens == [] and created[0].status == kv_api.KVCacheStatus.SUSPENDED
+    assert getattr(e, "__notes__", None) == [
+        "admit_many: call 1 of 3 raised this; the 1 before it took effect, it and the 1 after it did not"
+    ]
     created[0].close()
     assert m.num_open_kv_caches == 0
 
@@ -270,6 +280,9 @@ def bad_calls(m: Any, cs: list[KVCache], other: KVCache) -> dict[str, Callable[[
         "capacity not an int": lambda: m.resize_many(three, [9, 9.5, 9]),
         "capacity out of range": lambda: m.resize_many(three, [9, 9, -1]),
         "counts differ in length": lambda: m.commit_many(three, [1, 2], [1, 1]),
+        "commit caches a set": lambda: m.commit_many({three[0]}, [1], [1]),
+        "counts a str": lambda: m.commit_many(three, [1, 2], "ab"),
+        "commit to a foreign cache": lambda: m.commit_many([three[0], other], [1, 2], [1, 1]),
         "count negative": lambda: m.commit_many(three, [1, 2], [1, 2, -1]),
         "count bool": lambda: m.commit_many(three, [1, 2], [1, True, 0]),
         "counts sum": lambda: m.commit_many(three, [1, 2, 3], [1, 1, 0]),
@@ -283,6 +296,10 @@ def bad_calls(m: Any, cs: list[KVCache], other: KVCache) -> dict[str, Callable[[
         "bad prompt": lambda: m.admit_many([None, None], [[1], "xy"]),
         "bad id": lambda: m.admit_many([None, None], [[1], [2]], [None, -1]),
         "ids shorter": lambda: m.admit_many([None, None], [[1], [2]], [None]),
+        "prompts a str": lambda: m.admit_many([None, None], "ab"),
+        "ids a dict": lambda: m.admit_many([None, None], [[1], [2]], {0: 1}),
+        "callbacks a str": lambda: m.admit_many([None, None], [[1], [2]], None, "ab"),
+        "callbacks shorter": lambda: m.admit_many([None, None], [[1], [2]], None, [None]),
         "bad callback": lambda: m.admit_many([None, None], [[1], [2]], None, [None, 3]),
     }
 
@@ -312,6 +329,13 @@ def test_bad_arguments_change_nothing_and_match_across_backends(backends: list[k
         assert out["counts sum"] == ("ValueError", "counts: add up to 2 but tokens holds 3", [])
         assert out["bad id"][2] == ["admit_many: in ids[1]; nothing changed"]
         assert out["lengths differ"] == ("ValueError", "capacities: 2 items for 3 caches", [])
+        assert out["commit caches a set"] == ("TypeError", "caches: expected a list or tuple, got set", [])
+        assert out["counts a str"] == ("TypeError", "counts: expected a list or tuple, got str", [])
+        assert out["commit to a foreign cache"] == ("ValueError", "caches[1]: belongs to another manager", [])
+        assert out["prompts a str"] == ("TypeError", "prompts: expected a list or tuple, got str", [])
+        assert out["ids a dict"] == ("TypeError", "ids: expected a list or tuple, got dict", [])
+        assert out["callbacks a str"] == ("TypeError", "priority_callbacks: expected a list or tuple, got str", [])
+        assert out["callbacks shorter"] == ("ValueError", "priority_callbacks: 1 items for 2 reuse_scopes", [])
     for other in seen[1:]:
         assert other == seen[0]
 
