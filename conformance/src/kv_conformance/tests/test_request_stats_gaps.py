@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 import kv_api
 from kv_api import (
     AttentionLayerConfig,
@@ -33,6 +35,7 @@ def ssm_hybrid(tpb: int = 4, window: int = 8, quota: int = 8 * MIB, **kwargs: An
     return KVCacheManagerConfig(tpb, [GpuCacheTierConfig(quota)], layers, commit_min_snapshot=True, **kwargs)
 
 
+@pytest.mark.requires("ssm_layers")
 def test_ssm_snapshots_stored_and_reused_add_up(backend: kv_api.Backend) -> None:
     """Two commits of whole blocks store two snapshots; two caches created on the committed
     prompt each reuse one, and a cache reusing nothing in between takes nothing away."""
@@ -52,6 +55,7 @@ def test_ssm_snapshots_stored_and_reused_add_up(backend: kv_api.Backend) -> None
         c.close()
 
 
+@pytest.mark.requires("ssm_layers")
 def test_ssm_snapshots_skipped_add_up(backend: kv_api.Backend) -> None:
     """Every SSM slot holds a live state (no resume headroom): two commits each skip their
     snapshot copy, and both are counted."""

@@ -6,6 +6,8 @@ that keeps every scratch block inside the new scratch range, and the refusal's m
 
 from __future__ import annotations
 
+import pytest
+
 import kv_api
 from kv_api import (
     AttentionLayerConfig,
@@ -77,6 +79,7 @@ def test_a_finer_buffer_counts_its_expanded_bytes(backend: kv_api.Backend) -> No
     assert desc is not None and desc.range == range(0, 8) and len(desc.slot_ids) == 8
 
 
+@pytest.mark.requires("ssm_layers")
 def test_window_layers_after_an_ssm_layer(backend: kv_api.Backend) -> None:
     """An SSM layer listed first does not hide the window layers after it: two of 512 bytes in
     1024-byte slots take half a slot each, 8 scratch blocks 4 slots."""
