@@ -733,7 +733,19 @@ void KVCache::commit(const TokenList& tokens, bool is_end) {
   for (int lc : block_lcs_) free_scratch(lc, static_cast<std::size_t>(scratch_need(lc, capacity_, history_)));
   // With commit_min_snapshot, pages out of the window go before their blocks could enter the tree.
   if (cms) apply_stale_releases(stale_releases(history_), history_);
-  for (std::int64_t o = first; o < static_cast<std::int64_t>(tokens_.size()) / tpb_; ++o) commit_block(o);
+  // The new full blocks' keys in one chain call (a prefill's hundreds of blocks): each block
+  // committed is the next one's parent, under the key computed here.
+  const std::int64_t last = static_cast<std::int64_t>(tokens_.size()) / tpb_;
+  std::vector<std::uint8_t> keys;
+  const Node* parent = last > first && commit_state_ != CommitState::kVirtualStop ? parent_node(first) : nullptr;
+  if (parent != nullptr) {
+    keys.resize(32 * static_cast<std::size_t>(last - first + 1));
+    chained_keys(parent->key, tokens_.view(), static_cast<std::size_t>(first), static_cast<std::size_t>(last - first),
+                 static_cast<std::size_t>(tpb_), context_.key_format(), keys.data());
+  }
+  for (std::int64_t o = first; o < last; ++o) {
+    commit_block(o, nullptr, keys.empty() ? nullptr : keys.data() + 32 * static_cast<std::size_t>(o - first + 1));
+  }
   if (cms && added > 0 && !is_end) snapshot(false);
   apply_stale_releases(stale_releases(history_), history_);
   if (is_end) stop_committing_locked(cms);
@@ -744,7 +756,7 @@ Node* KVCache::parent_node(std::int64_t ordinal) {
   return blocks_[ordinal - 1].tree_block;
 }
 
-void KVCache::commit_block(std::int64_t ordinal, const std::vector<Page*>* pages) {
+void KVCache::commit_block(std::int64_t ordinal, const std::vector<Page*>* pages, const std::uint8_t* key_bytes) {
   // Put block `ordinal` (full, or the partial tail on stop) into the tree. A block already
   // there keeps the pages covering it and ours are given up for them (rebase); ours fill the
   // life cycles it lacks or covers only in part. A partial block a sibling extends is not added
@@ -759,11 +771,15 @@ void KVCache::commit_block(std::int64_t ordinal, const std::vector<Page*>* pages
   CacheBlock& cb = blocks_[ordinal];
   const std::size_t begin = static_cast<std::size_t>(ordinal * tpb_);
   const std::size_t end = std::min(begin + static_cast<std::size_t>(tpb_), tokens_.size());
-  std::uint8_t keys[64];  // the parent's key, then this block's
-  chained_keys(parent->key, tokens_.view(), static_cast<std::size_t>(ordinal), 1, static_cast<std::size_t>(tpb_),
-               context_.key_format(), keys);
   Digest key;
-  std::memcpy(key.data(), keys + 32, key.size());
+  if (key_bytes != nullptr) {
+    std::memcpy(key.data(), key_bytes, key.size());
+  } else {
+    std::uint8_t keys[64];  // the parent's key, then this block's
+    chained_keys(parent->key, tokens_.view(), static_cast<std::size_t>(ordinal), 1, static_cast<std::size_t>(tpb_),
+                 context_.key_format(), keys);
+    std::memcpy(key.data(), keys + 32, key.size());
+  }
   const auto num_tokens = static_cast<std::int64_t>(end - begin);
   const bool full = num_tokens == tpb_;
   Storage& storage = context_.storage();

@@ -75,7 +75,10 @@ bool Block::has_pages() const {
 
 namespace {
 
-constexpr std::size_t kKeyBatch = 64;  // blocks hashed ahead while walking
+// Blocks hashed ahead while walking: a few first (most prompts miss early: a cold prompt's first
+// block), doubling up to kKeyBatch while they keep matching.
+constexpr std::size_t kFirstKeyBatch = 4;
+constexpr std::size_t kKeyBatch = 64;
 
 bool same_token(const TokenList& a, std::size_t i, const Tokens& b, std::size_t j) {
   const Digest* da = a.digests.empty() ? nullptr : a.digest_at(i);
@@ -110,11 +113,12 @@ MatchPath RadixTree::walk(const Digest& root_key, const Tokens& tokens, std::int
   const std::size_t tpb = static_cast<std::size_t>(tokens_per_block);
   const std::size_t blocks = ceil_div(tokens.count, tpb);
   std::vector<std::uint8_t> keys(32 * (kKeyBatch + 1));
-  std::size_t batch_first = 0, batch_count = 0;
+  std::size_t batch_first = 0, batch_count = 0, batch_size = kFirstKeyBatch;
   for (std::size_t b = 0; b < blocks; ++b) {
     if (b >= batch_first + batch_count) {  // node->key is block b - 1's key
       batch_first = b;
-      batch_count = std::min(kKeyBatch, blocks - b);
+      batch_count = std::min(batch_size, blocks - b);
+      batch_size = std::min(2 * batch_size, kKeyBatch);
       chained_keys(node->key, tokens, b, batch_count, tpb, format, keys.data());
     }
     Digest key;

@@ -161,7 +161,8 @@ class KVCache {
   void free_scratch(int lc, std::size_t keep);  // frees the life cycle's scratch slots beyond `keep`
   Node* parent_node(std::int64_t ordinal);
   // `pages` (a partial tail only) replaces the block's own: snapshot copies, or live pages and states.
-  void commit_block(std::int64_t ordinal, const std::vector<Page*>* pages = nullptr);
+  // `key`: the block's key when the caller computed it (a run of blocks hashed in one call).
+  void commit_block(std::int64_t ordinal, const std::vector<Page*>* pages = nullptr, const std::uint8_t* key = nullptr);
   void stop_committing_locked(bool move_state = false);
   void suspend_locked();
   void sync_user_buffers();
