@@ -43,7 +43,8 @@ double PoolGroup::utilization() const {
 }
 
 void PoolGroup::ensure_backed(std::uint64_t arriving) {
-  const std::vector<std::uint64_t> slots = allocator.peek(arriving);
+  // Pages beyond the free slots take slots that drops free first: written before, so backed.
+  const std::vector<std::uint64_t> slots = allocator.peek(std::min(arriving, allocator.num_free()));
   const std::uint64_t upto = slots.empty() ? 0 : *std::max_element(slots.begin(), slots.end()) + 1;
   for (DiskPool& pool : disk_pools) pool.ensure_backed(upto);
 }

@@ -64,8 +64,9 @@ class PoolGroup:
             pool.resize(num_slots)
 
     def ensure_backed(self, arriving: int) -> None:
-        """Disk blocks for the slots ``arriving`` more pages will take (``DiskOOMError``)."""
-        slots = self.allocator.peek(arriving)
+        """Disk blocks for the slots ``arriving`` more pages will take (``DiskOOMError``). Pages
+        beyond the free slots take slots that drops free first: written before, so backed."""
+        slots = self.allocator.peek(min(arriving, self.allocator.num_free))
         for pool in self.disk_pools:
             pool.ensure_backed(max(slots, default=-1) + 1)
 
