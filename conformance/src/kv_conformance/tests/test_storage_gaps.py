@@ -4,6 +4,7 @@ mutants of ``kv_core_py.storage`` it kills. Every backend must pass them."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -122,3 +123,24 @@ def test_onboarded_pages_add_up_over_separate_moves(backend: kv_api.Backend) -> 
     assert m.get_storage_statistics(1) == [StorageStatistics(4, 4, 0)]
     assert m.get_and_reset_iteration_stats().onboarded_pages == 4
     assert world.committed_stats().onboarded_pages == 4
+
+
+@pytest.mark.requires("disk_tier")
+def test_a_full_disk_level_keeps_its_file_at_the_quota(backend: kv_api.Backend, tmp_path: Any) -> None:
+    """Device (8 slots) and disk (8 slots): one-block prompts committed one after another fill
+    the device, then the disk; from then on every eviction drops the disk's oldest page and the
+    device's oldest falls into its slot. The disk blocks for arriving pages were allocated from
+    the free slots only, so the pages file never grows past the quota (it grew by a slot when the
+    pages beyond the free slots were given fresh slot ids past the end, where a full disk
+    would have refused them with DiskOOMError)."""
+    manager = kv_api.create_manager(tier_config(("disk",), tmp_path), backend=backend)
+    try:
+        (name,) = os.listdir(tmp_path)
+        quota = os.stat(tmp_path / name).st_size
+        for i in range(2 * 8 + 4):
+            committed(manager, prefix(i))
+            assert os.stat(tmp_path / name).st_size == quota, i
+        levels = [len(manager.create_kv_cache(None, prefix(i)).get_page_levels(0)) for i in range(20)]
+        assert levels == [0] * 4 + [1] * 16  # the 4 oldest dropped, 8 on the disk, 8 on the device
+    finally:
+        manager.shutdown()
