@@ -5,11 +5,13 @@ exclusion of one open cache among several. Every backend must pass them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import kv_api
-from kv_api import StorageStatistics
+from kv_api import GpuCacheTierConfig, StorageStatistics
 from kv_api.errors import LogicError
 
-from ._manager import GRAIN, active, committed, make_config, make_manager, raises_exactly, toks
+from ._manager import GRAIN, active, attention, committed, make_config, make_manager, raises_exactly, toks
 from .test_cache_gaps import scratch_config
 
 TPB = 4
@@ -79,3 +81,67 @@ def test_excluding_one_open_cache_leaves_the_others_counted(backend: kv_api.Back
     assert m.get_and_reset_iteration_stats().allocated_pages == 3  # b's, not a's
     a.close()
     b.close()
+
+
+# -- the auto-tuner: adjust() after a quota resize, and a refused adjust() ------------------------
+
+QUOTA = 32 * GRAIN
+INITIAL = [1984, 128]  # the initial split of tuner_config() (as test_rebalance)
+SHORT = [1344, 1408]  # the split 8-token requests call for
+
+
+def tuner_config() -> kv_api.KVCacheManagerConfig:
+    """Full attention plus a window of 8, an eager tuner (every sample counts, no cooldown)."""
+    layers = [attention(0, 32 << 10), attention(1, 16 << 10, 8)]
+    return make_config(
+        TPB,
+        layers=layers,
+        quota=QUOTA,
+        rebalance_min_sampled_kv_caches=0,
+        rebalance_cooldown_secs=0,
+        rebalance_target_ratio_update_interval=1,
+    )
+
+
+def learn_short_requests(m: kv_api.KVCacheManager) -> None:
+    for _ in range(3):
+        c = m.create_kv_cache()
+        assert c.resume() and c.resize(8, 8)
+        c.close()
+
+
+def slots(m: kv_api.KVCacheManager) -> list[int]:
+    return [d.num_slots for d in m.pool_group_descs]
+
+
+def test_adjust_splits_the_resized_quota(backend: kv_api.Backend) -> None:
+    """After a device quota resize, ``adjust`` re-splits that quota, not the configured one."""
+    m = backend.KVCacheManager(tuner_config())
+    assert slots(m) == INITIAL
+    learn_short_requests(m)
+    assert m.resize(0, QUOTA // 2)
+    assert m.adjust()
+    assert m.get_quota(0) == QUOTA // 2
+    # As a manager configured with that quota splits it.
+    half = backend.KVCacheManager(replace(tuner_config(), cache_tiers=[GpuCacheTierConfig(QUOTA // 2)]))
+    learn_short_requests(half)
+    assert half.adjust()
+    assert slots(m) == slots(half) == [704, 640]
+
+
+def test_a_refused_adjust_leaves_the_initial_split_for_later_resizes(backend: kv_api.Backend) -> None:
+    """``adjust`` that cannot fit the held pages changes nothing, and a later quota resize
+    still splits by the initial ratio (the tuner's split was never applied)."""
+    m = backend.KVCacheManager(tuner_config())
+    learn_short_requests(m)
+    holder = m.create_kv_cache(None, None, 77)
+    m.mark_stats_excluded(77)  # its close is no sample: the target stays
+    assert holder.resume() and holder.resize(1400 * TPB, 1400 * TPB)  # 1400 full-attention pages > SHORT[0]
+    holder.suspend()
+    assert m.adjust() is False
+    assert slots(m) == INITIAL
+    holder.close()
+    m.clear_reusable_blocks()
+    assert m.resize(0, QUOTA)
+    assert slots(m) == INITIAL
+    assert m.adjust() and slots(m) == SHORT  # the target is still there to apply
