@@ -8,10 +8,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 import kv_api
-from kv_api import GpuCacheTierConfig, StorageStatistics
+from kv_api import (
+    AttentionLayerConfig,
+    BufferConfig,
+    GpuCacheTierConfig,
+    KVCacheManagerConfig,
+    StorageStatistics,
+)
 from kv_api.errors import LogicError
 
-from ._manager import GRAIN, active, attention, committed, make_config, make_manager, raises_exactly, toks
+from ._manager import GRAIN, MIB, active, attention, committed, make_config, make_manager, raises_exactly, toks
 from .test_cache_gaps import scratch_config
 
 TPB = 4
@@ -145,3 +151,29 @@ def test_a_refused_adjust_leaves_the_initial_split_for_later_resizes(backend: kv
     assert m.resize(0, QUOTA)
     assert slots(m) == INITIAL
     assert m.adjust() and slots(m) == SHORT  # the target is still there to apply
+
+
+def test_a_match_cut_to_nothing_holds_no_block(backend: kv_api.Backend) -> None:
+    """tpb 32, window 64, commit_min_snapshot, 96 then 32 more tokens committed: a prompt of the first 32 or 64
+    tokens finds no window page for the block it ends in, so the match is cut to nothing and
+    the new cache holds no block at all (not an empty one)."""
+    kv = [BufferConfig("key", 4096), BufferConfig("value", 4096)]
+    layers = [AttentionLayerConfig(0, kv), AttentionLayerConfig(1, kv, 64)]
+    config = KVCacheManagerConfig(32, [GpuCacheTierConfig(8 * MIB)], layers, commit_min_snapshot=True)
+    m = backend.KVCacheManager(config)
+    writer = m.create_kv_cache(None, [])
+    assert writer.resume() and writer.resize(128)
+    writer.commit(toks(96))
+    writer.commit(toks(32, 96))
+    writer.close()
+    free = m.get_storage_statistics()
+    for n in (32, 64):
+        assert m.probe_reuse(None, toks(n)) == 0
+        cache = m.create_kv_cache(None, toks(n))
+        assert (cache.num_reused_tokens, cache.num_blocks) == (0, 0)
+        assert [list(cache.get_page_levels(lg)) for lg in (0, 1)] == [[], []]
+        assert m.get_storage_statistics() == free
+        cache.close()
+    cache = m.create_kv_cache(None, toks(96))
+    assert (cache.num_reused_tokens, cache.num_blocks) == (96, 3)
+    cache.close()
