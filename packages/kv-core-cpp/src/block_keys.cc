@@ -99,27 +99,39 @@ struct PendingRun {
 
 }  // namespace
 
-void block_keys_many(std::size_t tokens_per_block, const KeyChainInput* inputs, std::size_t count,
-                     KeyFormat format) noexcept {
+void chained_keys_many(std::size_t tokens_per_block, const KeyChainRun* runs, std::size_t count, KeyFormat format) {
   const std::size_t width = token_width(format);
   const std::size_t len = tokens_per_block * width;
-  std::vector<PendingRun> runs;
-  std::vector<std::size_t> paired(count, 0);  // leading full blocks of each input hashed in pairs
+  std::vector<PendingRun> pending;
+  std::vector<std::size_t> paired(count, 0);      // leading full blocks of each run hashed in pairs
+  std::vector<std::vector<std::uint8_t>> packed;  // those blocks in the format's encoding, where not already
   for (std::size_t i = 0; i < count; ++i) {
-    const Tokens& t = *inputs[i].tokens;
-    const Digest root = root_key(inputs[i].scope);
-    std::memcpy(inputs[i].out, root.data(), root.size());
-    if (t.width != width || !t.contiguous()) continue;
-    const std::size_t stop = t.digests.empty() ? t.count : std::min(t.count, t.digests.front().position);
-    paired[i] = stop / tokens_per_block;
-    if (paired[i] != 0) runs.push_back({t.data, inputs[i].out + 32, paired[i]});
+    const KeyChainRun& r = runs[i];
+    const Tokens& t = *r.tokens;
+    std::memcpy(r.out, r.parent.data(), r.parent.size());
+    const std::size_t begin = r.first * tokens_per_block;
+    std::size_t stop = std::min(t.count, (r.first + r.count) * tokens_per_block);
+    const auto digest = std::lower_bound(t.digests.begin(), t.digests.end(), begin,
+                                         [](const DigestToken& d, std::size_t pos) { return d.position < pos; });
+    if (digest != t.digests.end()) stop = std::min(stop, digest->position);
+    paired[i] = stop > begin ? (stop - begin) / tokens_per_block : 0;
+    if (paired[i] == 0) continue;
+    const std::uint8_t* data = t.data + begin * width;
+    if (t.width != width || !t.contiguous()) {
+      packed.emplace_back(paired[i] * len);
+      t.pack(begin, begin + paired[i] * tokens_per_block, width, packed.back().data());
+      data = packed.back().data();
+    }
+    pending.push_back({data, r.out + 32, paired[i]});
   }
 
   // Two runs in flight; when one ends the next pending run takes its slot, so chains of unequal
   // lengths still pair up (every block has the same length, so any two runs can).
   std::size_t next = 0;
   PendingRun a{}, b{};
-  auto take = [&](PendingRun& slot) { slot = next < runs.size() ? runs[next++] : PendingRun{nullptr, nullptr, 0}; };
+  auto take = [&](PendingRun& slot) {
+    slot = next < pending.size() ? pending[next++] : PendingRun{nullptr, nullptr, 0};
+  };
   take(a);
   take(b);
   while (a.n != 0 && b.n != 0) {
@@ -135,15 +147,25 @@ void block_keys_many(std::size_t tokens_per_block, const KeyChainInput* inputs, 
   for (const PendingRun& r : {a, b})
     if (r.n != 0) sha256::chain_keys(r.out - 32, r.data, len, r.n, r.out);
 
-  // The rest of each chain, from its last paired key, exactly as block_keys goes on.
+  // The rest of each run, from its last paired key, exactly as chained_keys goes on.
   for (std::size_t i = 0; i < count; ++i) {
-    const std::size_t blocks = ceil_div(inputs[i].tokens->count, tokens_per_block);
-    if (paired[i] == blocks) continue;
-    std::uint8_t* at = inputs[i].out + 32 * paired[i];
+    const KeyChainRun& r = runs[i];
+    if (paired[i] == r.count) continue;
+    std::uint8_t* at = r.out + 32 * paired[i];
     Digest parent;
     std::memcpy(parent.data(), at, parent.size());
-    chained_keys(parent, *inputs[i].tokens, paired[i], blocks - paired[i], tokens_per_block, format, at);
+    chained_keys(parent, *r.tokens, r.first + paired[i], r.count - paired[i], tokens_per_block, format, at);
   }
+}
+
+void block_keys_many(std::size_t tokens_per_block, const KeyChainInput* inputs, std::size_t count, KeyFormat format) {
+  std::vector<KeyChainRun> runs;
+  runs.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    runs.push_back({root_key(inputs[i].scope), inputs[i].tokens, 0, ceil_div(inputs[i].tokens->count, tokens_per_block),
+                    inputs[i].out});
+  }
+  chained_keys_many(tokens_per_block, runs.data(), runs.size(), format);
 }
 
 BlockKeyIterator::BlockKeyIterator(std::size_t tokens_per_block, const ReuseScope& scope, Tokens tokens,

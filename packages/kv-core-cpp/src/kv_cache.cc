@@ -706,7 +706,7 @@ bool KVCache::resize(std::optional<std::int64_t> capacity, std::optional<std::in
   return true;
 }
 
-void KVCache::commit(const TokenList& tokens, bool is_end) {
+void KVCache::commit(const TokenList& tokens, bool is_end, const std::uint8_t* keys) {
   const auto lock = context_.lock();
   require(CacheStatus::kActive, "commit");
   require_commit_allowed();
@@ -733,22 +733,39 @@ void KVCache::commit(const TokenList& tokens, bool is_end) {
   for (int lc : block_lcs_) free_scratch(lc, static_cast<std::size_t>(scratch_need(lc, capacity_, history_)));
   // With commit_min_snapshot, pages out of the window go before their blocks could enter the tree.
   if (cms) apply_stale_releases(stale_releases(history_), history_);
-  // The new full blocks' keys in one chain call (a prefill's hundreds of blocks): each block
-  // committed is the next one's parent, under the key computed here.
+  // The new full blocks' keys in one chain call (a prefill's hundreds of blocks) unless the
+  // caller hashed them: each block committed is the next one's parent, under that key.
   const std::int64_t last = static_cast<std::int64_t>(tokens_.size()) / tpb_;
-  std::vector<std::uint8_t> keys;
-  const Node* parent = last > first && commit_state_ != CommitState::kVirtualStop ? parent_node(first) : nullptr;
-  if (parent != nullptr) {
-    keys.resize(32 * static_cast<std::size_t>(last - first + 1));
-    chained_keys(parent->key, tokens_.view(), static_cast<std::size_t>(first), static_cast<std::size_t>(last - first),
-                 static_cast<std::size_t>(tpb_), context_.key_format(), keys.data());
+  std::vector<std::uint8_t> own;
+  if (keys == nullptr && last > first) {
+    if (const auto parent = commit_keys_parent_at(first)) {
+      own.resize(32 * static_cast<std::size_t>(last - first + 1));
+      chained_keys(*parent, tokens_.view(), static_cast<std::size_t>(first), static_cast<std::size_t>(last - first),
+                   static_cast<std::size_t>(tpb_), context_.key_format(), own.data());
+      keys = own.data() + 32;
+    }
   }
   for (std::int64_t o = first; o < last; ++o) {
-    commit_block(o, nullptr, keys.empty() ? nullptr : keys.data() + 32 * static_cast<std::size_t>(o - first + 1));
+    commit_block(o, nullptr, keys == nullptr ? nullptr : keys + 32 * static_cast<std::size_t>(o - first));
   }
   if (cms && added > 0 && !is_end) snapshot(false);
   apply_stale_releases(stale_releases(history_), history_);
   if (is_end) stop_committing_locked(cms);
+}
+
+std::optional<Digest> KVCache::commit_keys_parent_at(std::int64_t ordinal) const {
+  // parent_node's key, without creating the scope's root (block 0 chains from the root key).
+  if (commit_state_ == CommitState::kVirtualStop) return std::nullopt;
+  if (ordinal == 0) return root_key_;
+  const Block* parent = blocks_[static_cast<std::size_t>(ordinal - 1)].tree_block;
+  if (parent == nullptr) return std::nullopt;
+  return parent->key;
+}
+
+KeyFormat KVCache::key_format() const { return context_.key_format(); }
+
+std::optional<Digest> KVCache::commit_keys_parent() const {
+  return commit_keys_parent_at(num_committed_tokens() / tpb_);
 }
 
 Node* KVCache::parent_node(std::int64_t ordinal) {

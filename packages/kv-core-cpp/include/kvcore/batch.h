@@ -30,7 +30,8 @@ std::optional<BatchFailure> resize_many(const std::vector<KVCache*>& caches,
                                         std::vector<bool>& results);
 
 // caches[i]->commit(its slice of `tokens`, is_end) in order, the slices consecutive, counts[i]
-// tokens each (the counts sum to tokens.count).
+// tokens each (the counts sum to tokens.count). The blocks the commits fill are hashed first,
+// two caches' chains at a time (chained_keys_many), for the caches that appear once in the batch.
 std::optional<BatchFailure> commit_many(const std::vector<KVCache*>& caches, const Tokens& tokens,
                                         const std::vector<std::size_t>& counts, bool is_end);
 

@@ -39,13 +39,25 @@ struct KeyChainInput {
   std::uint8_t* out;
 };
 
-// block_keys for every input, writing exactly what block_keys writes. The leading runs of full
-// blocks of inputs read in place (the format's width, contiguous, no digest token before the
-// run's end) are hashed two chains at a time through sha256::chain_keys2, paired greedily in
-// input order (a chain that ends hands its slot to the next one); the rest of each chain
-// (blocks after a digest token, the partial tail, packed inputs) goes through chained_keys.
-void block_keys_many(std::size_t tokens_per_block, const KeyChainInput* inputs, std::size_t count,
-                     KeyFormat format) noexcept;
+// block_keys for every input, writing exactly what block_keys writes (chained_keys_many from
+// each input's root key).
+void block_keys_many(std::size_t tokens_per_block, const KeyChainInput* inputs, std::size_t count, KeyFormat format);
+
+// One chain of chained_keys_many: blocks [first, first + count) of `tokens`, chained from
+// `parent`, written to `out` as chained_keys writes them (parent, then one key per block).
+struct KeyChainRun {
+  Digest parent;
+  const Tokens* tokens;
+  std::size_t first;
+  std::size_t count;
+  std::uint8_t* out;
+};
+
+// chained_keys for every run. The leading full blocks of each run without a digest token are
+// hashed two chains at a time through sha256::chain_keys2 (read in place in the format's
+// encoding, else packed into it first), paired greedily in run order (a chain that ends hands
+// its slot to the next one); the rest of each run goes through chained_keys.
+void chained_keys_many(std::size_t tokens_per_block, const KeyChainRun* runs, std::size_t count, KeyFormat format);
 
 // The same keys one block at a time; it owns its tokens so it may outlive the caller's buffer.
 class BlockKeyIterator {

@@ -58,6 +58,8 @@ class KVCache {
   const TokenList& committed_tokens() const { return tokens_; }
   std::int64_t history_length() const { return history_; }
   std::int64_t capacity() const { return capacity_; }
+  CommitState commit_state() const { return commit_state_; }
+  KeyFormat key_format() const;
   std::int64_t num_blocks() const { return static_cast<std::int64_t>(blocks_.size()); }
   std::int64_t num_reused_tokens() const { return num_reused_; }
   std::int64_t tokens_per_block() const { return tpb_; }
@@ -78,7 +80,12 @@ class KVCache {
   bool resize(std::optional<std::int64_t> capacity, std::optional<std::int64_t> history_length);
   // Throws Error(kLogic) with commit_min_snapshot when the history is neither the committed count
   // before nor after the call.
-  void commit(const TokenList& tokens, bool is_end);
+  // `keys`: the keys of the full blocks the commit fills, when the caller hashed them (a batch
+  // hashes several caches' blocks together), from commit_keys_parent's key.
+  void commit(const TokenList& tokens, bool is_end, const std::uint8_t* keys = nullptr);
+  // The key the full blocks a commit fills chain from (block num_committed / tpb's parent), or
+  // nullopt when the commit puts no block into the tree (committing stopped). Changes nothing.
+  std::optional<Digest> commit_keys_parent() const;
   void stop_committing();
   void close();
   // A plan to drop the committed tokens' trailing window pages and last SSM snapshot (plan_drop);
@@ -160,6 +167,7 @@ class KVCache {
   void check_scratch_history(const char* api, std::int64_t capacity, std::int64_t history) const;
   void free_scratch(int lc, std::size_t keep);  // frees the life cycle's scratch slots beyond `keep`
   Node* parent_node(std::int64_t ordinal);
+  std::optional<Digest> commit_keys_parent_at(std::int64_t ordinal) const;
   // `pages` (a partial tail only) replaces the block's own: snapshot copies, or live pages and states.
   // `key`: the block's key when the caller computed it (a run of blocks hashed in one call).
   void commit_block(std::int64_t ordinal, const std::vector<Page*>* pages = nullptr, const std::uint8_t* key = nullptr);
