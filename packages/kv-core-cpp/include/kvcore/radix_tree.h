@@ -4,7 +4,6 @@
 // backend picks the same block.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -15,6 +14,7 @@
 
 #include "kvcore/block_keys.h"
 #include "kvcore/page.h"
+#include "kvcore/per_life_cycle.h"
 #include "kvcore/tokens.h"
 
 namespace kvcore {
@@ -35,33 +35,6 @@ struct DigestHash {
 };
 
 class Block;
-
-// A block's page per life cycle. Inline for up to kInline life cycles (the usual model), so a
-// committed block costs one heap allocation fewer; on the heap beyond.
-class BlockPages {
- public:
-  explicit BlockPages(std::size_t n) : size_(n), data_(n <= kInline ? inline_ : new Page*[n]) {
-    std::fill_n(data_, n, nullptr);
-  }
-  BlockPages(const BlockPages&) = delete;
-  BlockPages& operator=(const BlockPages&) = delete;
-  ~BlockPages() {
-    if (data_ != inline_) delete[] data_;
-  }
-  std::size_t size() const noexcept { return size_; }
-  Page*& operator[](std::size_t i) noexcept { return data_[i]; }
-  Page* operator[](std::size_t i) const noexcept { return data_[i]; }
-  Page** begin() noexcept { return data_; }
-  Page** end() noexcept { return data_ + size_; }
-  Page* const* begin() const noexcept { return data_; }
-  Page* const* end() const noexcept { return data_ + size_; }
-
- private:
-  static constexpr std::size_t kInline = 4;
-  std::size_t size_;
-  Page* inline_[kInline];
-  Page** data_;
-};
 
 class Node {
  public:
@@ -99,7 +72,7 @@ class Block : public Node {
         lora_id(parent->is_root() ? static_cast<Root*>(parent)->scope.lora_id : static_cast<Block*>(parent)->lora_id),
         tokens(std::move(tokens)),
         ordinal(ordinal),
-        pages(num_life_cycles) {}
+        pages(num_life_cycles, nullptr) {}
   bool is_root() const override { return false; }
   bool has_pages() const;
 
@@ -107,7 +80,7 @@ class Block : public Node {
   std::optional<std::uint64_t> lora_id;
   TokenList tokens;
   std::int64_t ordinal;
-  BlockPages pages;                                       // one per life cycle
+  PerLifeCycle<Page*> pages;                              // one per life cycle
   std::optional<std::pair<std::uint64_t, bool>> v1_hash;  // cached by the event manager
   int pins = 0;  // open caches whose next commits hang under this block: never pruned
 };
