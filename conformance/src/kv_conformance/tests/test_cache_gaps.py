@@ -292,3 +292,17 @@ def test_a_full_block_snapshot_is_not_replaced_by_a_later_writer(backend: kv_api
     assert reader.resume()
     assert slot_bytes(m, SSM, reader.get_ssm_block_base_index(SSM)) == first
     reader.close()
+
+
+def test_a_resize_beyond_the_index_buffer_is_refused_with_its_message(backend: kv_api.Backend) -> None:
+    """A resize to more blocks than an attached base page index buffer holds raises, naming the
+    layer group and both lengths, and changes nothing (``KVCache.resize`` message)."""
+    manager = make_manager(backend, hybrid_config(TPB, slots=32, window=8))
+    cache = active(manager, 9)
+    buf = array("i", [0] * 3)
+    cache.set_base_page_index_buf(0, 0, buf)
+    err = raises_exactly(ValueError, lambda: cache.resize(3 * TPB + 1))
+    assert str(err) == "base page index buffer of layer group 0 too short: 3 < 4"
+    assert cache.capacity == 9
+    assert cache.resize(3 * TPB)  # within the buffer
+    cache.close()

@@ -71,14 +71,10 @@ def _pack_ints(items: list[Any], key_format: str) -> bytes | None:
 
 
 def pack_tokens(tokens: Any, key_format: str) -> bytes | None:
-    """``tokens`` encoded for ``key_format`` if every token is an in-range plain int, else None.
-
-    Only buffers, lists and tuples are tried; other iterables are consumed by the general path.
-    """
+    """A token buffer encoded for ``key_format`` if every id is in range, else None (lists and
+    tuples are packed by ``Tokens``; other iterables are consumed by the general path)."""
     if not _FAST:
         return None
-    if isinstance(tokens, (list, tuple)):
-        return _pack_ints(list(tokens) if isinstance(tokens, tuple) else tokens, key_format)
     try:
         mv = memoryview(tokens)
     except TypeError:
