@@ -6,26 +6,11 @@ from __future__ import annotations
 
 import kv_api
 from kv_api.errors import LogicError
-from kv_api.events import Removed
 
 from ._manager import GRAIN, attention, make_config, raises_exactly, toks
+from .test_planned_drops import removed, used
 
 FULL, WINDOW = 0, 1  # layer groups, each its own pool group here
-
-
-def removed(events: kv_api.KVCacheEventManager) -> list[tuple[int | None, int]]:
-    """(layer group, blocks) of each Removed event since the last call."""
-    events.flush_iteration_events()
-    out = [
-        (e.layer_group_id, len(e.data.block_hashes)) for e in events.get_latest_events() if isinstance(e.data, Removed)
-    ]
-    events.get_latest_events()  # drained
-    return out
-
-
-def used(manager: kv_api.KVCacheManager) -> list[tuple[int, int]]:
-    """(free, evictable) per pool group of the device level."""
-    return [(s.free, s.evictable) for s in manager.get_storage_statistics()]
 
 
 def test_an_evicted_page_is_skipped_and_the_rest_still_go(backend: kv_api.Backend) -> None:

@@ -6,33 +6,16 @@ counted per event until ``get_and_reset_ssm_snapshot_iteration_stats``; after
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 import kv_api
 from kv_api import (
-    AttentionLayerConfig,
-    BufferConfig,
-    GpuCacheTierConfig,
-    KVCacheManagerConfig,
     KVCacheStatsDelta,
-    SsmLayerConfig,
     SsmSnapshotStats,
 )
 
-from ._manager import MIB, hybrid_config, toks
-
-
-def ssm_hybrid(tpb: int = 4, window: int = 8, quota: int = 8 * MIB, **kwargs: Any) -> KVCacheManagerConfig:
-    """Full attention (0), a window (1) and an SSM layer (2) in its own pool group."""
-    kv = [BufferConfig("key", 4096), BufferConfig("value", 4096)]
-    layers: list[AttentionLayerConfig | SsmLayerConfig] = [
-        AttentionLayerConfig(0, kv),
-        AttentionLayerConfig(1, kv, window),
-        SsmLayerConfig(2, [BufferConfig("state", 16384)]),
-    ]
-    return KVCacheManagerConfig(tpb, [GpuCacheTierConfig(quota)], layers, commit_min_snapshot=True, **kwargs)
+from ._manager import hybrid_config, toks
+from .test_manager_stats_surface import ssm_hybrid
 
 
 @pytest.mark.requires("ssm_layers")

@@ -20,6 +20,7 @@ from kv_api import (
 )
 
 from ._manager import GRAIN, fails_atomically, raises_exactly, toks
+from .test_swa_scratch import stepped
 
 
 def kv(size: int, tokens_per_block_override: int | None = None) -> list[BufferConfig]:
@@ -31,13 +32,7 @@ def kv(size: int, tokens_per_block_override: int | None = None) -> list[BufferCo
 
 def scratch_of(manager: kv_api.KVCacheManager, layer_group: int, capacity: int, history: int = 0) -> ScratchDesc | None:
     """A fresh cache stepped to ``capacity`` from ``history`` committed tokens: its scratch."""
-    cache = manager.create_kv_cache(None, [])
-    assert cache.resume()
-    if history:
-        assert cache.resize(history, 0)
-        cache.commit(toks(history))
-    assert cache.resize(capacity, history)
-    return cache.get_scratch_desc(layer_group)
+    return stepped(manager, capacity, history).get_scratch_desc(layer_group)
 
 
 def one_token_window(rewind: int) -> KVCacheManagerConfig:

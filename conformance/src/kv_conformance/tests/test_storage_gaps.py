@@ -11,22 +11,11 @@ import pytest
 
 import kv_api
 from kv_api import LifeCycle, StorageStatistics
-from kv_api.events import KVCacheEvent, Removed, Stored
 
 from ._manager import GRAIN, active, attention, check_accounting, committed, make_config, toks
 from ._tiers import TPB, World, block_hashes, page_levels, prefix, tier_config
 from .test_manager_events import drain, setup
-
-
-def summary(events: list[KVCacheEvent]) -> list[tuple[str, int | None, list[Any]]]:
-    """``(kind, layer group, block hashes)`` per Stored or Removed event; Removed hashes sorted."""
-    out: list[tuple[str, int | None, list[Any]]] = []
-    for e in events:
-        if isinstance(e.data, Stored):
-            out.append(("stored", e.layer_group_id, [b.block_hash for b in e.data.blocks]))
-        elif isinstance(e.data, Removed):
-            out.append(("removed", e.layer_group_id, sorted(e.data.block_hashes)))
-    return out
+from .test_manager_siblings import summary
 
 
 def window_first(ordinal: int, life_cycle: LifeCycle) -> int:
