@@ -122,6 +122,7 @@ class _Live:
 
 class Replayer:
     waiting: _Live | None  # admitted, suspended until the manager lets it start (set by begin())
+    _stats: list[StorageStatistics] | None  # the last read, until a manager call (_storage_statistics)
 
     def __init__(
         self,
@@ -148,9 +149,10 @@ class Replayer:
 
     # -- timed manager calls --------------------------------------------------------------------------
 
-    def _timed(self, call: Callable[[], _T], hashed: int = 0) -> _T:
+    def _timed(self, call: Callable[..., _T], *args: Any, hashed: int = 0) -> _T:
+        self._stats = None  # every call that may change the pools comes through here
         start = time.perf_counter()
-        value = call()
+        value = call(*args)
         seconds = time.perf_counter() - start
         self.result.manager_seconds += seconds
         if hashed:
@@ -164,7 +166,7 @@ class Replayer:
         index, tokens, generated, first = entry
         request = self.requests[index]
         start = time.perf_counter()
-        cache = self._timed(lambda: self.manager.create_kv_cache(request.scope, tokens), hashed=len(tokens))
+        cache = self._timed(self.manager.create_kv_cache, request.scope, tokens, hashed=len(tokens))
         return _Live(index, request, cache, tokens, generated, first, start, output=request.output.tolist())
 
     def _start(self, live: _Live) -> bool:
@@ -178,7 +180,7 @@ class Replayer:
             self.result.onboarding_resume_seconds.append(resumed)
         else:
             self.result.other_resume_seconds.append(resumed)
-        if not self._timed(lambda: cache.resize(len(live.tokens))):
+        if not self._timed(cache.resize, len(live.tokens)):
             self._timed(cache.suspend)
             return False
         live.capacity = len(live.tokens)
@@ -192,7 +194,7 @@ class Replayer:
             self.reused += cache.num_committed_tokens
         rest = live.tokens[cache.num_committed_tokens :]
         if len(rest):
-            self._timed(lambda: cache.commit(rest), hashed=len(rest))
+            self._timed(cache.commit, rest, hashed=len(rest))
         return True
 
     def _decode(self, live: _Live, resized: bool = False) -> bool:
@@ -200,11 +202,11 @@ class Replayer:
         a batch already gave it the room."""
         cache = live.cache
         if not resized:
-            if not self._timed(lambda: cache.resize(live.capacity + 1)):
+            if not self._timed(cache.resize, live.capacity + 1):
                 return False
             live.capacity += 1
         token = live.output[live.generated : live.generated + 1]
-        self._timed(lambda: cache.commit(token), hashed=1)
+        self._timed(cache.commit, token, hashed=1)
         live.generated += 1
         return True
 
@@ -243,15 +245,15 @@ class Replayer:
             return self._decode_one(group[0])
         assert self.batch_pages is not None
         tpb = self.config.tokens_per_block
-        starts = sum(1 for live in group if live.capacity % tpb == 0)
+        capacities = [live.capacity + 1 for live in group]
+        starts = sum([(c - 1) % tpb == 0 for c in capacities])
         if starts:
-            stats = self.manager.get_storage_statistics()
+            stats = self._storage_statistics()
             if any(starts * n > s.available for n, s in zip(self.batch_pages, stats, strict=True)):
                 return sum(self._decode_one(live) for live in group if live.open)
         caches = [live.cache for live in group]
-        capacities = [live.capacity + 1 for live in group]
         try:
-            resized = self._timed(lambda: self.manager.resize_many(caches, capacities))
+            resized = self._timed(self.manager.resize_many, caches, capacities)
         except Exception as exc:
             # Resize k raised: one cache at a time, requests 0..k-1 would have decoded before it.
             done = list(getattr(exc, "batch_results", None) or [])
@@ -260,11 +262,15 @@ class Replayer:
                     live.capacity += 1
                 self._commit_batch(group[: len(done)])
             raise
+        if all(resized):  # the usual step: every request decodes
+            tokens = [live.output[live.generated] for live in group]
+            self._timed(self.manager.commit_many, caches, tokens, [1] * len(group), hashed=len(group))
+            for live in group:
+                live.capacity += 1
+                live.generated += 1
+            return len(group)
         for live, ok in zip(group, resized, strict=True):
             live.capacity += ok
-        if all(resized):
-            self._commit_batch(group)
-            return len(group)
         # Not expected (the slots were counted), but a resize that found no page changed nothing:
         # the ones before it decode as they would have, then one cache at a time from it on (those
         # after it that were resized only commit).
@@ -281,10 +287,8 @@ class Replayer:
         if not group:
             return
         tokens = [live.output[live.generated] for live in group]
-        self._timed(
-            lambda: self.manager.commit_many([live.cache for live in group], tokens, [1] * len(group)),
-            hashed=len(group),
-        )
+        caches = [live.cache for live in group]
+        self._timed(self.manager.commit_many, caches, tokens, [1] * len(group), hashed=len(group))
         for live in group:
             live.generated += 1
 
@@ -332,6 +336,7 @@ class Replayer:
         self.pending: deque[_Queued] = deque()
         self.waiting = None
         self.running: list[_Live] = []  # oldest first
+        self._stats = None
         self.steps = 0
         self.wall_seconds = 0.0
         for request in requests:
@@ -426,8 +431,15 @@ class Replayer:
         self.result.peak_resident_bytes = resident.peak_bytes()
         return self.result
 
+    def _storage_statistics(self) -> list[StorageStatistics]:
+        """The device level's statistics, read again only after a manager call since the last read
+        (the end of a step's sample serves the next step's batch check when nothing ran between)."""
+        if self._stats is None:
+            self._stats = self.manager.get_storage_statistics()
+        return self._stats
+
     def _sample(self, step: int) -> None:
-        stats = self.manager.get_storage_statistics()
+        stats = self._storage_statistics()
         self.result.samples.append(
             Sample(
                 step,
