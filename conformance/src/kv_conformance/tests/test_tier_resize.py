@@ -201,3 +201,23 @@ def test_disk_file_follows_the_quota(backend: kv_api.Backend, tmp_path: Path) ->
         assert read_back(world, i) == data[i], i
     m.shutdown()
     assert list(tmp_path.iterdir()) == []
+
+
+@DISK
+def test_disk_shrink_moves_pages_within_the_file(backend: kv_api.Backend, tmp_path: Path) -> None:
+    """Device 8 slots, disk 16: prompts 0..19 leave 0..11 on the disk, in its slots 0..11. To 8
+    disk slots: the four free ones are not enough, so the four least recent (0..3, slots 0..3)
+    drop, and prompts 8..11 move from slots 8..11 to 0..3, copied within the file: each reads back
+    its own bytes (reading one brings it to the device, whose oldest page takes its disk slot)."""
+    world = World(backend, tier_config(["disk"], tmp_path, disk=4 * MIB))
+    m = world.manager
+    data = written(world, 20)
+    assert m.get_storage_statistics(1) == [StorageStatistics(16, 4, 12)]
+    assert m.resize(1, 2 * MIB)
+    step = world.step()
+    assert sorted(step.removed) == sorted(h(prefix(i)) for i in range(4))
+    assert m.get_storage_statistics(1) == [StorageStatistics(8, 0, 8)]
+    assert m.get_bytes_moved()[(1, 1)] == 4 * SLOT
+    assert [m.probe_reuse(None, prefix(i)) for i in range(20)] == [0] * 4 + [TPB] * 16
+    for i in range(8, 12):
+        assert read_back(world, i) == data[i], i
