@@ -21,7 +21,11 @@ std::int64_t learnt_length(double mean) {
 
 Rebalancer::Rebalancer(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry,
                        const StorageConfig& storage)
-    : config_(config), registry_(registry), storage_(storage), last_adjust_(Clock::now()) {}
+    : config_(config),
+      registry_(registry),
+      storage_(storage),
+      scratch_(scratch_rules(config, registry, storage)),
+      last_adjust_(Clock::now()) {}
 
 void Rebalancer::sample(std::int64_t reused, std::int64_t capacity, std::int64_t history) {
   const double d = config_.rebalance_moving_average_decay;
@@ -47,7 +51,10 @@ std::vector<double> Rebalancer::target_ratio() const {
   std::vector<std::uint64_t> slots;
   for (const PoolGroupConfig& pg : storage_.pool_groups()) {
     std::int64_t n = 0;
-    for (int lc : pg.life_cycles) n += slots_for_batch(registry_, lc, two) - slots_for_batch(registry_, lc, one);
+    for (int lc : pg.life_cycles) {
+      const ScratchRule* rule = scratch_[lc] ? &*scratch_[lc] : nullptr;  // as the initial ratio counts scratch
+      n += slots_for_batch(registry_, lc, two, rule) - slots_for_batch(registry_, lc, one, rule);
+    }
     slots.push_back(static_cast<std::uint64_t>(n));
   }
   return bytes_ratio(slots, storage_.pool_groups());

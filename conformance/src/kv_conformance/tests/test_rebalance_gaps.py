@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import kv_api
-from kv_api import KVCacheManager, KVCacheManagerConfig
+from kv_api import BufferConfig, KVCacheManager, KVCacheManagerConfig, SwaScratchReuseConfig
 
 from ._manager import GRAIN, attention, make_config
 
@@ -84,3 +84,47 @@ def test_the_plan_is_at_the_current_quota(backend: kv_api.Backend) -> None:
     assert m.adjust() and slots(m) == [2752, 2688]  # 64 grains split 2:1 (43 and 21)
     assert not m.need_adjustment
     assert m.adjust() is False and slots(m) == [2752, 2688]
+
+
+def test_the_target_counts_scratch_blocks_at_their_scratch_cost(backends: list[kv_api.Backend]) -> None:
+    """Full attention (32 KiB slots) and two window layers of 8 tokens sharing 16 KiB slots (each
+    half a slot), with scratch reuse (rewind 0). The sampled request, capacity 64 and history 0,
+    has 14 of its 16 window blocks in the scratch range (stale at 64, past the history): they
+    cost ceil(14 / 2) = 7 slots, not 14, as the initial ratio and the minimum slots count them.
+    So the learnt split gives the window pool group less than the same tuner without scratch
+    reuse, and every backend splits alike."""
+
+    def kv(size: int) -> list[BufferConfig]:
+        return [BufferConfig("key", size // 2), BufferConfig("value", size // 2)]
+
+    layers = [
+        kv_api.AttentionLayerConfig(0, kv(32 << 10)),
+        kv_api.AttentionLayerConfig(1, kv(8 << 10), 8),
+        kv_api.AttentionLayerConfig(2, kv(8 << 10), 8),
+    ]
+    seen = []
+    for backend in backends:
+        split = []
+        for scratch in (SwaScratchReuseConfig(0), None):
+            m = backend.KVCacheManager(
+                make_config(
+                    4,
+                    layers=layers,
+                    quota=32 * GRAIN,
+                    swa_scratch_reuse=scratch,
+                    rebalance_min_sampled_kv_caches=0,
+                    rebalance_cooldown_secs=0,
+                    rebalance_target_ratio_update_interval=1,
+                )
+            )
+            for _ in range(3):
+                c = m.create_kv_cache()
+                assert c.resume() and c.resize(64, 0)
+                c.close()
+            assert m.adjust()
+            split.append([d.num_slots for d in m.pool_group_descs])
+        with_scratch, without = split
+        # Bytes per request: 16 x 32 KiB and 9 x 16 KiB with scratch, 16 x 16 KiB without.
+        assert with_scratch[1] < without[1] and with_scratch[0] > without[0], split
+        seen.append(split)
+    assert all(s == seen[0] for s in seen[1:])

@@ -11,6 +11,7 @@
 
 #include "kvcore/config.h"
 #include "kvcore/life_cycles.h"
+#include "kvcore/scratch.h"
 #include "kvcore/slot_counts.h"
 #include "kvcore/storage_config.h"
 
@@ -46,6 +47,7 @@ class Rebalancer {
   const KVCacheManagerConfig& config_;
   const LifeCycleRegistry& registry_;
   const StorageConfig& storage_;
+  std::vector<std::optional<ScratchRule>> scratch_;  // per life cycle (scratch_rules)
   // Decayed sums: each mean is its sum over the decayed weight.
   double weight_ = 0.0;
   double reused_ = 0.0;

@@ -13,6 +13,7 @@ import time
 from kv_api.config import BatchDesc, KVCacheDesc, KVCacheManagerConfig
 from kv_api.constants import TOKEN_LIMIT
 from kv_core_py.life_cycles import LifeCycleRegistry
+from kv_core_py.scratch import scratch_rules
 from kv_core_py.slot_counts import SlotCounts, bytes_ratio, slots_for_batch
 from kv_core_py.storage_config import StorageConfig
 
@@ -33,6 +34,7 @@ class Rebalancer:
         self._config = config
         self._registry = registry
         self._storage = storage
+        self._scratch = scratch_rules(config, registry, storage)  # as the initial ratio counts scratch
         self._decay = config.rebalance_moving_average_decay
         self.num_sampled = 0
         # Decayed sums: each mean is its sum over the decayed weight, so the first samples are not
@@ -73,12 +75,17 @@ class Rebalancer:
     def target_ratio(self) -> list[float]:
         """Per pool group, its share of the bytes one more typical request needs in a batch of
         them sharing the reused prefix as a system prompt: the slots of two such requests less
-        those of one (``slots_for_batch``), weighed by slot bytes as the initial ratio is."""
+        those of one (``slots_for_batch``, scratch blocks at their scratch cost), weighed by slot
+        bytes as the initial ratio is."""
         desc, reused = self.typical_request()
         one, two = BatchDesc([desc], reused), BatchDesc([desc, desc], reused)
         reg = self._registry
+        rules = self._scratch
         slots = [
-            sum(slots_for_batch(reg, lc, two) - slots_for_batch(reg, lc, one) for lc in pg.life_cycles)
+            sum(
+                slots_for_batch(reg, lc, two, rules[lc]) - slots_for_batch(reg, lc, one, rules[lc])
+                for lc in pg.life_cycles
+            )
             for pg in self._storage.pool_groups
         ]
         return bytes_ratio(slots, self._storage.pool_groups)
