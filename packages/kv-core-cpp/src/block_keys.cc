@@ -99,6 +99,10 @@ struct PendingRun {
 
 }  // namespace
 
+namespace {
+constexpr std::size_t kMaxPackedBytes = 1 << 20;
+}  // namespace
+
 void chained_keys_many(std::size_t tokens_per_block, const KeyChainRun* runs, std::size_t count, KeyFormat format) {
   const std::size_t width = token_width(format);
   const std::size_t len = tokens_per_block * width;
@@ -118,6 +122,9 @@ void chained_keys_many(std::size_t tokens_per_block, const KeyChainRun* runs, st
     if (paired[i] == 0) continue;
     const std::uint8_t* data = t.data + begin * width;
     if (t.width != width || !t.contiguous()) {
+      // Packed up to kMaxPackedBytes a run (the rest goes on per chain): a batch of huge 8-byte
+      // inputs must not double its memory.
+      paired[i] = std::min(paired[i], std::max<std::size_t>(1, kMaxPackedBytes / len));
       packed.emplace_back(paired[i] * len);
       t.pack(begin, begin + paired[i] * tokens_per_block, width, packed.back().data());
       data = packed.back().data();

@@ -86,8 +86,8 @@ def test_every_transform_every_pairing(backend: kv_api.Backend, tpb: int, key_fo
     dtype = np.int32 if key_format == "sha256-u32" else np.int64
     inputs: list[Any] = [a.astype(dtype) for a in ids]
     inputs[2] = inputs[2].tolist()  # a list (packed by the backend)
-    inputs[4] = ids[4].astype(np.int64 if dtype is np.int32 else np.int32)  # width mismatch: not paired
-    inputs[6] = np.repeat(inputs[6], 2)[::2]  # strided: not paired
+    inputs[4] = ids[4].astype(np.int64 if dtype is np.int32 else np.int32)  # width mismatch: packed
+    inputs[6] = np.repeat(inputs[6], 2)[::2]  # strided: packed
     scope_list = [ReuseScope(i, None if i % 2 else i * 7) for i in range(len(inputs))]
     want = [ref.block_keys(tpb, s, a.tolist(), key_format) for s, a in zip(scope_list, ids, strict=True)]
     for transform in transforms(backend):
@@ -95,6 +95,16 @@ def test_every_transform_every_pairing(backend: kv_api.Backend, tpb: int, key_fo
         assert got == want, transform
         # Odd counts leave one chain without a partner.
         assert backend.block_keys_many(tpb, scope_list[:3], inputs[:3], key_format) == want[:3], transform
+
+
+def test_long_inputs_needing_packing(backend: kv_api.Backend) -> None:
+    """int64 inputs under ``sha256-u32`` long enough that a backend packing them for paired
+    hashing must stop partway (kv_core_cpp packs up to 1 MiB a chain, 8,192 blocks here) and go
+    on per chain: the keys are block_keys' all the same."""
+    rng = np.random.default_rng(5)
+    inputs = [rng.integers(0, 2**31, n, dtype=np.int64) for n in (300_001, 262_144, 40_000)]
+    want = [backend.block_keys(32, None, a.astype(np.int32)) for a in inputs]
+    assert backend.block_keys_many(32, None, inputs) == want
 
 
 @pytest.mark.parametrize("reuse_scopes", [None, [], ()])
