@@ -409,7 +409,7 @@ void Storage::drop(Page* page) {
   discard(block, lc);
   const LifeCycle& life = registry_.life_cycles()[lc];
   if (!life.ssm && (!life.window || block->ordinal < life.num_sink_blocks)) {
-    for (Block* b : RadixTree::subtree(block)) {
+    const auto release = [this](Block* b) {
       if (b->pins) {
         throw poison::corrupted("a pinned block in a removed subtree (block " + std::to_string(b->ordinal) + ")");
       }
@@ -423,6 +423,13 @@ void Storage::drop(Page* page) {
         dequeue(p);
         discard(b, l);
       }
+    };
+    // A leaf is the usual case (a closed request's pages are evicted last block first): no
+    // subtree list to build for it.
+    if (block->children().empty()) {
+      release(block);
+    } else {
+      for (Block* b : RadixTree::subtree(block)) release(b);
     }
     Node* parent = block->parent;
     tree_.detach(block);  // destroys the subtree
