@@ -131,3 +131,34 @@ def test_bringing_back_scratch_blocks_is_refused_with_its_message(backend: kv_ap
     assert str(raises_exactly(ValueError, lambda: cache.commit(toks(20)))) == f"commit: {rule}"
     assert str(raises_exactly(ValueError, lambda: cache.resize(40, 20))) == f"resize: {rule}"
     fails_atomically(m, [cache], lambda: cache.commit(toks(20)), ValueError)
+
+
+def test_two_windows_drop_their_pages_entering_scratch_in_one_resize(backends: list[kv_api.Backend]) -> None:
+    """Windows of 8 and 12 tokens (two life cycles, layer groups 1 and 2), rewind 64. At
+    capacity 16 and history 0 nothing is stale at max(0, 16 - 64) = 0, so blocks 0-3 have pages
+    in both windows. Resized to 100 from the same history, the scratch ranges are the blocks
+    stale at 36 from block 0: 0-6 for the window of 8, 0-5 for the window of 12; blocks 0-3 of
+    both give their pages up in that one resize (``KVCache.resize__mutmut_111`` kept only the
+    last life cycle's drops) and read BAD_PAGE_INDEX. Every backend ends alike."""
+    kv_layer = [BufferConfig("key", GRAIN // 64), BufferConfig("value", GRAIN // 64)]
+    layers = [
+        AttentionLayerConfig(0, kv_layer),
+        AttentionLayerConfig(1, kv_layer, 8),
+        AttentionLayerConfig(2, kv_layer, 12),
+    ]
+    config = KVCacheManagerConfig(
+        4, [GpuCacheTierConfig(4 * GRAIN)], layers, swa_scratch_reuse=SwaScratchReuseConfig(64)
+    )
+    seen = []
+    for backend in backends:
+        manager = backend.KVCacheManager(config)
+        cache = manager.create_kv_cache(None, [])
+        assert cache.resume() and cache.resize(16, 0)
+        assert all(i >= 0 for g in (1, 2) for i in cache.get_base_page_indices(g))
+        free_before = [s.free for s in manager.get_storage_statistics()]
+        assert cache.resize(100, 0)
+        pages = [list(cache.get_base_page_indices(g)) for g in range(3)]
+        assert pages[1][:4] == [-1] * 4 and pages[2][:4] == [-1] * 4, pages
+        seen.append((free_before, manager.get_storage_statistics(), pages))
+        cache.close()
+    assert all(s == seen[0] for s in seen[1:])
