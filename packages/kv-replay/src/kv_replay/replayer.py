@@ -262,15 +262,11 @@ class Replayer:
                     live.capacity += 1
                 self._commit_batch(group[: len(done)])
             raise
-        if all(resized):  # the usual step: every request decodes
-            tokens = [live.output[live.generated] for live in group]
-            self._timed(self.manager.commit_many, caches, tokens, [1] * len(group), hashed=len(group))
-            for live in group:
-                live.capacity += 1
-                live.generated += 1
-            return len(group)
         for live, ok in zip(group, resized, strict=True):
             live.capacity += ok
+        if all(resized):
+            self._commit_batch(group)
+            return len(group)
         # Not expected (the slots were counted), but a resize that found no page changed nothing:
         # the ones before it decode as they would have, then one cache at a time from it on (those
         # after it that were resized only commit).
