@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "sha256_rounds.h"
 #include "sha256_transforms.h"
 
 namespace kvcore {
@@ -17,132 +18,37 @@ namespace {
 
 #define KVCORE_INLINE inline __attribute__((always_inline))
 
-// SHA256H needs the pre-round ABCD to feed SHA256H2, so keep a copy. Each
-// SHA256H/H2 pair performs four rounds with W+K in one vector.
-KVCORE_INLINE void four_rounds(uint32x4_t& abcd, uint32x4_t& efgh, uint32x4_t w, int t) {
-  const uint32x4_t wk = vaddq_u32(w, vld1q_u32(detail::kRoundConstants + t));
-  const uint32x4_t abcd_in = abcd;
-  abcd = vsha256hq_u32(abcd, efgh, wk);
-  efgh = vsha256h2q_u32(efgh, abcd_in, wk);
-}
+// The ARMv8 operations sha256_rounds.h builds the compression from; the state is in the natural
+// {a,b,c,d},{e,f,g,h} layout.
+struct Armv8 {
+  using Vec = uint32x4_t;
 
-// W[t..t+3] from the previous 16 words (w0 oldest): SU0 adds the sigma0
-// terms, SU1 the W[t-7] and sigma1 terms.
-KVCORE_INLINE uint32x4_t schedule(uint32x4_t w0, uint32x4_t w1, uint32x4_t w2, uint32x4_t w3) {
-  return vsha256su1q_u32(vsha256su0q_u32(w0, w1), w2, w3);
-}
+  // SHA256H needs the pre-round ABCD to feed SHA256H2, so keep a copy. Each SHA256H/H2 pair
+  // performs four rounds with W+K in one vector.
+  KVCORE_INLINE static void four_rounds(uint32x4_t& abcd, uint32x4_t& efgh, uint32x4_t w, int t) {
+    const uint32x4_t wk = vaddq_u32(w, vld1q_u32(detail::kRoundConstants + t));
+    const uint32x4_t abcd_in = abcd;
+    abcd = vsha256hq_u32(abcd, efgh, wk);
+    efgh = vsha256h2q_u32(efgh, abcd_in, wk);
+  }
 
-// Message words are big-endian; the target is little-endian.
-KVCORE_INLINE uint32x4_t load_be(const std::uint8_t* p) { return vreinterpretq_u32_u8(vrev32q_u8(vld1q_u8(p))); }
+  // W[t..t+3] from the previous 16 words (w0 oldest): SU0 adds the sigma0 terms, SU1 the
+  // W[t-7] and sigma1 terms.
+  KVCORE_INLINE static uint32x4_t schedule(uint32x4_t w0, uint32x4_t w1, uint32x4_t w2, uint32x4_t w3) {
+    return vsha256su1q_u32(vsha256su0q_u32(w0, w1), w2, w3);
+  }
 
-// One block: 64 rounds on message words W0..W15 (lanes 0..3 of w0 = W0..W3,
-// and so on) plus the feed-forward addition.
-KVCORE_INLINE void compress(uint32x4_t& abcd, uint32x4_t& efgh, uint32x4_t w0, uint32x4_t w1, uint32x4_t w2,
-                            uint32x4_t w3) {
-  const uint32x4_t abcd_in = abcd;
-  const uint32x4_t efgh_in = efgh;
-  four_rounds(abcd, efgh, w0, 0);
-  four_rounds(abcd, efgh, w1, 4);
-  four_rounds(abcd, efgh, w2, 8);
-  four_rounds(abcd, efgh, w3, 12);
-  w0 = schedule(w0, w1, w2, w3);
-  four_rounds(abcd, efgh, w0, 16);
-  w1 = schedule(w1, w2, w3, w0);
-  four_rounds(abcd, efgh, w1, 20);
-  w2 = schedule(w2, w3, w0, w1);
-  four_rounds(abcd, efgh, w2, 24);
-  w3 = schedule(w3, w0, w1, w2);
-  four_rounds(abcd, efgh, w3, 28);
-  w0 = schedule(w0, w1, w2, w3);
-  four_rounds(abcd, efgh, w0, 32);
-  w1 = schedule(w1, w2, w3, w0);
-  four_rounds(abcd, efgh, w1, 36);
-  w2 = schedule(w2, w3, w0, w1);
-  four_rounds(abcd, efgh, w2, 40);
-  w3 = schedule(w3, w0, w1, w2);
-  four_rounds(abcd, efgh, w3, 44);
-  w0 = schedule(w0, w1, w2, w3);
-  four_rounds(abcd, efgh, w0, 48);
-  w1 = schedule(w1, w2, w3, w0);
-  four_rounds(abcd, efgh, w1, 52);
-  w2 = schedule(w2, w3, w0, w1);
-  four_rounds(abcd, efgh, w2, 56);
-  w3 = schedule(w3, w0, w1, w2);
-  four_rounds(abcd, efgh, w3, 60);
-  abcd = vaddq_u32(abcd, abcd_in);
-  efgh = vaddq_u32(efgh, efgh_in);
-}
+  // Message words are big-endian; the target is little-endian.
+  KVCORE_INLINE static uint32x4_t load_be(const std::uint8_t* p) {
+    return vreinterpretq_u32_u8(vrev32q_u8(vld1q_u8(p)));
+  }
 
-KVCORE_INLINE void compress_blocks(uint32x4_t& abcd, uint32x4_t& efgh, const std::uint8_t* p, std::size_t blocks) {
-  for (; blocks != 0; --blocks, p += 64)
-    compress(abcd, efgh, load_be(p), load_be(p + 16), load_be(p + 32), load_be(p + 48));
-}
-
-// One stream's state and message schedule, for the 2-way kernels.
-struct Lane {
-  uint32x4_t abcd, efgh;
-  uint32x4_t w0, w1, w2, w3;
+  KVCORE_INLINE static uint32x4_t add(uint32x4_t a, uint32x4_t b) { return vaddq_u32(a, b); }
 };
 
-// Rounds t..t+15 of both lanes, the two streams alternating quad by quad: each
-// stream's SHA256H/H2 chain is latency-bound, so the other's instructions
-// issue in its gaps. kSchedule: expand W first (t >= 16).
-template <bool kSchedule>
-KVCORE_INLINE void sixteen_rounds2(Lane& a, Lane& b, int t) {
-  if (kSchedule) {
-    a.w0 = schedule(a.w0, a.w1, a.w2, a.w3);
-    b.w0 = schedule(b.w0, b.w1, b.w2, b.w3);
-  }
-  four_rounds(a.abcd, a.efgh, a.w0, t);
-  four_rounds(b.abcd, b.efgh, b.w0, t);
-  if (kSchedule) {
-    a.w1 = schedule(a.w1, a.w2, a.w3, a.w0);
-    b.w1 = schedule(b.w1, b.w2, b.w3, b.w0);
-  }
-  four_rounds(a.abcd, a.efgh, a.w1, t + 4);
-  four_rounds(b.abcd, b.efgh, b.w1, t + 4);
-  if (kSchedule) {
-    a.w2 = schedule(a.w2, a.w3, a.w0, a.w1);
-    b.w2 = schedule(b.w2, b.w3, b.w0, b.w1);
-  }
-  four_rounds(a.abcd, a.efgh, a.w2, t + 8);
-  four_rounds(b.abcd, b.efgh, b.w2, t + 8);
-  if (kSchedule) {
-    a.w3 = schedule(a.w3, a.w0, a.w1, a.w2);
-    b.w3 = schedule(b.w3, b.w0, b.w1, b.w2);
-  }
-  four_rounds(a.abcd, a.efgh, a.w3, t + 12);
-  four_rounds(b.abcd, b.efgh, b.w3, t + 12);
-}
+using R = Rounds<Armv8>;
 
-// One block of each lane (message words already in w0..w3) plus feed-forward.
-KVCORE_INLINE void compress2(Lane& a, Lane& b) {
-  const uint32x4_t a_abcd = a.abcd, a_efgh = a.efgh, b_abcd = b.abcd, b_efgh = b.efgh;
-  sixteen_rounds2<false>(a, b, 0);
-  sixteen_rounds2<true>(a, b, 16);
-  sixteen_rounds2<true>(a, b, 32);
-  sixteen_rounds2<true>(a, b, 48);
-  a.abcd = vaddq_u32(a.abcd, a_abcd);
-  a.efgh = vaddq_u32(a.efgh, a_efgh);
-  b.abcd = vaddq_u32(b.abcd, b_abcd);
-  b.efgh = vaddq_u32(b.efgh, b_efgh);
-}
-
-KVCORE_INLINE void load_block(Lane& l, const std::uint8_t* p) {
-  l.w0 = load_be(p);
-  l.w1 = load_be(p + 16);
-  l.w2 = load_be(p + 32);
-  l.w3 = load_be(p + 48);
-}
-
-KVCORE_INLINE void compress_blocks2(Lane& a, const std::uint8_t* pa, Lane& b, const std::uint8_t* pb,
-                                    std::size_t blocks) {
-  for (; blocks != 0; --blocks, pa += 64, pb += 64) {
-    load_block(a, pa);
-    load_block(b, pb);
-    compress2(a, b);
-  }
-}
+KVCORE_INLINE uint32x4_t load_be(const std::uint8_t* p) { return Armv8::load_be(p); }
 
 // Digest bytes are the big-endian state words.
 KVCORE_INLINE void store_be(std::uint8_t* p, uint32x4_t v) { vst1q_u8(p, vrev32q_u8(vreinterpretq_u8_u32(v))); }
@@ -154,7 +60,7 @@ void transform_armv8(std::uint32_t state[8], const std::uint8_t* data, std::size
   // loaded once and stays in registers across all blocks.
   uint32x4_t abcd = vld1q_u32(state);
   uint32x4_t efgh = vld1q_u32(state + 4);
-  compress_blocks(abcd, efgh, data, blocks);
+  R::compress_blocks(abcd, efgh, data, blocks);
   vst1q_u32(state, abcd);
   vst1q_u32(state + 4, efgh);
 }
@@ -176,9 +82,10 @@ void chain_armv8(const std::uint8_t parent[32], const std::uint8_t* data, std::s
 
     uint32x4_t abcd = iv_abcd;
     uint32x4_t efgh = iv_efgh;
-    compress(abcd, efgh, prev0, prev1, load_be(hi), load_be(hi + 16));
-    if (plan.mid_blocks != 0) compress_blocks(abcd, efgh, data + 32, plan.mid_blocks);  // data + 32 may be past the end
-    compress_blocks(abcd, efgh, plan.buf + plan.tail_off, plan.tail_blocks);
+    R::compress(abcd, efgh, prev0, prev1, load_be(hi), load_be(hi + 16));
+    if (plan.mid_blocks != 0)
+      R::compress_blocks(abcd, efgh, data + 32, plan.mid_blocks);  // data + 32 may be past the end
+    R::compress_blocks(abcd, efgh, plan.buf + plan.tail_off, plan.tail_blocks);
 
     prev0 = abcd;
     prev1 = efgh;
@@ -189,16 +96,16 @@ void chain_armv8(const std::uint8_t parent[32], const std::uint8_t* data, std::s
 
 void transform2_armv8(std::uint32_t state_a[8], const std::uint8_t* data_a, std::uint32_t state_b[8],
                       const std::uint8_t* data_b, std::size_t blocks) {
-  Lane a, b;
-  a.abcd = vld1q_u32(state_a);
-  a.efgh = vld1q_u32(state_a + 4);
-  b.abcd = vld1q_u32(state_b);
-  b.efgh = vld1q_u32(state_b + 4);
-  compress_blocks2(a, data_a, b, data_b, blocks);
-  vst1q_u32(state_a, a.abcd);
-  vst1q_u32(state_a + 4, a.efgh);
-  vst1q_u32(state_b, b.abcd);
-  vst1q_u32(state_b + 4, b.efgh);
+  R::Lane a, b;
+  a.s0 = vld1q_u32(state_a);
+  a.s1 = vld1q_u32(state_a + 4);
+  b.s0 = vld1q_u32(state_b);
+  b.s1 = vld1q_u32(state_b + 4);
+  R::compress_blocks2(a, data_a, b, data_b, blocks);
+  vst1q_u32(state_a, a.s0);
+  vst1q_u32(state_a + 4, a.s1);
+  vst1q_u32(state_b, b.s0);
+  vst1q_u32(state_b + 4, b.s1);
 }
 
 // chain_armv8's loop with two chains in lock step. Both share len, so one plan
@@ -222,20 +129,20 @@ void chain2_armv8(const std::uint8_t parent_a[32], const std::uint8_t* data_a, s
     const std::uint8_t* hi_a = plan_a.hi_from_buf ? plan_a.buf : data_a;
     const std::uint8_t* hi_b = plan_b.hi_from_buf ? plan_b.buf : data_b;
 
-    Lane a{iv_abcd, iv_efgh, prev_a0, prev_a1, load_be(hi_a), load_be(hi_a + 16)};
-    Lane b{iv_abcd, iv_efgh, prev_b0, prev_b1, load_be(hi_b), load_be(hi_b + 16)};
-    compress2(a, b);
-    if (mid != 0) compress_blocks2(a, data_a + 32, b, data_b + 32, mid);  // data + 32 may be past the end
-    compress_blocks2(a, plan_a.buf + plan_a.tail_off, b, plan_b.buf + plan_b.tail_off, tail);
+    R::Lane a{iv_abcd, iv_efgh, prev_a0, prev_a1, load_be(hi_a), load_be(hi_a + 16)};
+    R::Lane b{iv_abcd, iv_efgh, prev_b0, prev_b1, load_be(hi_b), load_be(hi_b + 16)};
+    R::compress2(a, b);
+    if (mid != 0) R::compress_blocks2(a, data_a + 32, b, data_b + 32, mid);  // data + 32 may be past the end
+    R::compress_blocks2(a, plan_a.buf + plan_a.tail_off, b, plan_b.buf + plan_b.tail_off, tail);
 
-    prev_a0 = a.abcd;
-    prev_a1 = a.efgh;
-    prev_b0 = b.abcd;
-    prev_b1 = b.efgh;
-    store_be(out_a, a.abcd);
-    store_be(out_a + 16, a.efgh);
-    store_be(out_b, b.abcd);
-    store_be(out_b + 16, b.efgh);
+    prev_a0 = a.s0;
+    prev_a1 = a.s1;
+    prev_b0 = b.s0;
+    prev_b1 = b.s1;
+    store_be(out_a, a.s0);
+    store_be(out_a + 16, a.s1);
+    store_be(out_b, b.s0);
+    store_be(out_b + 16, b.s1);
   }
 }
 
