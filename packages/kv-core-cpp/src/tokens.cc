@@ -62,22 +62,6 @@ std::size_t first_bad(const Tokens& t, std::uint64_t limit) {
   return t.count;
 }
 
-// Items [begin, end) as Tokens::raw reads them (signed ones sign-extended), into `out`.
-template <typename T>
-void widen(const Tokens& t, std::size_t begin, std::size_t end, std::uint64_t* out) {
-  using Wide = std::conditional_t<std::is_signed_v<T>, std::int64_t, std::uint64_t>;
-  const std::uint8_t* p = t.data;
-  if (t.contiguous()) {  // a fixed stride: the loop vectorises
-    for (std::size_t i = begin; i < end; ++i)
-      out[i - begin] = static_cast<std::uint64_t>(static_cast<Wide>(load<T>(p + i * sizeof(T))));
-    return;
-  }
-  for (std::size_t i = begin; i < end; ++i) {
-    out[i - begin] =
-        static_cast<std::uint64_t>(static_cast<Wide>(load<T>(p + static_cast<std::ptrdiff_t>(i) * t.stride)));
-  }
-}
-
 // Items [begin, end) as Tokens::raw reads them, cut to `Out` (the low bytes), into `out`.
 template <typename T, typename Out>
 void narrow(const Tokens& t, std::size_t begin, std::size_t end, std::uint8_t* out) {
@@ -169,17 +153,8 @@ const Digest* Tokens::digest_at(std::size_t i) const noexcept {
 TokenList TokenList::from(const Tokens& tokens, std::size_t begin, std::size_t end) {
   TokenList out;
   out.ids.resize(end - begin);
-  // One typed loop per item type (a cached prompt's whole matched prefix comes through here).
-  std::uint64_t* ids = out.ids.data();
-  if (tokens.width == 4) {
-    if (tokens.is_signed) {
-      widen<std::int32_t>(tokens, begin, end, ids);
-    } else {
-      widen<std::uint32_t>(tokens, begin, end, ids);
-    }
-  } else {
-    widen<std::uint64_t>(tokens, begin, end, ids);
-  }
+  // One typed loop (a cached prompt's whole matched prefix comes through here).
+  tokens.pack(begin, end, sizeof(std::uint64_t), reinterpret_cast<std::uint8_t*>(out.ids.data()));
   for (const DigestToken& d : tokens.digests) {
     if (d.position >= begin && d.position < end) {
       out.digests.push_back({d.position - begin, d.digest});
