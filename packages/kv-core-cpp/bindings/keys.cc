@@ -206,7 +206,7 @@ void bind_keys(nb::module_& m) {
         "Yield ``([], root_key)`` then ``(block_tokens, block_key)`` per block; validates now, hashes lazily.");
   m.def("block_keys_many", &py_block_keys_many, nb::arg("tokens_per_block").none(), nb::arg("reuse_scopes").none(),
         nb::arg("token_inputs").none(), nb::arg("key_format").none() = default_format,
-        "``block_keys`` of each input, independent chains hashed two at a time (interleaved).");
+        "``block_keys`` of each input, independent chains hashed four at a time (interleaved).");
   m.def("reuse_scope_to_bytes", &py_reuse_scope_to_bytes, nb::arg("reuse_scope").none());
   m.def("gen_multimodal_cache_key_tokens", &py_gen_multimodal_cache_key_tokens, nb::arg("id_offset").none(),
         nb::arg("digest").none(), nb::arg("num_tokens").none(), nb::arg("token_offset").none() = 0,

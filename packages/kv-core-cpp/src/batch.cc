@@ -49,7 +49,7 @@ struct PreparedCommit {
 // Hashes ahead the blocks each cache's commit fills, where that cannot differ from what the
 // commit computes itself: the cache appears once in the batch (its committed tokens before its
 // commit are those it has now), is active, may commit, and its tokens fit (else the commit fails
-// before hashing). Two or more chains are needed for the pairs to pay.
+// before hashing). Two or more chains are needed for the interleaving to pay.
 void hash_ahead(const std::vector<KVCache*>& caches, std::vector<PreparedCommit>& prepared, KeyFormat format) {
   std::vector<std::size_t> filling;  // the caches whose commit fills a block
   for (std::size_t i = 0; i < caches.size(); ++i) {

@@ -107,7 +107,7 @@ void chained_keys_many(std::size_t tokens_per_block, const KeyChainRun* runs, st
   const std::size_t width = token_width(format);
   const std::size_t len = tokens_per_block * width;
   std::vector<PendingRun> pending;
-  std::vector<std::size_t> paired(count, 0);      // leading full blocks of each run hashed in pairs
+  std::vector<std::size_t> paired(count, 0);      // leading full blocks of each run hashed interleaved
   std::vector<std::vector<std::uint8_t>> packed;  // those blocks in the format's encoding, where not already
   for (std::size_t i = 0; i < count; ++i) {
     const KeyChainRun& r = runs[i];
@@ -132,27 +132,37 @@ void chained_keys_many(std::size_t tokens_per_block, const KeyChainRun* runs, st
     pending.push_back({data, r.out + 32, paired[i]});
   }
 
-  // Two runs in flight; when one ends the next pending run takes its slot, so chains of unequal
-  // lengths still pair up (every block has the same length, so any two runs can).
-  std::size_t next = 0;
-  PendingRun a{}, b{};
-  auto take = [&](PendingRun& slot) {
-    slot = next < pending.size() ? pending[next++] : PendingRun{nullptr, nullptr, 0};
-  };
-  take(a);
-  take(b);
-  while (a.n != 0 && b.n != 0) {
-    const std::size_t k = std::min(a.n, b.n);
-    sha256::chain_keys2(a.out - 32, a.data, a.out, b.out - 32, b.data, b.out, len, k);
-    for (PendingRun* r : {&a, &b}) {
-      r->data += k * len;
-      r->out += 32 * k;
-      r->n -= k;
-      if (r->n == 0) take(*r);
+  // Up to four runs in flight, hashed in lock step (four at a time, else two, else one); when one
+  // ends the next pending run takes its slot, so chains of unequal lengths still group up (every
+  // block has the same length, so any runs can).
+  constexpr std::size_t kLanes = 4;
+  PendingRun slot[kLanes];
+  std::size_t live = 0, next = 0;  // slots [0, live) hold runs; pending[next..] wait
+  while (true) {
+    while (live < kLanes && next < pending.size()) slot[live++] = pending[next++];
+    if (live == 0) break;
+    const std::size_t lanes = live >= 4 ? 4 : live >= 2 ? 2 : 1;
+    std::size_t k = slot[0].n;
+    for (std::size_t i = 1; i < lanes; ++i) k = std::min(k, slot[i].n);
+    sha256::Chain chains[kLanes];
+    for (std::size_t i = 0; i < lanes; ++i) chains[i] = {slot[i].out - 32, slot[i].data, slot[i].out};
+    if (lanes == 4)
+      sha256::chain_keys4(chains, len, k);
+    else if (lanes == 2)
+      sha256::chain_keys2(chains, len, k);
+    else
+      sha256::chain_keys(chains[0].parent, chains[0].data, len, k, chains[0].out);
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < live; ++i) {
+      if (i < lanes) {
+        slot[i].data += k * len;
+        slot[i].out += 32 * k;
+        slot[i].n -= k;
+      }
+      if (slot[i].n != 0) slot[kept++] = slot[i];
     }
+    live = kept;
   }
-  for (const PendingRun& r : {a, b})
-    if (r.n != 0) sha256::chain_keys(r.out - 32, r.data, len, r.n, r.out);
 
   // The rest of each run, from its last paired key, exactly as chained_keys goes on.
   for (std::size_t i = 0; i < count; ++i) {

@@ -33,12 +33,15 @@ namespace {
 constexpr const char* kKnownNames[] = {"portable", "shani", "armv8"};
 
 // Static storage so active() can hand out stable references.
-const Transform kPortable{"portable", &transform_portable, &chain_portable, &transform2_portable, &chain2_portable};
+const Transform kPortable{"portable",       &transform_portable,  &chain_portable, &transform2_portable,
+                          &chain2_portable, &transform4_portable, &chain4_portable};
 #if defined(KVCORE_HAVE_SHANI)
-const Transform kShani{"shani", &transform_shani, &chain_shani, &transform2_shani, &chain2_shani};
+const Transform kShani{"shani",       &transform_shani,  &chain_shani, &transform2_shani,
+                       &chain2_shani, &transform4_shani, &chain4_shani};
 #endif
 #if defined(KVCORE_HAVE_ARMV8)
-const Transform kArmv8{"armv8", &transform_armv8, &chain_armv8, &transform2_armv8, &chain2_armv8};
+const Transform kArmv8{"armv8",       &transform_armv8,  &chain_armv8, &transform2_armv8,
+                       &chain2_armv8, &transform4_armv8, &chain4_armv8};
 #endif
 
 #if defined(KVCORE_HAVE_SHANI)
@@ -153,41 +156,46 @@ bool chain_matches(const Transform& t, std::size_t len, std::size_t n) {
   return true;
 }
 
-// Checks t.chain2 against t.chain (checked just before) on two different chains of n keys, and
-// t.fn2 against t.fn on two different 2-block messages.
-bool chain2_matches(const Transform& t, std::size_t len, std::size_t n) {
-  std::uint8_t data[2][3 * 128 + 1];
-  for (std::size_t i = 0; i < sizeof data[0]; ++i) {
-    data[0][i] = static_cast<std::uint8_t>(i * 131 + 7);
-    data[1][i] = static_cast<std::uint8_t>(i * 29 + 3);
+// Checks t.chain2 / t.chain4 against t.chain (checked just before) on different chains of n keys
+// each, and t.fn2 / t.fn4 against t.fn on different 2-block messages.
+bool interleaved_match(const Transform& t, std::size_t len, std::size_t n) {
+  std::uint8_t data[4][3 * 128 + 1];
+  std::uint8_t parent[4][32];
+  for (std::size_t c = 0; c < 4; ++c) {
+    for (std::size_t i = 0; i < sizeof data[c]; ++i) data[c][i] = static_cast<std::uint8_t>(i * (131 + 2 * c) + 7 * c);
+    for (std::size_t i = 0; i < 32; ++i) parent[c][i] = static_cast<std::uint8_t>((0xa5 + c) ^ (i * (1 + 2 * c)));
   }
-  std::uint8_t parent[2][32];
-  for (std::size_t i = 0; i < 32; ++i) {
-    parent[0][i] = static_cast<std::uint8_t>(0xa5 ^ i);
-    parent[1][i] = static_cast<std::uint8_t>(0x3c ^ (i * 7));
+  std::uint8_t want[4][3 * 32];
+  std::uint32_t want_state[4][8];
+  for (std::size_t c = 0; c < 4; ++c) {
+    t.chain(parent[c], data[c] + 1, len, n, want[c]);
+    std::memcpy(want_state[c], parent[c], sizeof want_state[c]);  // any state will do; streams must differ
+    t.fn(want_state[c], data[c] + 1, 2);
   }
-  std::uint8_t got[2][3 * 32], want[2][3 * 32];
-  t.chain2(parent[0], data[0] + 1, got[0], parent[1], data[1] + 1, got[1], len, n);
-  t.chain(parent[0], data[0] + 1, len, n, want[0]);
-  t.chain(parent[1], data[1] + 1, len, n, want[1]);
-  bool ok = std::memcmp(got, want, sizeof got) == 0;
-
-  std::uint32_t a[8], b[8], ref_a[8], ref_b[8];
-  std::memcpy(a, detail::kInitialHash, sizeof a);
-  std::memcpy(b, parent[1], sizeof b);  // any state will do; the two streams must differ
-  std::memcpy(ref_a, a, sizeof a);
-  std::memcpy(ref_b, b, sizeof b);
-  t.fn2(a, data[0] + 1, b, data[1] + 1, 2);
-  t.fn(ref_a, data[0] + 1, 2);
-  t.fn(ref_b, data[1] + 1, 2);
-  return ok && std::memcmp(a, ref_a, sizeof a) == 0 && std::memcmp(b, ref_b, sizeof b) == 0;
+  bool ok = true;
+  for (std::size_t lanes : {std::size_t{2}, std::size_t{4}}) {
+    std::uint8_t got[4][3 * 32] = {};
+    std::uint32_t state[4][8];
+    Chain chains[4];
+    Stream streams[4];
+    for (std::size_t c = 0; c < lanes; ++c) {
+      chains[c] = {parent[c], data[c] + 1, got[c]};
+      std::memcpy(state[c], parent[c], sizeof state[c]);
+      streams[c] = {state[c], data[c] + 1};
+    }
+    (lanes == 2 ? t.chain2 : t.chain4)(chains, len, n);
+    (lanes == 2 ? t.fn2 : t.fn4)(streams, 2);
+    for (std::size_t c = 0; c < lanes; ++c)
+      ok = ok && std::memcmp(got[c], want[c], 32 * n) == 0 && std::memcmp(state[c], want_state[c], 32) == 0;
+  }
+  return ok;
 }
 
 // Known-answer self-test, run on every transform before it is made active so
 // a miscompiled or misdetected SIMD path fails loudly instead of producing
 // wrong keys. Covers a single block and a multi-block call, then the fused
 // chain (3 keys spanning 3 blocks each; 2 keys that fit one block each), then
-// the 2-way kernels against the single-stream ones.
+// the interleaved kernels against the single-stream ones.
 void self_test(const Transform& t) {
   static const std::uint32_t kInit[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
                                          0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
@@ -215,7 +223,7 @@ void self_test(const Transform& t) {
   t.fn(st, two, 2);
   ok = ok && std::memcmp(st, kTwo, sizeof st) == 0;
   ok = ok && chain_matches(t, 128, 3) && chain_matches(t, 5, 2);
-  ok = ok && chain2_matches(t, 128, 3) && chain2_matches(t, 5, 2);
+  ok = ok && interleaved_match(t, 128, 3) && interleaved_match(t, 5, 2);
 
   if (!ok)
     throw std::runtime_error(std::string("kvcore sha256: known-answer self-test failed for transform '") + t.name +
@@ -260,11 +268,9 @@ void chain_keys(const std::uint8_t parent[32], const std::uint8_t* data, std::si
   active().chain(parent, data, len, n, out);
 }
 
-void chain_keys2(const std::uint8_t parent_a[32], const std::uint8_t* data_a, std::uint8_t* out_a,
-                 const std::uint8_t parent_b[32], const std::uint8_t* data_b, std::uint8_t* out_b, std::size_t len,
-                 std::size_t n) noexcept {
-  active().chain2(parent_a, data_a, out_a, parent_b, data_b, out_b, len, n);
-}
+void chain_keys2(const Chain chains[2], std::size_t len, std::size_t n) noexcept { active().chain2(chains, len, n); }
+
+void chain_keys4(const Chain chains[4], std::size_t len, std::size_t n) noexcept { active().chain4(chains, len, n); }
 
 }  // namespace sha256
 

@@ -117,19 +117,22 @@ void chain_portable(const std::uint8_t parent[32], const std::uint8_t* data, std
   }
 }
 
-// The scalar rounds already keep the integer units busy with one stream, so
-// the 2-way forms are plain loops over the two streams.
-void transform2_portable(std::uint32_t state_a[8], const std::uint8_t* data_a, std::uint32_t state_b[8],
-                         const std::uint8_t* data_b, std::size_t blocks) {
-  transform_portable(state_a, data_a, blocks);
-  transform_portable(state_b, data_b, blocks);
+// The scalar rounds already keep the integer units busy with one stream, so the interleaved
+// forms are plain loops over the streams.
+void transform2_portable(const Stream streams[2], std::size_t blocks) {
+  for (int i = 0; i < 2; ++i) transform_portable(streams[i].state, streams[i].data, blocks);
 }
 
-void chain2_portable(const std::uint8_t parent_a[32], const std::uint8_t* data_a, std::uint8_t* out_a,
-                     const std::uint8_t parent_b[32], const std::uint8_t* data_b, std::uint8_t* out_b, std::size_t len,
-                     std::size_t n) {
-  chain_portable(parent_a, data_a, len, n, out_a);
-  chain_portable(parent_b, data_b, len, n, out_b);
+void transform4_portable(const Stream streams[4], std::size_t blocks) {
+  for (int i = 0; i < 4; ++i) transform_portable(streams[i].state, streams[i].data, blocks);
+}
+
+void chain2_portable(const Chain chains[2], std::size_t len, std::size_t n) {
+  for (int i = 0; i < 2; ++i) chain_portable(chains[i].parent, chains[i].data, len, n, chains[i].out);
+}
+
+void chain4_portable(const Chain chains[4], std::size_t len, std::size_t n) {
+  for (int i = 0; i < 4; ++i) chain_portable(chains[i].parent, chains[i].data, len, n, chains[i].out);
 }
 
 }  // namespace sha256

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kvcore/sha256.h"
+
 namespace kvcore {
 namespace sha256 {
 namespace detail {
@@ -106,35 +108,32 @@ static inline void copy_short(std::uint8_t* dst, const std::uint8_t* src, std::s
 
 }  // namespace detail
 
-// Chain functions have the signature of kvcore::sha256::ChainFn; the *2 ones of
-// TransformFn2 / ChainFn2 (two independent streams interleaved).
+// Chain functions have the signature of kvcore::sha256::ChainFn; the *2 and *4 ones those of
+// TransformNFn / ChainNFn (independent streams interleaved).
 void transform_portable(std::uint32_t state[8], const std::uint8_t* data, std::size_t blocks);
 void chain_portable(const std::uint8_t parent[32], const std::uint8_t* data, std::size_t len, std::size_t n,
                     std::uint8_t* out);
-void transform2_portable(std::uint32_t state_a[8], const std::uint8_t* data_a, std::uint32_t state_b[8],
-                         const std::uint8_t* data_b, std::size_t blocks);
-void chain2_portable(const std::uint8_t parent_a[32], const std::uint8_t* data_a, std::uint8_t* out_a,
-                     const std::uint8_t parent_b[32], const std::uint8_t* data_b, std::uint8_t* out_b, std::size_t len,
-                     std::size_t n);
+void transform2_portable(const Stream streams[2], std::size_t blocks);
+void transform4_portable(const Stream streams[4], std::size_t blocks);
+void chain2_portable(const Chain chains[2], std::size_t len, std::size_t n);
+void chain4_portable(const Chain chains[4], std::size_t len, std::size_t n);
 #if defined(KVCORE_HAVE_SHANI)
 void transform_shani(std::uint32_t state[8], const std::uint8_t* data, std::size_t blocks);
 void chain_shani(const std::uint8_t parent[32], const std::uint8_t* data, std::size_t len, std::size_t n,
                  std::uint8_t* out);
-void transform2_shani(std::uint32_t state_a[8], const std::uint8_t* data_a, std::uint32_t state_b[8],
-                      const std::uint8_t* data_b, std::size_t blocks);
-void chain2_shani(const std::uint8_t parent_a[32], const std::uint8_t* data_a, std::uint8_t* out_a,
-                  const std::uint8_t parent_b[32], const std::uint8_t* data_b, std::uint8_t* out_b, std::size_t len,
-                  std::size_t n);
+void transform2_shani(const Stream streams[2], std::size_t blocks);
+void transform4_shani(const Stream streams[4], std::size_t blocks);
+void chain2_shani(const Chain chains[2], std::size_t len, std::size_t n);
+void chain4_shani(const Chain chains[4], std::size_t len, std::size_t n);
 #endif
 #if defined(KVCORE_HAVE_ARMV8)
 void transform_armv8(std::uint32_t state[8], const std::uint8_t* data, std::size_t blocks);
 void chain_armv8(const std::uint8_t parent[32], const std::uint8_t* data, std::size_t len, std::size_t n,
                  std::uint8_t* out);
-void transform2_armv8(std::uint32_t state_a[8], const std::uint8_t* data_a, std::uint32_t state_b[8],
-                      const std::uint8_t* data_b, std::size_t blocks);
-void chain2_armv8(const std::uint8_t parent_a[32], const std::uint8_t* data_a, std::uint8_t* out_a,
-                  const std::uint8_t parent_b[32], const std::uint8_t* data_b, std::uint8_t* out_b, std::size_t len,
-                  std::size_t n);
+void transform2_armv8(const Stream streams[2], std::size_t blocks);
+void transform4_armv8(const Stream streams[4], std::size_t blocks);
+void chain2_armv8(const Chain chains[2], std::size_t len, std::size_t n);
+void chain4_armv8(const Chain chains[4], std::size_t len, std::size_t n);
 #endif
 
 }  // namespace sha256

@@ -643,7 +643,7 @@ class Backend(Protocol):
     ) -> list[bytes]:
         """``block_keys`` of each input (one scope per input; None: ``ReuseScope()`` for all).
         Everything is checked before any hashing; an item's error names it (docs/key-format.md,
-        "Many chains"). The native backend hashes independent chains two at a time, interleaved."""
+        "Many chains"). The native backend hashes independent chains four at a time, interleaved."""
         ...
 
     def gen_multimodal_cache_key_tokens(

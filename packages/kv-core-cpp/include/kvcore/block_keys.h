@@ -54,9 +54,10 @@ struct KeyChainRun {
 };
 
 // chained_keys for every run. The leading full blocks of each run without a digest token are
-// hashed two chains at a time through sha256::chain_keys2 (read in place in the format's
-// encoding, else packed into it first, up to 1 MiB a run), paired greedily in run order (a chain
-// that ends hands its slot to the next one); the rest of each run goes through chained_keys.
+// hashed four chains at a time through sha256::chain_keys4 (two, then one, when fewer are left),
+// read in place in the format's encoding, else packed into it first (up to 1 MiB a run), grouped
+// greedily in run order (a chain that ends hands its slot to the next one); the rest of each run
+// goes through chained_keys.
 void chained_keys_many(std::size_t tokens_per_block, const KeyChainRun* runs, std::size_t count, KeyFormat format);
 
 // The same keys one block at a time; it owns its tokens so it may outlive the caller's buffer.

@@ -22,23 +22,35 @@ using TransformFn = void (*)(std::uint32_t state[8], const std::uint8_t* data, s
 using ChainFn = void (*)(const std::uint8_t parent[32], const std::uint8_t* data, std::size_t len, std::size_t n,
                          std::uint8_t* out);
 
-// Two independent streams interleaved: compresses `blocks` blocks of `data_a` into `state_a`
-// and as many of `data_b` into `state_b`, so one stream's rounds fill the other's latency.
-using TransformFn2 = void (*)(std::uint32_t state_a[8], const std::uint8_t* data_a, std::uint32_t state_b[8],
-                              const std::uint8_t* data_b, std::size_t blocks);
+// One stream of an interleaved compression: `blocks` blocks of data compressed into state.
+struct Stream {
+  std::uint32_t* state;
+  const std::uint8_t* data;
+};
 
-// Two independent chains of ChainFn, interleaved: n keys of each, every message len bytes.
-// Each parent may alias its own out, never the other chain's.
-using ChainFn2 = void (*)(const std::uint8_t parent_a[32], const std::uint8_t* data_a, std::uint8_t* out_a,
-                          const std::uint8_t parent_b[32], const std::uint8_t* data_b, std::uint8_t* out_b,
-                          std::size_t len, std::size_t n);
+// Independent streams interleaved (2 or 4, by the Transform field), so the rounds of one fill
+// the others' latency: each stream exactly as TransformFn would compress it.
+using TransformNFn = void (*)(const Stream streams[], std::size_t blocks);
+
+// One chain of an interleaved ChainFn: n keys chained from parent over data, written to out.
+// parent may alias its own chain's out (it is read first), never another chain's.
+struct Chain {
+  const std::uint8_t* parent;
+  const std::uint8_t* data;
+  std::uint8_t* out;
+};
+
+// Independent chains of ChainFn interleaved (2 or 4): n keys of each, every message len bytes.
+using ChainNFn = void (*)(const Chain chains[], std::size_t len, std::size_t n);
 
 struct Transform {
   const char* name;
   TransformFn fn;
-  ChainFn chain;  // fused chain of keys; keeps the state in registers across keys
-  TransformFn2 fn2;
-  ChainFn2 chain2;
+  ChainFn chain;     // fused chain of keys; keeps the state in registers across keys
+  TransformNFn fn2;  // 2 streams
+  ChainNFn chain2;
+  TransformNFn fn4;  // 4 streams
+  ChainNFn chain4;
 };
 
 // Transforms compiled in AND supported by this CPU; "portable" first, then "shani"/"armv8".
@@ -61,10 +73,9 @@ void select(const std::string& name);
 void chain_keys(const std::uint8_t parent[32], const std::uint8_t* data, std::size_t len, std::size_t n,
                 std::uint8_t* out) noexcept;
 
-// Two chains at once with the active transform (see ChainFn2).
-void chain_keys2(const std::uint8_t parent_a[32], const std::uint8_t* data_a, std::uint8_t* out_a,
-                 const std::uint8_t parent_b[32], const std::uint8_t* data_b, std::uint8_t* out_b, std::size_t len,
-                 std::size_t n) noexcept;
+// Two or four chains at once with the active transform (see ChainNFn).
+void chain_keys2(const Chain chains[2], std::size_t len, std::size_t n) noexcept;
+void chain_keys4(const Chain chains[4], std::size_t len, std::size_t n) noexcept;
 
 }  // namespace sha256
 

@@ -29,7 +29,7 @@ def block_keys_many(
     key_format: object | None = "sha256-u32",
 ) -> list:
     """
-    ``block_keys`` of each input, independent chains hashed two at a time (interleaved).
+    ``block_keys`` of each input, independent chains hashed four at a time (interleaved).
     """
 
 def reuse_scope_to_bytes(reuse_scope: object | None) -> bytes: ...

@@ -154,18 +154,21 @@ std::string hex_state(const std::uint32_t st[8]) {
   return hex(d);
 }
 
-// The 2-way kernels (Transform::fn2 / chain2): FIPS vectors through each stream, and random
-// differential checks against the same transform's single-stream kernels (themselves checked
-// against portable above).
-void test_two_way(const std::string& name) {
-  const std::string p = "[" + name + "] ";
+// The interleaved kernels (Transform::fn2 / fn4 / chain2 / chain4): FIPS vectors through every
+// stream, and random differential checks against the same transform's single-stream kernels
+// (themselves checked against portable above).
+void test_interleaved(const std::string& name, std::size_t lanes) {
+  const std::string p = "[" + name + "] " + std::to_string(lanes) + "-way ";
   kvcore::sha256::select(name);
   const kvcore::sha256::Transform& t = kvcore::sha256::active();
+  const kvcore::sha256::TransformNFn fn = lanes == 2 ? t.fn2 : t.fn4;
+  const kvcore::sha256::ChainNFn chain = lanes == 2 ? t.chain2 : t.chain4;
   static const std::uint32_t kIv[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
                                        0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
 
-  // FIPS 180-4 examples paired by padded block count: "abc" with "" (1 block each), the
-  // 448-bit message with the 896-bit one (2 blocks each).
+  // FIPS 180-4 examples grouped by padded block count: "abc" and "" (1 block each), the 448-bit
+  // message and the 896-bit one (2 blocks each); every stream gets one of the pair, by parity
+  // of its index, then the other (no stream may depend on its position).
   struct Pair {
     std::string a, b;
     const char *want_a, *want_b;
@@ -181,85 +184,93 @@ void test_two_way(const std::string& name) {
   };
   for (const Pair& pr : pairs) {
     const std::vector<std::uint8_t> a = pad(pr.a), b = pad(pr.b);
-    std::uint32_t sa[8], sb[8];
-    std::memcpy(sa, kIv, sizeof sa);
-    std::memcpy(sb, kIv, sizeof sb);
-    t.fn2(sa, a.data(), sb, b.data(), a.size() / 64);
-    const bool ok = hex_state(sa) == pr.want_a && hex_state(sb) == pr.want_b;
-    check(ok, p + "2-way NIST pair (" + std::to_string(a.size() / 64) + " blocks each)");
-    // Swapped streams: neither lane may depend on its position.
-    std::memcpy(sa, kIv, sizeof sa);
-    std::memcpy(sb, kIv, sizeof sb);
-    t.fn2(sb, b.data(), sa, a.data(), a.size() / 64);
-    check(hex_state(sa) == pr.want_a && hex_state(sb) == pr.want_b, p + "2-way NIST pair, streams swapped");
+    for (std::size_t swap = 0; swap < 2; ++swap) {
+      std::uint32_t st[4][8];
+      kvcore::sha256::Stream streams[4];
+      for (std::size_t i = 0; i < lanes; ++i) {
+        std::memcpy(st[i], kIv, sizeof st[i]);
+        streams[i] = {st[i], ((i + swap) % 2 == 0 ? a : b).data()};
+      }
+      fn(streams, a.size() / 64);
+      bool ok = true;
+      for (std::size_t i = 0; i < lanes; ++i)
+        ok = ok && hex_state(st[i]) == ((i + swap) % 2 == 0 ? pr.want_a : pr.want_b);
+      check(ok, p + "NIST vectors (" + std::to_string(a.size() / 64) + " blocks each)" + (swap ? ", swapped" : ""));
+    }
   }
 
   // Random states and unaligned random blocks, 0..9 blocks, vs the single-stream fn.
   Rng rng;
-  const std::vector<std::uint8_t> pool = random_bytes(2 * 9 * 64 + 3);
+  const std::vector<std::uint8_t> pool = random_bytes(4 * 9 * 64 + 3);
   std::size_t bad = 0;
   for (int trial = 0; trial < 200; ++trial) {
     const std::size_t blocks = rng.next() % 10;
-    const std::size_t off_a = rng.next() % 3, off_b = 9 * 64 + rng.next() % 3;
-    std::uint32_t sa[8], sb[8], ra[8], rb[8];
-    for (int i = 0; i < 8; ++i) {
-      sa[i] = ra[i] = static_cast<std::uint32_t>(rng.next());
-      sb[i] = rb[i] = static_cast<std::uint32_t>(rng.next());
+    std::uint32_t st[4][8], ref[4][8];
+    kvcore::sha256::Stream streams[4];
+    for (std::size_t i = 0; i < lanes; ++i) {
+      for (int w = 0; w < 8; ++w) st[i][w] = ref[i][w] = static_cast<std::uint32_t>(rng.next());
+      streams[i] = {st[i], pool.data() + i * 9 * 64 + rng.next() % 3};
     }
-    t.fn2(sa, pool.data() + off_a, sb, pool.data() + off_b, blocks);
-    t.fn(ra, pool.data() + off_a, blocks);
-    t.fn(rb, pool.data() + off_b, blocks);
-    if (std::memcmp(sa, ra, sizeof sa) != 0 || std::memcmp(sb, rb, sizeof sb) != 0) ++bad;
+    fn(streams, blocks);
+    for (std::size_t i = 0; i < lanes; ++i) {
+      t.fn(ref[i], streams[i].data, blocks);
+      if (std::memcmp(st[i], ref[i], sizeof st[i]) != 0) ++bad;
+    }
   }
-  check(bad == 0, p + "2-way transform == single-stream on 200 random (states, blocks) pairs" +
+  check(bad == 0, p + "transform == single-stream on 200 random (states, blocks) groups" +
                       (bad ? " (" + std::to_string(bad) + " bad)" : ""));
 
-  // Chains: every padding case of test_chain's lengths, two different chains of n keys each,
-  // unaligned and sized exactly, vs chain() per chain; a spare key after each output checks
-  // for overruns. Parents alias nothing, then alias their own out (as block_keys_many uses it).
+  // Chains: every padding case of test_chain's lengths, different chains of n keys each,
+  // unaligned and sized exactly, vs chain() per chain; a spare key after each output checks for
+  // overruns. Parents alias nothing, then alias their own out (as block_keys_many uses them).
   static const std::size_t kLens[] = {1,  4,  20, 23,  24,  31,  32,  55,  56,  63,  64,   87,
                                       88, 95, 96, 119, 120, 127, 128, 129, 200, 256, 1000, 4096};
   constexpr std::uint8_t kSentinel = 0xcd;
-  const std::vector<std::uint8_t> src = random_bytes(2 * 7 * 4096 + 64);
+  const std::vector<std::uint8_t> src = random_bytes(4 * 7 * 4096 + 4 * 32);
   bad = 0;
   std::string first_bad;
   std::size_t cases = 0;
   for (std::size_t len : kLens) {
     for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{7}}) {
       ++cases;
-      std::vector<std::uint8_t> da(1 + n * len), db(1 + n * len);
-      std::memcpy(da.data() + 1, src.data(), n * len);
-      std::memcpy(db.data() + 1, src.data() + 7 * 4096, n * len);
-      const std::uint8_t* pa = src.data() + 2 * 7 * 4096;
-      const std::uint8_t* pb = pa + 32;
-      std::vector<std::uint8_t> want_a(32 * n + 32, kSentinel), want_b(32 * n + 32, kSentinel);
-      t.chain(pa, da.data() + 1, len, n, want_a.data());
-      t.chain(pb, db.data() + 1, len, n, want_b.data());
-      std::vector<std::uint8_t> got_a(32 * n + 32, kSentinel), got_b(32 * n + 32, kSentinel);
-      t.chain2(pa, da.data() + 1, got_a.data(), pb, db.data() + 1, got_b.data(), len, n);
-      bool ok = got_a == want_a && got_b == want_b;
-      // Aliased: each parent stored just before its own output, as block_keys_many passes them.
-      std::vector<std::uint8_t> al_a(32 * n + 64, kSentinel), al_b(32 * n + 64, kSentinel);
-      std::memcpy(al_a.data(), pa, 32);
-      std::memcpy(al_b.data(), pb, 32);
-      t.chain2(al_a.data(), da.data() + 1, al_a.data() + 32, al_b.data(), db.data() + 1, al_b.data() + 32, len, n);
-      ok = ok && std::memcmp(al_a.data() + 32, want_a.data(), want_a.size()) == 0 &&
-           std::memcmp(al_b.data() + 32, want_b.data(), want_b.size()) == 0;
+      std::vector<std::uint8_t> data[4], want[4], got[4], aliased[4];
+      kvcore::sha256::Chain plain[4], alias[4];
+      for (std::size_t i = 0; i < lanes; ++i) {
+        data[i].assign(1 + n * len, 0);
+        std::memcpy(data[i].data() + 1, src.data() + i * 7 * 4096, n * len);
+        const std::uint8_t* parent = src.data() + 4 * 7 * 4096 + 32 * i;
+        want[i].assign(32 * n + 32, kSentinel);
+        t.chain(parent, data[i].data() + 1, len, n, want[i].data());
+        got[i].assign(32 * n + 32, kSentinel);
+        plain[i] = {parent, data[i].data() + 1, got[i].data()};
+        // Aliased: each parent stored just before its own output.
+        aliased[i].assign(32 * n + 64, kSentinel);
+        std::memcpy(aliased[i].data(), parent, 32);
+        alias[i] = {aliased[i].data(), data[i].data() + 1, aliased[i].data() + 32};
+      }
+      chain(plain, len, n);
+      chain(alias, len, n);
+      bool ok = true;
+      for (std::size_t i = 0; i < lanes; ++i)
+        ok = ok && got[i] == want[i] && std::memcmp(aliased[i].data() + 32, want[i].data(), want[i].size()) == 0;
       if (!ok && bad++ == 0) first_bad = " (first: len " + std::to_string(len) + " n " + std::to_string(n) + ")";
     }
   }
-  check(bad == 0, p + "2-way chain == chain() per stream for " + std::to_string(cases) + " (len, n) cases" +
+  check(bad == 0, p + "chain == chain() per stream for " + std::to_string(cases) + " (len, n) cases" +
                       (bad ? ", " + std::to_string(bad) + " bad" + first_bad : ""));
 
-  // The public entry point dispatches to the active transform's chain2.
-  std::vector<std::uint8_t> d(2 * 3 * 64);
+  // The public entry points dispatch to the active transform's kernels.
+  std::vector<std::uint8_t> d(4 * 3 * 64);
   for (std::size_t i = 0; i < d.size(); ++i) d[i] = static_cast<std::uint8_t>(i * 7);
   std::uint8_t parent[32] = {1, 2, 3};
-  std::uint8_t ka[3 * 32], kb[3 * 32], wa[3 * 32], wb[3 * 32];
-  kvcore::sha256::chain_keys2(parent, d.data(), ka, parent, d.data() + 3 * 64, kb, 64, 3);
-  t.chain(parent, d.data(), 64, 3, wa);
-  t.chain(parent, d.data() + 3 * 64, 64, 3, wb);
-  check(std::memcmp(ka, wa, sizeof ka) == 0 && std::memcmp(kb, wb, sizeof kb) == 0, p + "chain_keys2() matches");
+  std::uint8_t got[4][3 * 32], want[4][3 * 32];
+  kvcore::sha256::Chain chains[4];
+  for (std::size_t i = 0; i < lanes; ++i) {
+    chains[i] = {parent, d.data() + i * 3 * 64, got[i]};
+    t.chain(parent, d.data() + i * 3 * 64, 64, 3, want[i]);
+  }
+  (lanes == 2 ? kvcore::sha256::chain_keys2 : kvcore::sha256::chain_keys4)(chains, 64, 3);
+  check(std::memcmp(got, want, lanes * sizeof got[0]) == 0, p + "chain_keys" + std::to_string(lanes) + "() matches");
 }
 
 void test_transform(const std::string& name, const std::vector<std::uint8_t>& msg,
@@ -355,7 +366,8 @@ void test_transform(const std::string& name, const std::vector<std::uint8_t>& ms
   }
 
   test_chain(name);
-  test_two_way(name);
+  test_interleaved(name, 2);
+  test_interleaved(name, 4);
 }
 
 int run(int argc, char** argv) {

@@ -82,7 +82,7 @@ def block_keys_many(
     key_format: str = DEFAULT_KEY_FORMAT,
 ) -> list[bytes]:
     """``block_keys`` per input; every argument and input is checked before any hashing, in
-    ``kv_api.keys.block_keys_many``'s order (C++ ``block_keys_many``; hashlib has no 2-way form)."""
+    ``kv_api.keys.block_keys_many``'s order (C++ ``block_keys_many``; hashlib has no interleaved form)."""
     tpb = int_in_range("tokens_per_block", tokens_per_block, 1)
     scopes = check_many_scopes(reuse_scopes)
     fmt = check_key_format(key_format)

@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
-# Cross-compiles the native SHA-256 known-answer test for arm64 and runs it
-# under qemu, once forcing the ARMv8 crypto transform and once the portable
-# one. Run from the repository root.
+# The native SHA-256 known-answer test (single-stream and interleaved kernels):
+# built for this machine and run on every transform it has, then cross-compiled
+# for arm64 and run under qemu, once forcing the ARMv8 crypto transform and once
+# the portable one. Run from the repository root.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."  # paths below are relative to the repo root
+
+host_dir="${HOST_BUILD_DIR:-build/kat}"
+cmake -S packages/kv-core-cpp -B "${host_dir}" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DKVCORE_PYTHON=OFF -DKVCORE_BUILD_TESTS=ON
+cmake --build "${host_dir}" --target sha256_kat
+echo "== sha256_kat (host, every available transform)"
+"${host_dir}/sha256_kat"
 
 # The cross toolchain and qemu come from Debian; install them when missing and we can.
 if ! command -v aarch64-linux-gnu-g++ >/dev/null || ! command -v qemu-aarch64 >/dev/null; then
