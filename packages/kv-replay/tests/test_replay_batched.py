@@ -1,11 +1,13 @@
-"""The decode step's batched calls (``resize_many``, ``commit_many``) replay exactly as one call per
-cache: the same reuse, preemptions, rejections, evictions and per-step samples, on every backend."""
+"""The decode step's batched calls (``resize_many``, ``commit_many``) replay exactly as the same calls
+one cache at a time: the same reuse, preemptions, rejections, evictions and per-step samples, on
+every backend and every kind of layer."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -54,8 +56,11 @@ def spy(r: Replayer) -> Spy:
 
 
 @st.composite
-def workloads(draw: st.DrawFn) -> tuple[list[Request], int, int, int]:
+def workloads(draw: st.DrawFn) -> tuple[list[Request], int, int, int, str]:
     tpb = draw(st.sampled_from([1, 2, 4, 8]))
+    # Windowed and SSM layers: a resize by one may release or need pages anywhere, a commit may
+    # snapshot (commit_min_snapshot).
+    layers = draw(st.sampled_from(["1", "1", "1,1x8", "1,1ssm"]))
     slots = draw(st.integers(4, 40))
     pool_tokens = tpb * slots
     shared = synthetic_tokens(draw(st.integers(0, 3)), 4 * pool_tokens, stream=1)
@@ -72,60 +77,55 @@ def workloads(draw: st.DrawFn) -> tuple[list[Request], int, int, int]:
         prompt = np.concatenate([shared[:prefix], synthetic_tokens(i, length - prefix, stream=2)])
         output = synthetic_tokens(draw(st.integers(0, 2)), draw(st.integers(0, 2 * pool_tokens)), stream=3)
         requests.append(Request(prompt.astype(np.int32), output))
-    return requests, tpb, slots, draw(st.integers(2, 8))
+    return requests, tpb, slots, draw(st.integers(2, 8)), layers
 
 
 @settings(max_examples=150, deadline=None)
 @given(workloads())
 def test_batched_decode_replays_as_one_call_per_cache(backends: list[kv_api.Backend], workload: Any) -> None:
-    requests, tpb, slots, in_flight = workload
+    requests, tpb, slots, in_flight, layers = workload
     outcomes = []
     for backend in backends:
-        batched = replayer(backend, tpb, slots, in_flight)
-        assert batched.batch_pages == [1]
-        single = replayer(backend, tpb, slots, in_flight)
-        single.batch_pages = None  # the per-cache path
+        batched = replayer(backend, tpb, slots, in_flight, layers)
+        assert batched.batched
+        single = replayer(backend, tpb, slots, in_flight, layers)
+        single.batched = False  # the same calls, one cache at a time
+        calls = spy(single)
         expected = outcome(single.run(requests))
+        assert calls.calls == {"resize_many": 0, "commit_many": 0}
         assert outcome(batched.run(requests)) == expected
         outcomes.append(expected)
     assert all(o == outcomes[0] for o in outcomes)
 
 
-def test_the_decode_step_is_batched(backend: kv_api.Backend) -> None:
-    # Eight requests decoding 40 tokens each in a pool that holds them all: one resize_many and
-    # one commit_many per step, except where a block a commit fills comes before one a resize starts.
+@pytest.mark.parametrize("layers", ["1", "1,1x8", "1,1ssm"])
+def test_the_decode_step_is_one_resize_many_and_one_commit_many(backend: kv_api.Backend, layers: str) -> None:
+    # Eight requests decoding 40 tokens each in a pool that holds them all: every step but the
+    # last (where they all complete) decodes all eight with one call of each.
     requests = [Request(synthetic_tokens(i, 20), synthetic_tokens(100 + i, 40)) for i in range(8)]
-    r = replayer(backend, 32, 64, 8)
+    r = replayer(backend, 4, 1024, 8, layers)
     calls = spy(r)
     result = r.run(requests)
     assert all(not rec.rejected and rec.preemptions == 0 for rec in result.records)
-    # Step 0 admits and decodes all eight (prompts of 20: no block boundary before token 32).
-    assert calls.calls["resize_many"] >= result.steps - 2
-    assert calls.calls["commit_many"] == calls.calls["resize_many"]
-
-
-def test_windowed_and_ssm_layers_decode_one_cache_at_a_time(backend: kv_api.Backend) -> None:
-    for layers in ("1,1x8", "1,1ssm"):
-        r = replayer(backend, 4, 32, 4, layers)
-        assert r.batch_pages is None  # commits there release or snapshot pages: order matters
-        calls = spy(r)
-        r.run([Request(synthetic_tokens(i, 6), synthetic_tokens(9 + i, 5)) for i in range(3)])
-        assert calls.calls == {"resize_many": 0, "commit_many": 0}
+    assert result.steps == 41
+    assert calls.calls == {"resize_many": 40, "commit_many": 40}
 
 
 def test_a_resize_that_finds_no_page_inside_a_batch_is_handled(backends: list[kv_api.Backend]) -> None:
-    # Not counting the free slots first (batch_pages of 0), the batch runs into a full pool: the
-    # requests after the failing resize continue one at a time, and the replay still ends with
-    # every request completed or rejected, identically on every backend.
+    # A pool too small for every request: resizes inside the batch find no page, those requests
+    # preempt the newest ones and try again, and the replay still ends with every request
+    # completed or rejected, identically on every backend and one cache at a time.
     requests = [Request(synthetic_tokens(i, 7), synthetic_tokens(50 + i, 12)) for i in range(6)]
     outcomes = []
     for backend in backends:
         r = replayer(backend, 4, 10, 6)
-        r.batch_pages = [0]
         calls = spy(r)
         result = r.run(requests)
         assert calls.calls["resize_many"] > 0
         assert sum(rec.preemptions for rec in result.records) > 0  # the pool did run out
         assert result.samples[-1].completed == len(requests)
+        single = replayer(backend, 4, 10, 6)
+        single.batched = False
+        assert outcome(single.run(requests)) == outcome(result)
         outcomes.append(outcome(result))
     assert all(o == outcomes[0] for o in outcomes)

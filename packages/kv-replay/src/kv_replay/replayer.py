@@ -3,19 +3,21 @@
 Every step: the waiting request (admitted, but refused pages so far) is resumed if the manager
 lets it; new requests are admitted first come, first served while fewer than ``max_in_flight``
 run and none waits (``create_kv_cache`` with reuse, ``resume``, ``resize`` to the prompt, then the
-prefill ``commit``); every running request decodes one token (``resize`` by one, ``commit`` of
-one). When a decode step runs out of pages, the newest other open request is preempted (closed,
-its committed blocks left reusable) and re-queued first, to be re-admitted with its prompt and
-the tokens generated so far. A request that cannot start or decode while it is the only open
-cache never will, and is rejected. Every decision depends only on what the manager returns, so
-two backends that behave identically replay identically.
+prefill ``commit``); requests whose output is done close; then every running request decodes one
+token, the way an engine runs an iteration: every cache is resized by one (room for the token the
+forward pass writes), then every new token is committed. A resize that finds no page makes room:
+the newest other open request is preempted (closed, its committed blocks left reusable) and
+re-queued first, to be re-admitted with its prompt and the tokens generated so far. A request
+that cannot start or decode while it is the only open cache never will, and is rejected. Every
+decision depends only on what the manager returns, so two backends that behave identically
+replay identically.
 
-Batched decode: when every layer is plain full attention, the decode step issues its resizes as one
-``resize_many`` and its commits as one ``commit_many`` (one crossing each into a native backend)
-wherever that is the same as the per-cache order: see ``_decode_batch``.
+Batched decode: the resizes go as one ``resize_many`` and the commits as one ``commit_many`` (one
+crossing each into a native backend); ``batched = False`` issues the same calls one cache at a
+time, in the same order, with the same results.
 
-Termination: every step decodes a token, completes a request or rejects one (the oldest open
-request either makes progress or is left alone with the whole pool and then rejected), so a
+Termination: every step decodes a token, completes a request or rejects one (the oldest running
+request either decodes or is left alone with the whole pool and then rejected), so a
 replay ends within ``len(requests) + total output tokens`` steps; ``run`` raises rather than
 loop if a step ever makes no progress.
 """
@@ -31,7 +33,6 @@ from typing import Any, TypeVar
 import numpy as np
 
 from kv_api import (
-    AttentionLayerConfig,
     Backend,
     DiskCacheTierConfig,
     HostCacheTierConfig,
@@ -122,7 +123,6 @@ class _Live:
 
 class Replayer:
     waiting: _Live | None  # admitted, suspended until the manager lets it start (set by begin())
-    _stats: list[StorageStatistics] | None  # the last read, until a manager call (_storage_statistics)
 
     def __init__(
         self,
@@ -141,16 +141,11 @@ class Replayer:
         self.tiered = len(config.cache_tiers) > 1  # the tier APIs are only asked for with tiers
         self.max_in_flight = max_in_flight
         self.progress = progress
-        # Slots one new block takes in each pool group, when the decode step may be batched
-        # (None: one call per cache; see _decode_batch).
-        self.batch_pages: list[int] | None = (
-            [len(pg.life_cycles) for pg in self.manager.pool_group_descs] if _batchable(config) else None
-        )
+        self.batched = True  # the decode step's resizes and commits as one call each
 
     # -- timed manager calls --------------------------------------------------------------------------
 
     def _timed(self, call: Callable[..., _T], *args: Any, hashed: int = 0) -> _T:
-        self._stats = None  # every call that may change the pools comes through here
         start = time.perf_counter()
         value = call(*args)
         seconds = time.perf_counter() - start
@@ -197,96 +192,59 @@ class Replayer:
             self._timed(cache.commit, rest, hashed=len(rest))
         return True
 
-    def _decode(self, live: _Live, resized: bool = False) -> bool:
-        """One token; False (nothing changed) when the manager has no page for it. ``resized``:
-        a batch already gave it the room."""
-        cache = live.cache
-        if not resized:
-            if not self._timed(cache.resize, live.capacity + 1):
-                return False
-            live.capacity += 1
-        token = live.output[live.generated : live.generated + 1]
-        self._timed(cache.commit, token, hashed=1)
-        live.generated += 1
-        return True
+    def _decode(self, group: list[_Live]) -> int:
+        """One token for every request of ``group`` (running, oldest first); how many decoded.
 
-    def _decode_one(self, live: _Live, resized: bool = False) -> int:
-        """Decode ``live``, making room by preemption as needed; 1 if it decoded, else 0."""
+        Every cache is resized by one, then every token is committed (one ``resize_many`` and one
+        ``commit_many`` when ``batched``, else the same calls one cache at a time). A resize that
+        finds no page changed nothing: in order, each such request makes room (``_make_room``)
+        and tries again, before any commit.
+        """
+        caches = [live.cache for live in group]
+        capacities = [live.capacity + 1 for live in group]
+        if self.batched:
+            resized = self._timed(self.manager.resize_many, caches, capacities)
+        else:
+            resized = [self._timed(cache.resize, capacity) for cache, capacity in zip(caches, capacities, strict=True)]
+        for live, ok in zip(group, resized, strict=True):
+            if live.open and (ok or self._make_room(live)):  # not preempted by an older request
+                live.capacity += 1
+        decoding = [live for live in group if live.open]
+        tokens = [live.output[live.generated] for live in decoding]
+        if self.batched:
+            self._timed(
+                self.manager.commit_many,
+                [live.cache for live in decoding],
+                tokens,
+                [1] * len(decoding),
+                hashed=len(tokens),
+            )
+        else:
+            for live, token in zip(decoding, tokens, strict=True):
+                self._timed(live.cache.commit, [token], hashed=1)
+        for live in decoding:
+            live.generated += 1
+        return len(decoding)
+
+    def _make_room(self, live: _Live) -> bool:
+        """Preempt the newest other open request until ``live`` has room for one more token;
+        False when ``live`` itself was preempted or rejected (alone with the whole pool)."""
         running = self.running
-        while not self._decode(live, resized):
+        while True:
             if self.waiting is not None:  # the newest open request holds pages too
                 self._requeue(self.waiting)
                 self.waiting = None
-                continue
-            victim = running.pop()  # the newest running request makes room
-            if victim is live and not running:  # alone with the whole pool: never fits
-                self._finish(live, rejected=True)
-                return 0
-            self.result.records[victim.index].preemptions += 1
-            self._requeue(victim)
-            if victim is live:
-                return 0
-        return 1
-
-    def _decode_batch(self, group: list[_Live]) -> int:
-        """Decode ``group`` (consecutive running requests, oldest first); how many decoded.
-
-        One ``resize_many`` then one ``commit_many`` replace ``resize, commit`` per request, which
-        moves each commit after the later requests' resizes. With full-attention layers only
-        (``_batchable``) and capacity = committed tokens, a resize by one takes pages only when it
-        starts a block, and a commit of one changes more than the cache's own tokens only when it
-        fills one (the block enters the tree and may rebase onto a page another resize could
-        evict); ``step`` never puts a resize that starts a block after a commit that fills one,
-        so only calls that touch nothing in common swap places. The resizes run batched only if
-        the pool groups' free and evictable slots cover every block they start, so none fails
-        (per cache, none would); otherwise the group goes one cache at a time, as before.
-        """
-        if len(group) == 1:
-            return self._decode_one(group[0])
-        assert self.batch_pages is not None
-        tpb = self.config.tokens_per_block
-        capacities = [live.capacity + 1 for live in group]
-        starts = sum([(c - 1) % tpb == 0 for c in capacities])
-        if starts:
-            stats = self._storage_statistics()
-            if any(starts * n > s.available for n, s in zip(self.batch_pages, stats, strict=True)):
-                return sum(self._decode_one(live) for live in group if live.open)
-        caches = [live.cache for live in group]
-        try:
-            resized = self._timed(self.manager.resize_many, caches, capacities)
-        except Exception as exc:
-            # Resize k raised: one cache at a time, requests 0..k-1 would have decoded before it.
-            done = list(getattr(exc, "batch_results", None) or [])
-            if done and all(done):
-                for live in group[: len(done)]:
-                    live.capacity += 1
-                self._commit_batch(group[: len(done)])
-            raise
-        for live, ok in zip(group, resized, strict=True):
-            live.capacity += ok
-        if all(resized):
-            self._commit_batch(group)
-            return len(group)
-        # Not expected (the slots were counted), but a resize that found no page changed nothing:
-        # the ones before it decode as they would have, then one cache at a time from it on (those
-        # after it that were resized only commit).
-        first = resized.index(False)
-        self._commit_batch(group[:first])
-        decoded = first
-        for live, ok in zip(group[first:], resized[first:], strict=True):
-            if live.open:  # not preempted by an older request of this group
-                decoded += self._decode_one(live, resized=ok)
-        return decoded
-
-    def _commit_batch(self, group: list[_Live]) -> None:
-        """Commit each resized request's next token, in one call."""
-        if not group:
-            return
-        tokens = [live.output[live.generated] for live in group]
-        caches = [live.cache for live in group]
-        self._timed(self.manager.commit_many, caches, tokens, [1] * len(group), hashed=len(group))
-        for live in group:
-            live.generated += 1
+            else:
+                victim = running.pop()  # the newest running request makes room
+                if victim is live and not running:  # alone with the whole pool: never fits
+                    self._finish(live, rejected=True)
+                    return False
+                self.result.records[victim.index].preemptions += 1
+                self._requeue(victim)
+                if victim is live:
+                    return False
+            if self._timed(live.cache.resize, live.capacity + 1):
+                return True
 
     def _requeue(self, live: _Live) -> None:
         """Close an open request and queue it first, to be re-admitted with what it generated."""
@@ -332,7 +290,6 @@ class Replayer:
         self.pending: deque[_Queued] = deque()
         self.waiting = None
         self.running: list[_Live] = []  # oldest first
-        self._stats = None
         self.steps = 0
         self.wall_seconds = 0.0
         for request in requests:
@@ -373,37 +330,10 @@ class Replayer:
                 self.waiting = live
             else:
                 self._finish(live, rejected=True)
-        decoded = 0
-        group: list[_Live] = []  # requests to decode in one batch, oldest first
-        batched = self.batch_pages is not None
-        tpb = self.config.tokens_per_block
-        fills = False  # a commit of the group fills a block
-        for live in list(running):
-            if not live.open:
-                continue  # preempted by an older request this step
-            if batched and live.generated < len(live.output):
-                # A resize that starts a block does not join a group in which a commit fills one
-                # (see _decode_batch).
-                if fills and live.capacity % tpb == 0:
-                    decoded += self._decode_batch(group)
-                    group, fills = [], False
-                    if not live.open:
-                        continue
-                group.append(live)
-                fills = fills or (live.capacity + 1) % tpb == 0
-                continue
-            if group:  # the order of calls is kept: the batch goes before this request's
-                decoded += self._decode_batch(group)
-                group, fills = [], False
-                if not live.open:
-                    continue
-            if live.generated == len(live.output):
-                running.remove(live)
-                self._finish(live)
-                continue
-            decoded += self._decode_one(live)
-        if group:
-            decoded += self._decode_batch(group)
+        for live in [live for live in running if live.generated == len(live.output)]:
+            running.remove(live)
+            self._finish(live)
+        decoded = self._decode(list(running)) if running else 0
         if self.done == done_before and not decoded:
             raise RuntimeError(f"replay made no progress at step {self.steps} (a bug in the replayer)")
         self._sample(self.steps)
@@ -427,15 +357,8 @@ class Replayer:
         self.result.peak_resident_bytes = resident.peak_bytes()
         return self.result
 
-    def _storage_statistics(self) -> list[StorageStatistics]:
-        """The device level's statistics, read again only after a manager call since the last read
-        (the end of a step's sample serves the next step's batch check when nothing ran between)."""
-        if self._stats is None:
-            self._stats = self.manager.get_storage_statistics()
-        return self._stats
-
     def _sample(self, step: int) -> None:
-        stats = self._storage_statistics()
+        stats = self.manager.get_storage_statistics()
         self.result.samples.append(
             Sample(
                 step,
@@ -446,23 +369,6 @@ class Replayer:
                 _occupancy(stats),
             )
         )
-
-
-def _batchable(config: KVCacheManagerConfig) -> bool:
-    """Whether decode steps may be batched (see Replayer._decode_batch): every layer is full
-    attention with the manager's block size, and no commit snapshots or scratch slots, so a
-    resize by one takes pages only when it starts a block and a commit of one touches shared
-    state only when it fills one."""
-    return (
-        not config.commit_min_snapshot
-        and config.swa_scratch_reuse is None
-        and all(
-            isinstance(layer, AttentionLayerConfig)
-            and layer.sliding_window_size is None
-            and all(b.tokens_per_block_override in (None, config.tokens_per_block) for b in layer.buffers)
-            for layer in config.layers
-        )
-    )
 
 
 def _occupancy(stats: list[StorageStatistics]) -> float:
