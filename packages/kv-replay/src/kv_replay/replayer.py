@@ -206,25 +206,20 @@ class Replayer:
             resized = self._timed(self.manager.resize_many, caches, capacities)
         else:
             resized = [self._timed(cache.resize, capacity) for cache, capacity in zip(caches, capacities, strict=True)]
+        # Only newer requests make room, so one preempted here has not been reached yet.
+        caches, tokens = [], []
         for live, ok in zip(group, resized, strict=True):
-            if live.open and (ok or self._make_room(live)):  # not preempted by an older request
+            if live.open and (ok or self._make_room(live)):
                 live.capacity += 1
-        decoding = [live for live in group if live.open]
-        tokens = [live.output[live.generated] for live in decoding]
+                caches.append(live.cache)
+                tokens.append(live.output[live.generated])
+                live.generated += 1
         if self.batched:
-            self._timed(
-                self.manager.commit_many,
-                [live.cache for live in decoding],
-                tokens,
-                [1] * len(decoding),
-                hashed=len(tokens),
-            )
+            self._timed(self.manager.commit_many, caches, tokens, [1] * len(tokens), hashed=len(tokens))
         else:
-            for live, token in zip(decoding, tokens, strict=True):
-                self._timed(live.cache.commit, [token], hashed=1)
-        for live in decoding:
-            live.generated += 1
-        return len(decoding)
+            for cache, token in zip(caches, tokens, strict=True):
+                self._timed(cache.commit, [token], hashed=1)
+        return len(tokens)
 
     def _make_room(self, live: _Live) -> bool:
         """Preempt the newest other open request until ``live`` has room for one more token;
@@ -359,16 +354,12 @@ class Replayer:
 
     def _sample(self, step: int) -> None:
         stats = self.manager.get_storage_statistics()
-        self.result.samples.append(
-            Sample(
-                step,
-                self.done,
-                self.admitted_prompt,
-                self.reused,
-                max(s.unavailable / s.total for s in stats),
-                _occupancy(stats),
-            )
-        )
+        if len(stats) == 1:  # the usual single pool group, without the generators' cost
+            (s,) = stats
+            utilization, occupancy = (s.total - s.free - s.evictable) / s.total, (s.total - s.free) / s.total
+        else:
+            utilization, occupancy = max(s.unavailable / s.total for s in stats), _occupancy(stats)
+        self.result.samples.append(Sample(step, self.done, self.admitted_prompt, self.reused, utilization, occupancy))
 
 
 def _occupancy(stats: list[StorageStatistics]) -> float:
