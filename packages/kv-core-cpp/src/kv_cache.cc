@@ -802,11 +802,13 @@ void KVCache::commit_block(std::int64_t ordinal, const std::vector<Page*>* pages
   Storage& storage = context_.storage();
   Block* block = parent->child(key);
   if (block == nullptr) {
-    RadixTree& tree = context_.tree();
-    TokenList tokens = tokens_.slice(begin, end);
-    if (!full && RadixTree::covering_sibling(parent, tokens) != nullptr) return;
-    Block* shorter = RadixTree::covered_sibling(parent, tokens);
-    block = tree.add(parent, key, std::move(tokens), ordinal);
+    Block* shorter = nullptr;
+    if (!parent->children().empty()) {  // siblings to compare with (the next block of a new chain has none)
+      const TokenList tokens = tokens_.slice(begin, end);
+      if (!full && RadixTree::covering_sibling(parent, tokens) != nullptr) return;
+      shorter = RadixTree::covered_sibling(parent, tokens);
+    }
+    block = context_.tree().add(parent, key, tokens_, begin, end, ordinal);
     stats.committed_block();
     if (shorter != nullptr) storage.adopt(block, shorter);
   }

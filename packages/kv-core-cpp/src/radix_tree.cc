@@ -69,6 +69,16 @@ std::unique_ptr<Block> Node::take_child(Block* block) {
   return std::unique_ptr<Block>(block);
 }
 
+void Block::reuse(const Digest& new_key, Node* new_parent, std::int64_t new_ordinal) {
+  key = new_key;
+  parent = new_parent;
+  lora_id = lora_of(new_parent);
+  ordinal = new_ordinal;
+  std::fill(pages.begin(), pages.end(), nullptr);
+  v1_hash.reset();
+  pins = 0;
+}
+
 bool Block::has_pages() const {
   return std::any_of(pages.begin(), pages.end(), [](const Page* p) { return p != nullptr; });
 }
@@ -165,8 +175,33 @@ Root* RadixTree::root(const Digest& root_key, const ReuseScope& scope) {
   return raw;
 }
 
-Block* RadixTree::add(Node* parent, const Digest& key, TokenList tokens, std::int64_t ordinal) {
-  return parent->add_child(std::make_unique<Block>(key, parent, std::move(tokens), ordinal, num_life_cycles_));
+Block* RadixTree::add(Node* parent, const Digest& key, const TokenList& source, std::size_t begin, std::size_t end,
+                      std::int64_t ordinal) {
+  std::unique_ptr<Block> block;
+  if (spare_.empty()) {
+    block = std::make_unique<Block>(key, parent, TokenList{}, ordinal, num_life_cycles_);
+  } else {
+    block = std::move(spare_.back());
+    spare_.pop_back();
+    block->reuse(key, parent, ordinal);
+  }
+  source.slice_into(begin, end, block->tokens);
+  return parent->add_child(std::move(block));
+}
+
+void RadixTree::recycle(std::unique_ptr<Block> block) {
+  if (block->children().empty()) {  // a leaf, the usual case: no list to build
+    if (spare_.size() < kSpareBlocks) spare_.push_back(std::move(block));
+    return;
+  }
+  std::vector<std::unique_ptr<Block>> pending;
+  pending.push_back(std::move(block));
+  while (!pending.empty()) {
+    std::unique_ptr<Block> b = std::move(pending.back());
+    pending.pop_back();
+    while (!b->children().empty()) pending.push_back(b->take_child(b->children().back()));
+    if (spare_.size() < kSpareBlocks) spare_.push_back(std::move(b));
+  }
 }
 
 Block* RadixTree::covering_sibling(const Node* parent, const TokenList& tokens) {
@@ -201,7 +236,7 @@ void RadixTree::prune(Node* node) {
     Block* block = static_cast<Block*>(node);
     if (!block->children().empty() || block->has_pages() || block->pins) return;
     Node* parent = block->parent;
-    parent->take_child(block);  // destroys it
+    recycle(parent->take_child(block));
     node = parent;
   }
   if (node->children().empty()) {

@@ -376,7 +376,7 @@ void Storage::adopt(Block* block, Block* sibling) {
       block->pages[lc] = page;
     }
   }
-  tree_.detach(sibling);  // destroys it
+  tree_.recycle(tree_.detach(sibling));
 }
 
 void Storage::replace(Block* block, int life_cycle, Page* page) {
@@ -432,7 +432,7 @@ void Storage::drop(Page* page) {
       for (Block* b : RadixTree::subtree(block)) release(b);
     }
     Node* parent = block->parent;
-    tree_.detach(block);  // destroys the subtree
+    tree_.recycle(tree_.detach(block));  // the whole subtree
     tree_.prune(parent);
   } else {
     tree_.prune(block);

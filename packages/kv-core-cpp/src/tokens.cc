@@ -192,11 +192,16 @@ bool TokenList::same(std::size_t i, const TokenList& other, std::size_t j) const
 
 TokenList TokenList::slice(std::size_t begin, std::size_t end) const {
   TokenList out;
+  slice_into(begin, end, out);
+  return out;
+}
+
+void TokenList::slice_into(std::size_t begin, std::size_t end, TokenList& out) const {
   out.ids.assign(ids.begin() + static_cast<std::ptrdiff_t>(begin), ids.begin() + static_cast<std::ptrdiff_t>(end));
+  out.digests.clear();
   for (std::size_t k = first_digest_at_or_after(begin); k < digests.size() && digests[k].position < end; ++k) {
     out.digests.push_back({digests[k].position - begin, digests[k].digest});
   }
-  return out;
 }
 
 void TokenList::append(const TokenList& other) {

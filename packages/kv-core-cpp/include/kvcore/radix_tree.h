@@ -25,6 +25,13 @@ constexpr std::size_t kPartialScanLimit = 32;
 // nodes of a long prompt have one child, and a scan touches only the child itself, where a hash
 // map costs a bucket array and a map node per lookup (the walk's cache misses).
 constexpr std::size_t kChildScanLimit = 8;
+// Blocks a tree keeps for reuse (RadixTree::recycle). None under AddressSanitizer, so that a
+// use after removal is still reported.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr std::size_t kSpareBlocks = 0;
+#else
+constexpr std::size_t kSpareBlocks = 4096;
+#endif
 
 struct DigestHash {
   std::size_t operator()(const Digest& d) const noexcept {
@@ -69,12 +76,15 @@ class Block : public Node {
  public:
   Block(const Digest& key, Node* parent, TokenList tokens, std::int64_t ordinal, std::size_t num_life_cycles)
       : Node(key, parent),
-        lora_id(parent->is_root() ? static_cast<Root*>(parent)->scope.lora_id : static_cast<Block*>(parent)->lora_id),
+        lora_id(lora_of(parent)),
         tokens(std::move(tokens)),
         ordinal(ordinal),
         pages(num_life_cycles, nullptr) {}
   bool is_root() const override { return false; }
   bool has_pages() const;
+  // A spare block (childless, out of the tree) made new under `parent`; its token and child
+  // storage is kept for reuse, the tokens are the caller's to fill.
+  void reuse(const Digest& new_key, Node* new_parent, std::int64_t new_ordinal);
 
   // The scope's LoRA adapter, for events (the root knows the scope; blocks copy it down).
   std::optional<std::uint64_t> lora_id;
@@ -83,6 +93,12 @@ class Block : public Node {
   PerLifeCycle<Page*> pages;                              // one per life cycle
   std::optional<std::pair<std::uint64_t, bool>> v1_hash;  // cached by the event manager
   int pins = 0;  // open caches whose next commits hang under this block: never pruned
+
+ private:
+  static std::optional<std::uint64_t> lora_of(const Node* parent) {
+    return parent->is_root() ? static_cast<const Root*>(parent)->scope.lora_id
+                             : static_cast<const Block*>(parent)->lora_id;
+  }
 };
 
 using MatchPath = std::vector<std::pair<Block*, std::int64_t>>;
@@ -97,7 +113,9 @@ class RadixTree {
                  bool partial) const;
   Root* find_root(const Digest& root_key) const;
   Root* root(const Digest& root_key, const ReuseScope& scope);
-  Block* add(Node* parent, const Digest& key, TokenList tokens, std::int64_t ordinal);
+  // A new child of `parent` holding tokens [begin, end) of `source`.
+  Block* add(Node* parent, const Digest& key, const TokenList& source, std::size_t begin, std::size_t end,
+             std::int64_t ordinal);
   // A child of `parent` whose tokens strictly extend `tokens`: a partial block of `tokens`
   // beside it would hold nothing it does not.
   static Block* covering_sibling(const Node* parent, const TokenList& tokens);
@@ -108,6 +126,11 @@ class RadixTree {
   // `block` and its descendants, parents before children, children in insertion order.
   static std::vector<Block*> subtree(Block* block);
   std::unique_ptr<Block> detach(Block* block) { return block->parent->take_child(block); }
+  // Takes back a detached block and its subtree: up to kSpareBlocks are kept for add() to reuse
+  // with their token and child storage, since a prefill commits and an eviction drops hundreds
+  // of blocks, and the heap allocations of each (block, token list, child list) cost more than
+  // the rest of its work.
+  void recycle(std::unique_ptr<Block> block);
   // Remove `node` and its ancestors while childless, page-less and unpinned; drop a childless root.
   void prune(Node* node);
   const std::vector<Root*>& roots() const { return root_order_; }
@@ -117,6 +140,7 @@ class RadixTree {
   std::size_t num_life_cycles_;
   std::unordered_map<Digest, std::unique_ptr<Root>, DigestHash> roots_;
   std::vector<Root*> root_order_;
+  std::vector<std::unique_ptr<Block>> spare_;
 };
 
 }  // namespace kvcore

@@ -58,6 +58,8 @@ struct TokenList {
   std::size_t first_digest_at_or_after(std::size_t i) const noexcept;  // index into digests
   bool same(std::size_t i, const TokenList& other, std::size_t j) const noexcept;
   TokenList slice(std::size_t begin, std::size_t end) const;
+  // Makes `out` tokens [begin, end) of this list, reusing out's storage.
+  void slice_into(std::size_t begin, std::size_t end, TokenList& out) const;
   void append(const TokenList& other);
   // A Tokens view (8-byte ids) for the hasher; valid while this list is unchanged.
   Tokens view() const;
