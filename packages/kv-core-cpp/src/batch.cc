@@ -37,30 +37,35 @@ std::optional<BatchFailure> resize_many(const std::vector<KVCache*>& caches,
 
 namespace {
 
-// One cache's part of a commit_many: its tokens and, when hashed ahead, the keys of the blocks
-// they fill (chained from commit_keys_parent over the partial block's committed tokens and these).
-struct PreparedCommit {
-  TokenList tokens;
-  TokenList filled;  // the tokens of the blocks the commit fills
-  Tokens view;       // of `filled`
+// A commit of a batch whose full blocks are hashed ahead: the tokens of those blocks (the
+// partial block's committed tokens, then the commit's) and their keys, chained from
+// commit_keys_parent (the first entry).
+struct HashedAhead {
+  std::size_t index;  // in the batch
+  TokenList filled;
+  Tokens view;  // of `filled`
   std::vector<std::uint8_t> keys;
 };
 
-// Hashes ahead the blocks each cache's commit fills, where that cannot differ from what the
-// commit computes itself: the cache appears once in the batch (its committed tokens before its
-// commit are those it has now), is active, may commit, and its tokens fit (else the commit fails
-// before hashing). Two or more chains are needed for the interleaving to pay.
-void hash_ahead(const std::vector<KVCache*>& caches, std::vector<PreparedCommit>& prepared, KeyFormat format) {
+// Hashes ahead the blocks each cache's commit fills (tokens [starts[i], starts[i + 1]) of
+// `tokens`), where that cannot differ from what the commit computes itself: the cache appears
+// once in the batch (its committed tokens before its commit are those it has now), is active,
+// may commit, and its tokens fit (else the commit fails before hashing). Two or more chains are
+// needed for the interleaving to pay.
+std::vector<HashedAhead> hash_ahead(const std::vector<KVCache*>& caches, const Tokens& tokens,
+                                    const std::vector<std::size_t>& starts, KeyFormat format) {
+  std::vector<HashedAhead> out;
   std::vector<std::size_t> filling;  // the caches whose commit fills a block
   for (std::size_t i = 0; i < caches.size(); ++i) {
     const KVCache* c = caches[i];
     const auto tpb = static_cast<std::size_t>(c->tokens_per_block());
-    const std::size_t committed = c->committed_tokens().size(), added = prepared[i].tokens.size();
+    const std::size_t committed = c->committed_tokens().size(), added = starts[i + 1] - starts[i];
     if ((committed + added) / tpb > committed / tpb) filling.push_back(i);
   }
-  if (filling.size() < 2) return;  // one chain: the commit hashes it itself, as fast
+  if (filling.size() < 2) return out;  // one chain: the commit hashes it itself, as fast
   std::vector<KVCache*> sorted(caches);
   std::sort(sorted.begin(), sorted.end());
+  out.reserve(filling.size());  // the runs point into it
   std::vector<KeyChainRun> runs;
   std::size_t tpb = 0;
   for (const std::size_t i : filling) {
@@ -68,39 +73,39 @@ void hash_ahead(const std::vector<KVCache*>& caches, std::vector<PreparedCommit>
     const auto [lo, hi] = std::equal_range(sorted.begin(), sorted.end(), c);
     if (hi - lo != 1 || c->status() != CacheStatus::kActive || c->commit_state() != CommitState::kAllowed) continue;
     const std::size_t committed = c->committed_tokens().size();
-    const std::size_t added = prepared[i].tokens.size();
+    const std::size_t added = starts[i + 1] - starts[i];
     if (static_cast<std::int64_t>(committed + added) > c->capacity()) continue;
     const std::optional<Digest> parent = c->commit_keys_parent();
     if (!parent) continue;
     tpb = static_cast<std::size_t>(c->tokens_per_block());
     const std::size_t first = committed / tpb, last = (committed + added) / tpb;
-    PreparedCommit& p = prepared[i];
-    p.filled = c->committed_tokens().slice(first * tpb, committed);
-    p.filled.append(p.tokens.slice(0, last * tpb - committed));
-    p.view = p.filled.view();
-    p.keys.resize(32 * (last - first + 1));
-    runs.push_back({*parent, &p.view, 0, last - first, p.keys.data()});
+    HashedAhead& h = out.emplace_back();
+    h.index = i;
+    h.filled = c->committed_tokens().slice(first * tpb, committed);
+    h.filled.append(tokens, starts[i], starts[i] + (last * tpb - committed));
+    h.view = h.filled.view();
+    h.keys.resize(32 * (last - first + 1));
+    runs.push_back({*parent, &h.view, 0, last - first, h.keys.data()});
   }
-  if (runs.empty()) return;
-  chained_keys_many(tpb, runs.data(), runs.size(), format);
+  if (!runs.empty()) chained_keys_many(tpb, runs.data(), runs.size(), format);
+  return out;
 }
 
 }  // namespace
 
 std::optional<BatchFailure> commit_many(const std::vector<KVCache*>& caches, const Tokens& tokens,
                                         const std::vector<std::size_t>& counts, bool is_end) {
-  std::vector<PreparedCommit> prepared(caches.size());
-  std::size_t begin = 0;
-  for (std::size_t i = 0; i < caches.size(); ++i) {
-    prepared[i].tokens = TokenList::from(tokens, begin, begin + counts[i]);
-    begin += counts[i];
-  }
-  if (!caches.empty()) hash_ahead(caches, prepared, caches[0]->key_format());
+  std::vector<std::size_t> starts(caches.size() + 1, 0);  // cache i commits tokens [starts[i], starts[i + 1])
+  for (std::size_t i = 0; i < caches.size(); ++i) starts[i + 1] = starts[i] + counts[i];
+  const std::vector<HashedAhead> ahead =
+      caches.empty() ? std::vector<HashedAhead>{} : hash_ahead(caches, tokens, starts, caches[0]->key_format());
+  std::size_t next = 0;  // the next entry of `ahead` (in batch order)
   return in_order(caches.size(), [&](std::size_t i) {
     caches[i]->require(CacheStatus::kActive, "commit");
     caches[i]->require_commit_allowed();
-    const PreparedCommit& p = prepared[i];
-    caches[i]->commit(p.tokens, is_end, p.keys.empty() ? nullptr : p.keys.data() + 32);
+    const std::uint8_t* keys = nullptr;
+    if (next < ahead.size() && ahead[next].index == i) keys = ahead[next++].keys.data() + 32;
+    caches[i]->commit(tokens, starts[i], starts[i + 1], is_end, keys);
   });
 }
 

@@ -53,6 +53,9 @@ KVCache::KVCache(CacheContext& context, std::int64_t id, const ReuseScope& scope
       tpb_(context.tokens_per_block()),
       num_lcs_(context.registry().size()),
       block_lcs_(context.registry().block_life_cycles()),
+      full_attention_only_(std::none_of(context.registry().life_cycles().begin(),
+                                        context.registry().life_cycles().end(),
+                                        [](const LifeCycle& lc) { return lc.window || lc.ssm; })),
       ssm_lcs_(context.registry().ssm_life_cycles()),
       num_reused_(history_),
       index_(num_lcs_),
@@ -622,6 +625,14 @@ bool KVCache::resize(std::optional<std::int64_t> capacity, std::optional<std::in
                                          std::to_string(buf.size) + " < " + std::to_string(new_blocks));
     }
   }
+  if (full_attention_only_ && new_blocks == num_blocks()) {
+    // A decode step's usual resize. What the general path below finds here: no block to add or
+    // shrink away, nothing stale, no scratch, so nothing to allocate, release or free.
+    capacity_ = cap;
+    history_ = hist;
+    sync_user_buffers();
+    return true;
+  }
   if (!may_fit(num_blocks(), new_blocks, cap, hist)) return false;
   const std::vector<Release> releases = stale_releases(hist);
   std::vector<std::pair<std::int64_t, int>> shrink;
@@ -707,14 +718,20 @@ bool KVCache::resize(std::optional<std::int64_t> capacity, std::optional<std::in
 }
 
 void KVCache::commit(const TokenList& tokens, bool is_end, const std::uint8_t* keys) {
+  commit(tokens.view(), 0, tokens.size(), is_end, keys);
+}
+
+void KVCache::commit(const Tokens& src, std::size_t begin, std::size_t end, bool is_end, const std::uint8_t* keys) {
   const auto lock = context_.lock();
   require(CacheStatus::kActive, "commit");
   require_commit_allowed();
   if (stats.text_only()) {
-    if (const auto digest = first_digest(tokens)) throw_text_only("tokens", *digest);
+    for (const DigestToken& d : src.digests) {
+      if (d.position >= begin && d.position < end) throw_text_only("tokens", d.position - begin);
+    }
   }
   const auto committed = static_cast<std::int64_t>(tokens_.size());
-  const auto added = static_cast<std::int64_t>(tokens.size());
+  const auto added = static_cast<std::int64_t>(end - begin);
   if (committed + added > capacity_) {
     throw Error(ErrorKind::kValue, "commit: " + std::to_string(committed) + " committed + " + std::to_string(added) +
                                        " new tokens exceed capacity " + std::to_string(capacity_));
@@ -727,7 +744,7 @@ void KVCache::commit(const TokenList& tokens, bool is_end, const std::uint8_t* k
   }
   check_scratch_history("commit", capacity_, std::max(history_, committed + added));
   const std::int64_t first = committed / tpb_;
-  tokens_.append(tokens);
+  tokens_.append(src, begin, end);
   history_ = std::max(history_, static_cast<std::int64_t>(tokens_.size()));
   // A longer history leaves fewer scratch blocks.
   for (int lc : block_lcs_) free_scratch(lc, static_cast<std::size_t>(scratch_need(lc, capacity_, history_)));

@@ -152,16 +152,21 @@ const Digest* Tokens::digest_at(std::size_t i) const noexcept {
 
 TokenList TokenList::from(const Tokens& tokens, std::size_t begin, std::size_t end) {
   TokenList out;
-  out.ids.resize(end - begin);
+  out.append(tokens, begin, end);
+  return out;
+}
+
+void TokenList::append(const Tokens& src, std::size_t begin, std::size_t end) {
+  const std::size_t base = ids.size();
+  ids.resize(base + (end - begin));
   // One typed loop (a cached prompt's whole matched prefix comes through here).
-  tokens.pack(begin, end, sizeof(std::uint64_t), reinterpret_cast<std::uint8_t*>(out.ids.data()));
-  for (const DigestToken& d : tokens.digests) {
+  src.pack(begin, end, sizeof(std::uint64_t), reinterpret_cast<std::uint8_t*>(ids.data() + base));
+  for (const DigestToken& d : src.digests) {
     if (d.position >= begin && d.position < end) {
-      out.digests.push_back({d.position - begin, d.digest});
-      out.ids[d.position - begin] = 0;
+      digests.push_back({base + d.position - begin, d.digest});
+      ids[base + d.position - begin] = 0;
     }
   }
-  return out;
 }
 
 std::size_t TokenList::first_digest_at_or_after(std::size_t i) const noexcept {

@@ -83,6 +83,8 @@ class KVCache {
   // `keys`: the keys of the full blocks the commit fills, when the caller hashed them (a batch
   // hashes several caches' blocks together), from commit_keys_parent's key.
   void commit(const TokenList& tokens, bool is_end, const std::uint8_t* keys = nullptr);
+  // The same for tokens [begin, end) of `src`, read in place (a batch's share of its buffer).
+  void commit(const Tokens& src, std::size_t begin, std::size_t end, bool is_end, const std::uint8_t* keys = nullptr);
   // The key the full blocks a commit fills chain from (block num_committed / tpb's parent), or
   // nullopt when the commit puts no block into the tree (committing stopped). Changes nothing.
   std::optional<Digest> commit_keys_parent() const;
@@ -189,6 +191,9 @@ class KVCache {
   std::int64_t tpb_;
   std::size_t num_lcs_;
   const std::vector<int>& block_lcs_;  // life cycles with a page per block (attention)
+  // Every life cycle is full attention (no window, no SSM state, so no scratch): nothing goes
+  // stale, and a resize within the blocks held changes only the lengths.
+  const bool full_attention_only_;
   const std::vector<int>& ssm_lcs_;
   std::int64_t num_reused_;
   std::vector<CacheBlock> blocks_;

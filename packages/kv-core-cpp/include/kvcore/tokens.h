@@ -61,6 +61,7 @@ struct TokenList {
   // Makes `out` tokens [begin, end) of this list, reusing out's storage.
   void slice_into(std::size_t begin, std::size_t end, TokenList& out) const;
   void append(const TokenList& other);
+  void append(const Tokens& src, std::size_t begin, std::size_t end);  // tokens [begin, end) of src
   // A Tokens view (8-byte ids) for the hasher; valid while this list is unchanged.
   Tokens view() const;
 };
