@@ -57,7 +57,7 @@ class RequestRecord:
     reused_by_level: list[int] = field(default_factory=list)  # its reused tokens by the level found on
 
 
-@dataclass
+@dataclass(slots=True)  # one per step: built as cheaply as a dataclass can be
 class Sample:
     """The state after one step."""
 
@@ -214,6 +214,8 @@ class Replayer:
                 caches.append(live.cache)
                 tokens.append(live.output[live.generated])
                 live.generated += 1
+                if live.generated == len(live.output):
+                    self.complete.append(live)
         if self.batched:
             self._timed(self.manager.commit_many, caches, tokens, [1] * len(tokens), hashed=len(tokens))
         else:
@@ -285,6 +287,9 @@ class Replayer:
         self.pending: deque[_Queued] = deque()
         self.waiting = None
         self.running: list[_Live] = []  # oldest first
+        # Running requests with their whole output, oldest first: closed in the next step after
+        # its admissions.
+        self.complete: list[_Live] = []
         self.steps = 0
         self.wall_seconds = 0.0
         for request in requests:
@@ -305,13 +310,19 @@ class Replayer:
         """Queued, waiting and running requests: the load a router balances."""
         return len(self.pending) + (self.waiting is not None) + len(self.running)
 
+    def _run(self, live: _Live) -> None:
+        """``live`` started: it runs, and completes this step if it has nothing to generate."""
+        self.running.append(live)
+        if live.generated == len(live.output):
+            self.complete.append(live)
+
     def step(self) -> None:
         wall = time.perf_counter()
         running = self.running
         done_before = self.done
         if self.waiting is not None:
             if self._start(self.waiting):
-                running.append(self.waiting)
+                self._run(self.waiting)
                 self.waiting = None
             elif not running:  # alone with the whole pool and still cannot start: never will
                 self._finish(self.waiting, rejected=True)
@@ -320,14 +331,15 @@ class Replayer:
         while self.waiting is None and self.pending and len(running) < self.max_in_flight:
             live = self._admit(self.pending.popleft())
             if self._start(live):
-                running.append(live)
+                self._run(live)
             elif running:
                 self.waiting = live
             else:
                 self._finish(live, rejected=True)
-        for live in [live for live in running if live.generated == len(live.output)]:
+        for live in self.complete:
             running.remove(live)
             self._finish(live)
+        self.complete.clear()
         decoded = self._decode(list(running)) if running else 0
         if self.done == done_before and not decoded:
             raise RuntimeError(f"replay made no progress at step {self.steps} (a bug in the replayer)")
