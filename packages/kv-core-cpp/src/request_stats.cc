@@ -78,9 +78,7 @@ void RequestStats::created(std::uint64_t lookup_tokens, std::uint64_t reused_tok
 
 void RequestStats::allocated(const std::vector<std::pair<std::int64_t, int>>& needs) {
   if (!excluded) {
-    CacheStats delta;
-    delta.allocated_pages = needs.size();
-    book_.context.add_stats(delta);
+    book_.context.count(&CacheStats::allocated_pages, needs.size());
     for (const auto& need : needs) ++book_.life_cycles[static_cast<std::size_t>(need.second)].allocated_pages;
   }
   if (enabled_) {
@@ -92,11 +90,7 @@ void RequestStats::allocated(const std::vector<std::pair<std::int64_t, int>>& ne
 }
 
 void RequestStats::committed_block() {
-  if (!excluded) {
-    CacheStats delta;
-    delta.committed_blocks = 1;
-    book_.context.add_stats(delta);
-  }
+  if (!excluded) book_.context.count(&CacheStats::committed_blocks, 1);
   if (enabled_) {
     KVCacheStatsDelta d;
     d.committed_blocks = 1;

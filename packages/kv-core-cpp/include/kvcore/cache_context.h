@@ -72,6 +72,12 @@ class CacheContext {
   KVCacheEventManager* events() { return events_; }  // nullptr: no event manager
 
   void add_stats(const CacheStats& delta);  // to the committed and the iteration statistics
+  // One counter of both: a delta record built field by field on the stack and read back as
+  // vectors stalls on store forwarding, a cost per committed block.
+  void count(std::uint64_t CacheStats::* counter, std::uint64_t n) {
+    committed_stats.*counter += n;
+    iteration_stats.*counter += n;
+  }
   // A cache is open from its creation until it unregisters itself on close.
   void register_cache(KVCache* cache);
   void unregister_cache(KVCache* cache);
