@@ -70,6 +70,11 @@ std::uint64_t int_at_least(const char* where, nb::handle value, std::int64_t low
 std::uint64_t u64(const char* where, nb::handle value) { return int_in_range(where, value, 0, true); }
 
 std::int64_t int_between(const char* where, nb::handle value, std::int64_t low, std::int64_t high) {
+  if (PyLong_CheckExact(value.ptr())) {  // the usual argument, read straight (a batch reads one per item)
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
+    if (!overflow && v >= low && v < high) return v;
+  }
   nb::object index = as_int(where, value);
   int overflow = 0;
   const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);

@@ -110,6 +110,8 @@ nb::list resize_many(nb::handle self_handle, nb::handle caches_arg_, nb::handle 
   same_length("capacities", capacities.size(), "caches", caches.size());
   std::vector<KVCache*> targets;
   std::vector<std::optional<std::int64_t>> caps;
+  targets.reserve(caches.size());
+  caps.reserve(caches.size());
   for (std::size_t i = 0; i < caches.size(); ++i) {
     targets.push_back(cache_arg(self_handle, caches[i], i));
     caps.push_back(item("resize_many", "capacities", i,
@@ -137,6 +139,8 @@ void commit_many(nb::handle self_handle, nb::handle caches_arg_, nb::handle toke
   same_length("counts", counts_items.size(), "caches", caches.size());
   std::vector<KVCache*> targets;
   std::vector<std::size_t> counts;
+  targets.reserve(caches.size());
+  counts.reserve(caches.size());
   for (std::size_t i = 0; i < caches.size(); ++i) {
     targets.push_back(cache_arg(self_handle, caches[i], i));
     counts.push_back(count_arg(counts_items[i], i));

@@ -110,19 +110,25 @@ class _Live:
     request: Request
     cache: KVCache
     tokens: np.ndarray[Any, np.dtype[np.int32]]  # prompt + tokens generated before a preemption
-    generated: int
+    generated: int  # output tokens generated before this admission
     first: bool  # not started yet: its reuse and latency are recorded when it starts
     started: float = 0.0  # when create_kv_cache was called
-    # The decode step's bookkeeping, kept here rather than asked of the cache every step: the
-    # capacity its last successful resize gave it, its output tokens as ints, and whether it is
-    # still open (closed when it completes, is rejected or is preempted).
-    capacity: int = 0
-    output: list[int] = field(default_factory=list)
-    open: bool = True
+    output: list[int] = field(default_factory=list)  # the request's output tokens, as ints
+    open: bool = True  # closed when it completes, is rejected or is preempted
+    # The step it started running in, or -1. A running request decodes one token in every step
+    # from then on (or leaves the running list), so its capacity and generated tokens follow from
+    # the step number: the decode step reads no per-request state.
+    step: int = -1
+
+    def generated_by(self, step: int) -> int:
+        """Output tokens generated before the decode of ``step``."""
+        return self.generated if self.step < 0 else self.generated + step - self.step
 
 
 class Replayer:
     waiting: _Live | None  # admitted, suspended until the manager lets it start (set by begin())
+    steps: int
+    _view: _DecodeView | None
 
     def __init__(
         self,
@@ -178,7 +184,6 @@ class Replayer:
         if not self._timed(cache.resize, len(live.tokens)):
             self._timed(cache.suspend)
             return False
-        live.capacity = len(live.tokens)
         if live.first:  # the admission that runs: its reuse and latency are the request's
             live.first = False
             record = self.result.records[live.index]
@@ -192,40 +197,46 @@ class Replayer:
             self._timed(cache.commit, rest, hashed=len(rest))
         return True
 
-    def _decode(self, group: list[_Live]) -> int:
-        """One token for every request of ``group`` (running, oldest first); how many decoded.
+    def _decode(self) -> int:
+        """One token for every running request; how many decoded.
 
         Every cache is resized by one, then every token is committed (one ``resize_many`` and one
         ``commit_many`` when ``batched``, else the same calls one cache at a time). A resize that
         finds no page changed nothing: in order, each such request makes room (``_make_room``)
         and tries again, before any commit.
         """
-        caches = [live.cache for live in group]
-        capacities = [live.capacity + 1 for live in group]
+        step = self.steps
+        if self._view is None:
+            self._view = _DecodeView(self.running)
+        view = self._view
+        capacities = [base + step for base in view.capacity_base]
         if self.batched:
-            resized = self._timed(self.manager.resize_many, caches, capacities)
+            resized = self._timed(self.manager.resize_many, view.caches, capacities)
         else:
-            resized = [self._timed(cache.resize, capacity) for cache, capacity in zip(caches, capacities, strict=True)]
-        # Only newer requests make room, so one preempted here has not been reached yet.
-        caches, tokens = [], []
-        for live, ok in zip(group, resized, strict=True):
-            if live.open and (ok or self._make_room(live)):
-                live.capacity += 1
-                caches.append(live.cache)
-                tokens.append(live.output[live.generated])
-                live.generated += 1
-                if live.generated == len(live.output):
-                    self.complete.append(live)
+            resized = [self._timed(c.resize, n) for c, n in zip(view.caches, capacities, strict=True)]
+        if all(resized):  # the usual step: no per-request work in Python
+            caches = view.caches
+            tokens = [output[base + step] for output, base in zip(view.outputs, view.output_base, strict=True)]
+        else:
+            # Only newer requests make room, so one preempted here has not been reached yet.
+            caches, tokens = [], []
+            for live, ok, capacity in zip(list(self.running), resized, capacities, strict=True):
+                if live.open and (ok or self._make_room(live, capacity)):
+                    caches.append(live.cache)
+                    tokens.append(live.output[live.generated_by(step)])
         if self.batched:
             self._timed(self.manager.commit_many, caches, tokens, [1] * len(tokens), hashed=len(tokens))
         else:
             for cache, token in zip(caches, tokens, strict=True):
                 self._timed(cache.commit, [token], hashed=1)
+        for live in self._ending.pop(step, ()):  # generated their last token now
+            if live.open:
+                self.complete.append(live)
         return len(tokens)
 
-    def _make_room(self, live: _Live) -> bool:
-        """Preempt the newest other open request until ``live`` has room for one more token;
-        False when ``live`` itself was preempted or rejected (alone with the whole pool)."""
+    def _make_room(self, live: _Live, capacity: int) -> bool:
+        """Preempt the newest other open request until ``live``'s resize to ``capacity`` finds
+        room; False when ``live`` itself was preempted or rejected (alone with the whole pool)."""
         running = self.running
         while True:
             if self.waiting is not None:  # the newest open request holds pages too
@@ -233,6 +244,7 @@ class Replayer:
                 self.waiting = None
             else:
                 victim = running.pop()  # the newest running request makes room
+                self._view = None
                 if victim is live and not running:  # alone with the whole pool: never fits
                     self._finish(live, rejected=True)
                     return False
@@ -240,17 +252,18 @@ class Replayer:
                 self._requeue(victim)
                 if victim is live:
                     return False
-            if self._timed(live.cache.resize, live.capacity + 1):
+            if self._timed(live.cache.resize, capacity):
                 return True
 
     def _requeue(self, live: _Live) -> None:
         """Close an open request and queue it first, to be re-admitted with what it generated."""
         self._timed(live.cache.close)
         live.open = False
+        generated = live.generated_by(self.steps)
         tokens = live.tokens
-        if len(tokens) < len(live.request.prompt) + live.generated:
-            tokens = np.concatenate([live.request.prompt, live.request.output[: live.generated]]).astype(np.int32)
-        self.pending.appendleft((live.index, tokens, live.generated, live.first))
+        if len(tokens) < len(live.request.prompt) + generated:
+            tokens = np.concatenate([live.request.prompt, live.request.output[:generated]]).astype(np.int32)
+        self.pending.appendleft((live.index, tokens, generated, live.first))
 
     def _finish(self, live: _Live, rejected: bool = False) -> None:
         self._timed(live.cache.close)
@@ -288,8 +301,10 @@ class Replayer:
         self.waiting = None
         self.running: list[_Live] = []  # oldest first
         # Running requests with their whole output, oldest first: closed in the next step after
-        # its admissions.
+        # its admissions; and by step, those generating their last token in it.
         self.complete: list[_Live] = []
+        self._ending: dict[int, list[_Live]] = {}
+        self._view = None  # of the running requests, until the list changes
         self.steps = 0
         self.wall_seconds = 0.0
         for request in requests:
@@ -313,7 +328,12 @@ class Replayer:
     def _run(self, live: _Live) -> None:
         """``live`` started: it runs, and completes this step if it has nothing to generate."""
         self.running.append(live)
-        if live.generated == len(live.output):
+        self._view = None
+        live.step = self.steps
+        left = len(live.output) - live.generated
+        if left:
+            self._ending.setdefault(live.step + left - 1, []).append(live)
+        else:
             self.complete.append(live)
 
     def step(self) -> None:
@@ -338,9 +358,10 @@ class Replayer:
                 self._finish(live, rejected=True)
         for live in self.complete:
             running.remove(live)
+            self._view = None
             self._finish(live)
         self.complete.clear()
-        decoded = self._decode(list(running)) if running else 0
+        decoded = self._decode() if running else 0
         if self.done == done_before and not decoded:
             raise RuntimeError(f"replay made no progress at step {self.steps} (a bug in the replayer)")
         self._sample(self.steps)
@@ -372,6 +393,19 @@ class Replayer:
         else:
             utilization, occupancy = max(s.unavailable / s.total for s in stats), _occupancy(stats)
         self.result.samples.append(Sample(step, self.done, self.admitted_prompt, self.reused, utilization, occupancy))
+
+
+class _DecodeView:
+    """What the decode step reads of the running requests, as lists in their order: rebuilt
+    only when the list changes (admissions, completions and preemptions, a few thousand times
+    in a replay of a million decoded tokens). At step ``k`` request ``i`` resizes to
+    ``capacity_base[i] + k`` and commits ``outputs[i][output_base[i] + k]``."""
+
+    def __init__(self, running: list[_Live]) -> None:
+        self.caches = [live.cache for live in running]
+        self.capacity_base = [len(live.tokens) - live.step + 1 for live in running]
+        self.outputs = [live.output for live in running]
+        self.output_base = [live.generated - live.step for live in running]
 
 
 def _occupancy(stats: list[StorageStatistics]) -> float:
