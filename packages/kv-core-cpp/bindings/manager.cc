@@ -292,7 +292,9 @@ nb::list storage_statistics(PyManager& self, nb::handle level) {
   const int l = arg::cache_level(level, self.manager->num_levels());
   std::vector<StorageStatistics> stats;
   {
-    nb::gil_scoped_release release;
+    // A read of a few counters (once per engine step in a replay): the GIL is released only
+    // if another thread holds the manager.
+    const ManagerLock lock(self.manager->context());
     stats = self.manager->get_storage_statistics(l);
   }
   nb::list out;
