@@ -746,13 +746,16 @@ void KVCache::commit(const Tokens& src, std::size_t begin, std::size_t end, bool
   const std::int64_t first = committed / tpb_;
   tokens_.append(src, begin, end);
   history_ = std::max(history_, static_cast<std::int64_t>(tokens_.size()));
+  const std::int64_t last = static_cast<std::int64_t>(tokens_.size()) / tpb_;
+  // A decode step's usual commit: what the rest finds here is no scratch, nothing stale, no
+  // block filled, no snapshot.
+  if (full_attention_only_ && !cms && last == first && !is_end) return;
   // A longer history leaves fewer scratch blocks.
   for (int lc : block_lcs_) free_scratch(lc, static_cast<std::size_t>(scratch_need(lc, capacity_, history_)));
   // With commit_min_snapshot, pages out of the window go before their blocks could enter the tree.
   if (cms) apply_stale_releases(stale_releases(history_), history_);
   // The new full blocks' keys in one chain call (a prefill's hundreds of blocks) unless the
   // caller hashed them: each block committed is the next one's parent, under that key.
-  const std::int64_t last = static_cast<std::int64_t>(tokens_.size()) / tpb_;
   std::vector<std::uint8_t> own;
   if (keys == nullptr && last > first) {
     if (const auto parent = commit_keys_parent_at(first)) {
