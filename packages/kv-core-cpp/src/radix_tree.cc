@@ -10,8 +10,8 @@ namespace kvcore {
 Node::~Node() {
   // Take the descendants apart one by one: destroying a chain of blocks recursively would use a
   // stack frame per block, and a long prompt is a chain of thousands.
-  std::vector<Block*> pending;
-  pending.swap(order_);
+  std::vector<Block*> pending(order_.begin(), order_.end());
+  order_.clear();
   while (!pending.empty()) {
     Block* block = pending.back();
     pending.pop_back();
@@ -47,7 +47,7 @@ Block* Node::child(const Digest& key) const {
 
 Block* Node::add_child(std::unique_ptr<Block> block) {
   Block* raw = block.get();
-  order_.reserve(order_.size() + 1);  // so that the push cannot throw once the index has it
+  order_.reserve_one_more();  // so that the push cannot throw once the index has it
   if (index_ != nullptr) {
     index_->emplace(raw->key, raw);
   } else if (order_.size() == kChildScanLimit) {
@@ -61,7 +61,7 @@ Block* Node::add_child(std::unique_ptr<Block> block) {
 }
 
 std::unique_ptr<Block> Node::take_child(Block* block) {
-  order_.erase(std::find(order_.begin(), order_.end(), block));
+  order_.erase(block);
   if (index_ != nullptr) {
     index_->erase(block->key);
     if (order_.size() <= kChildScanLimit) index_.reset();
@@ -225,8 +225,8 @@ std::vector<Block*> RadixTree::subtree(Block* block) {
     Block* b = stack.back();
     stack.pop_back();
     out.push_back(b);
-    const auto& kids = b->children();
-    stack.insert(stack.end(), kids.rbegin(), kids.rend());
+    const ChildList& kids = b->children();
+    for (std::size_t i = kids.size(); i-- > 0;) stack.push_back(kids.begin()[i]);
   }
   return out;
 }

@@ -456,7 +456,8 @@ void Storage::discard(Block* block, int life_cycle) {
 
 void Storage::clear() {
   for (Root* root : std::vector<Root*>(tree_.roots())) {
-    for (Block* child : std::vector<Block*>(root->children())) {
+    const ChildList& children = root->children();
+    for (Block* child : std::vector<Block*>(children.begin(), children.end())) {
       for (Block* b : RadixTree::subtree(child)) {
         for (int l = 0; l < static_cast<int>(b->pages.size()); ++l) {
           Page* p = b->pages[l];

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kvcore/block_keys.h"
+#include "kvcore/child_list.h"
 #include "kvcore/page.h"
 #include "kvcore/per_life_cycle.h"
 #include "kvcore/tokens.h"
@@ -52,7 +53,7 @@ class Node {
   virtual bool is_root() const = 0;
 
   Block* child(const Digest& key) const;
-  const std::vector<Block*>& children() const { return order_; }
+  const ChildList& children() const { return order_; }
   Block* add_child(std::unique_ptr<Block> block);
   std::unique_ptr<Block> take_child(Block* block);
 
@@ -60,7 +61,7 @@ class Node {
   Node* parent;
 
  private:
-  std::vector<Block*> order_;  // the children, owned, in insertion order
+  ChildList order_;  // the children, owned, in insertion order
   // Key -> child, kept only while there are more than kChildScanLimit children.
   std::unique_ptr<std::unordered_map<Digest, Block*, DigestHash>> index_;
 };
