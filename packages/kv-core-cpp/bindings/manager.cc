@@ -298,7 +298,7 @@ nb::list storage_statistics(PyManager& self, nb::handle level) {
     stats = self.manager->get_storage_statistics(l);
   }
   nb::list out;
-  for (const StorageStatistics& s : stats) out.append(api("StorageStatistics")(s.total, s.free, s.evictable));
+  for (const StorageStatistics& s : stats) out.append(kv_api().storage_statistics(s.total, s.free, s.evictable));
   return out;
 }
 

@@ -22,8 +22,12 @@ void init_kv_api() {
   nb::module_ api = nb::module_::import_("kv_api");
   g_module = new nb::module_(api);
   // Kept for the life of the process: the module may be used until interpreter exit.
-  g_api = new KvApi{api.attr("ReuseScope"), api.attr("MmItemContext"), api.attr("KVCacheManagerConfig"),
-                    nb::module_::import_("kv_api.errors"), nb::module_::import_("collections.abc").attr("Iterable")};
+  g_api = new KvApi{api.attr("ReuseScope"),
+                    api.attr("MmItemContext"),
+                    api.attr("KVCacheManagerConfig"),
+                    nb::module_::import_("kv_api.errors"),
+                    nb::module_::import_("collections.abc").attr("Iterable"),
+                    api.attr("StorageStatistics")};
 }
 
 void raise(PyObject* type, const std::string& message) {

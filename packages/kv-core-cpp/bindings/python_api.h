@@ -17,11 +17,12 @@ namespace kvcore::py {
 namespace nb = nanobind;
 
 struct KvApi {
-  nb::object reuse_scope;      // kv_api.ReuseScope
-  nb::object mm_item_context;  // kv_api.MmItemContext
-  nb::object manager_config;   // kv_api.KVCacheManagerConfig
-  nb::object errors;           // kv_api.errors
-  nb::object iterable;         // collections.abc.Iterable, kv_api.keys.token_list's test
+  nb::object reuse_scope;         // kv_api.ReuseScope
+  nb::object mm_item_context;     // kv_api.MmItemContext
+  nb::object manager_config;      // kv_api.KVCacheManagerConfig
+  nb::object errors;              // kv_api.errors
+  nb::object iterable;            // collections.abc.Iterable, kv_api.keys.token_list's test
+  nb::object storage_statistics;  // kv_api.StorageStatistics (read once per engine step)
 };
 
 const KvApi& kv_api();
