@@ -78,21 +78,7 @@ using R = Rounds<Armv8>;
 
 }  // namespace
 
-void transform_armv8(std::uint32_t state[8], const std::uint8_t* data, std::size_t blocks) {
-  const Stream s{state, data};
-  R::transform<1>(&s, blocks);
-}
-
-void chain_armv8(const std::uint8_t parent[32], const std::uint8_t* data, std::size_t len, std::size_t n,
-                 std::uint8_t* out) {
-  const Chain c{parent, data, out};
-  R::chain<1>(&c, len, n);
-}
-
-void transform2_armv8(const Stream streams[2], std::size_t blocks) { R::transform<2>(streams, blocks); }
-void transform4_armv8(const Stream streams[4], std::size_t blocks) { R::transform<4>(streams, blocks); }
-void chain2_armv8(const Chain chains[2], std::size_t len, std::size_t n) { R::chain<2>(chains, len, n); }
-void chain4_armv8(const Chain chains[4], std::size_t len, std::size_t n) { R::chain<4>(chains, len, n); }
+KVCORE_SHA256_KERNELS(armv8, R)
 
 }  // namespace sha256
 }  // namespace kvcore

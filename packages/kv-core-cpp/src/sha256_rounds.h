@@ -149,3 +149,20 @@ struct Rounds {
 
 }  // namespace sha256
 }  // namespace kvcore
+
+// The entry points sha256_transforms.h declares for one ISA (`name`: shani, armv8), all from its
+// Rounds<Isa> `R`: one stream, 2 and 4 interleaved.
+#define KVCORE_SHA256_KERNELS(name, R)                                                                       \
+  void transform_##name(std::uint32_t state[8], const std::uint8_t* data, std::size_t blocks) {              \
+    const Stream s{state, data};                                                                             \
+    R::transform<1>(&s, blocks);                                                                             \
+  }                                                                                                          \
+  void chain_##name(const std::uint8_t parent[32], const std::uint8_t* data, std::size_t len, std::size_t n, \
+                    std::uint8_t* out) {                                                                     \
+    const Chain c{parent, data, out};                                                                        \
+    R::chain<1>(&c, len, n);                                                                                 \
+  }                                                                                                          \
+  void transform2_##name(const Stream streams[2], std::size_t blocks) { R::transform<2>(streams, blocks); }  \
+  void transform4_##name(const Stream streams[4], std::size_t blocks) { R::transform<4>(streams, blocks); }  \
+  void chain2_##name(const Chain chains[2], std::size_t len, std::size_t n) { R::chain<2>(chains, len, n); } \
+  void chain4_##name(const Chain chains[4], std::size_t len, std::size_t n) { R::chain<4>(chains, len, n); }

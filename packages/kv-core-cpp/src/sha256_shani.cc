@@ -94,21 +94,7 @@ using R = Rounds<ShaNi>;
 
 }  // namespace
 
-void transform_shani(std::uint32_t state[8], const std::uint8_t* data, std::size_t blocks) {
-  const Stream s{state, data};
-  R::transform<1>(&s, blocks);
-}
-
-void chain_shani(const std::uint8_t parent[32], const std::uint8_t* data, std::size_t len, std::size_t n,
-                 std::uint8_t* out) {
-  const Chain c{parent, data, out};
-  R::chain<1>(&c, len, n);
-}
-
-void transform2_shani(const Stream streams[2], std::size_t blocks) { R::transform<2>(streams, blocks); }
-void transform4_shani(const Stream streams[4], std::size_t blocks) { R::transform<4>(streams, blocks); }
-void chain2_shani(const Chain chains[2], std::size_t len, std::size_t n) { R::chain<2>(chains, len, n); }
-void chain4_shani(const Chain chains[4], std::size_t len, std::size_t n) { R::chain<4>(chains, len, n); }
+KVCORE_SHA256_KERNELS(shani, R)
 
 }  // namespace sha256
 }  // namespace kvcore
