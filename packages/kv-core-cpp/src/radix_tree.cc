@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 
 #include "kvcore/constants.h"
 
@@ -183,24 +184,43 @@ Block* RadixTree::add(Node* parent, const Digest& key, const TokenList& source, 
   } else {
     block = std::move(spare_.back());
     spare_.pop_back();
+    spare_tokens_ -= block->tokens.ids.capacity();
     block->reuse(key, parent, ordinal);
   }
   source.slice_into(begin, end, block->tokens);
   return parent->add_child(std::move(block));
 }
 
-void RadixTree::recycle(std::unique_ptr<Block> block) {
+void RadixTree::keep_spare(std::unique_ptr<Block> block) noexcept {
+  const std::size_t tokens = block->tokens.ids.capacity();
+  if (spare_.size() >= kSpareBlocks || spare_tokens_ + tokens > kSpareTokens) return;  // freed here
+  if (spare_.capacity() < kSpareBlocks) {
+    try {
+      spare_.reserve(kSpareBlocks);
+    } catch (const std::bad_alloc&) {
+      return;  // a spare only saves an allocation later
+    }
+  }
+  spare_.push_back(std::move(block));  // within the capacity: cannot throw
+  spare_tokens_ += tokens;
+}
+
+void RadixTree::recycle(std::unique_ptr<Block> block) noexcept {
   if (block->children().empty()) {  // a leaf, the usual case: no list to build
-    if (spare_.size() < kSpareBlocks) spare_.push_back(std::move(block));
+    keep_spare(std::move(block));
     return;
   }
   std::vector<std::unique_ptr<Block>> pending;
-  pending.push_back(std::move(block));
-  while (!pending.empty()) {
-    std::unique_ptr<Block> b = std::move(pending.back());
-    pending.pop_back();
-    while (!b->children().empty()) pending.push_back(b->take_child(b->children().back()));
-    if (spare_.size() < kSpareBlocks) spare_.push_back(std::move(b));
+  try {
+    pending.push_back(std::move(block));
+    while (!pending.empty()) {
+      std::unique_ptr<Block> b = std::move(pending.back());
+      pending.pop_back();
+      while (!b->children().empty()) pending.push_back(b->take_child(b->children().back()));
+      keep_spare(std::move(b));
+    }
+  } catch (const std::bad_alloc&) {
+    // Out of memory for the list: the blocks not kept are freed as they go out of scope.
   }
 }
 

@@ -26,13 +26,15 @@ constexpr std::size_t kPartialScanLimit = 32;
 // nodes of a long prompt have one child, and a scan touches only the child itself, where a hash
 // map costs a bucket array and a map node per lookup (the walk's cache misses).
 constexpr std::size_t kChildScanLimit = 8;
-// Blocks a tree keeps for reuse (RadixTree::recycle). None under AddressSanitizer, so that a
+// Blocks a tree keeps for reuse (RadixTree::recycle), and the token storage they may hold in
+// all (8 bytes a token: 1 MiB, whatever the block size). None under AddressSanitizer, so that a
 // use after removal is still reported.
 #if defined(__SANITIZE_ADDRESS__)
 constexpr std::size_t kSpareBlocks = 0;
 #else
 constexpr std::size_t kSpareBlocks = 4096;
 #endif
+constexpr std::size_t kSpareTokens = 4096 * 32;
 
 struct DigestHash {
   std::size_t operator()(const Digest& d) const noexcept {
@@ -131,7 +133,7 @@ class RadixTree {
   // with their token and child storage, since a prefill commits and an eviction drops hundreds
   // of blocks, and the heap allocations of each (block, token list, child list) cost more than
   // the rest of its work.
-  void recycle(std::unique_ptr<Block> block);
+  void recycle(std::unique_ptr<Block> block) noexcept;
   // Remove `node` and its ancestors while childless, page-less and unpinned; drop a childless root.
   void prune(Node* node);
   const std::vector<Root*>& roots() const { return root_order_; }
@@ -142,6 +144,9 @@ class RadixTree {
   std::unordered_map<Digest, std::unique_ptr<Root>, DigestHash> roots_;
   std::vector<Root*> root_order_;
   std::vector<std::unique_ptr<Block>> spare_;
+  std::size_t spare_tokens_ = 0;  // the token capacity of the spare blocks
+
+  void keep_spare(std::unique_ptr<Block> block) noexcept;  // or let it go, past the limits
 };
 
 }  // namespace kvcore
