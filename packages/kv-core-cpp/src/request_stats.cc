@@ -22,11 +22,6 @@ SsmSnapshotStats StatsBook::take_ssm_stats() {
   return out;
 }
 
-std::optional<std::size_t> first_digest(const TokenList& tokens) {
-  if (tokens.digests.empty()) return std::nullopt;
-  return tokens.digests.front().position;
-}
-
 std::optional<std::size_t> first_digest(const Tokens& tokens) {
   if (tokens.digests.empty()) return std::nullopt;
   return tokens.digests.front().position;

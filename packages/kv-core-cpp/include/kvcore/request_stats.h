@@ -53,7 +53,6 @@ class StatsBook {
 };
 
 // The position of the first digest token, if any (a text-only cache refuses them).
-std::optional<std::size_t> first_digest(const TokenList& tokens);
 std::optional<std::size_t> first_digest(const Tokens& tokens);
 // Error(kValue) "<where>: token <position> is a multimodal digest, ..."
 [[noreturn]] void throw_text_only(const char* where, std::size_t position);
