@@ -6,9 +6,14 @@ the same on a hybrid model (full attention, a 4,096-token window and an SSM laye
 Admission is ``create_kv_cache`` + ``resume`` + ``resize`` to the prompt length, as an engine
 admits a request; a decode step is ``resize`` by one token and ``commit`` of one token.
 
-Last, the iteration cost for 256 running requests (issue 14): every request resized by one token
+Then the iteration cost for 256 running requests (issue 14): every request resized by one token
 and given one token, as one ``resize_many`` + one ``commit_many`` against one ``resize`` and one
 ``commit`` per cache, per backend. The engine keeps its own capacities (no per-cache reads).
+
+Last, prefill churn (what a replay's admissions cost, issue 14): distinct prompts admitted one
+after another through a pool that holds two of them, so every ``resize`` to the prompt evicts
+the previous prompts' blocks and every prefill ``commit`` puts a prompt's blocks into the tree;
+per block, against the block keys of the same prompts (their hashing alone).
 """
 
 from __future__ import annotations
@@ -158,6 +163,29 @@ def iteration(backend: kv_api.Backend, running: int, tpb: int, repeat: int, step
     return out
 
 
+def churn(backend: kv_api.Backend, tpb: int, prompts: int, length: int, rounds: int) -> dict[str, float]:
+    """Seconds per block: the evicting resize, the prefill commit, and the prompts' hashing."""
+    rng = np.random.default_rng(2)
+    inputs = [rng.integers(0, 2**31, length, dtype=np.int32) for _ in range(prompts)]
+    manager = backend.KVCacheManager(config(length, tpb))
+    resize = commit = 0.0
+    for _ in range(rounds):
+        for prompt in inputs:
+            cache = manager.create_kv_cache(None, prompt)
+            assert cache.resume()
+            start = time.perf_counter()
+            assert cache.resize(len(prompt))
+            sized = time.perf_counter()
+            cache.commit(prompt[cache.num_committed_tokens :])
+            done = time.perf_counter()
+            resize += sized - start
+            commit += done - sized
+            cache.close()
+    blocks = rounds * prompts * (length // tpb)
+    hashing = min(timed(lambda: [backend.block_keys(tpb, None, p) for p in inputs]) for _ in range(rounds))
+    return {"resize": resize / blocks, "commit": commit / blocks, "hash": hashing / (prompts * (length // tpb))}
+
+
 def timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
@@ -173,6 +201,9 @@ def main() -> None:
     parser.add_argument("--running", type=int, default=256, help="requests in an iteration (batched calls)")
     parser.add_argument("--iterations", type=int, default=50, help="iterations per batched-call measurement")
     parser.add_argument("--only-batched", action="store_true", help="measure the batched calls only")
+    parser.add_argument("--churn-prompts", type=int, default=40, help="distinct prompts in the prefill churn")
+    parser.add_argument("--churn-tokens", type=int, default=12_000, help="tokens per prompt in the prefill churn")
+    parser.add_argument("--churn-rounds", type=int, default=3, help="times the prompts are admitted in turn")
     args = parser.parse_args()
     tokens = np.random.default_rng(0).integers(0, 2**31, args.tokens, dtype=np.int32)
     plain_results: dict[str, dict[str, float]] = {}
@@ -204,6 +235,24 @@ def main() -> None:
     for name in kv_api.available_backends():
         r = iteration(kv_api.load_backend(name), args.running, args.tokens_per_block, args.repeat, args.iterations)
         print(f"| {name} | {r['single'] * 1e6:.0f} | {r['batched'] * 1e6:.0f} | {r['single'] / r['batched']:.2f}x |")
+    if args.only_batched:
+        return
+    print(
+        f"\nPrefill churn: {args.churn_prompts} prompts of {args.churn_tokens} tokens admitted in turn, "
+        f"{args.churn_rounds} rounds, through a pool of two prompts' blocks ({args.tokens_per_block} tokens per block)\n"
+    )
+    print(
+        "| backend | evicting resize (ns/block) | prefill commit (ns/block) | hashing (ns/block) | commit x hashing |"
+    )
+    print("|---|---|---|---|---|")
+    for name in kv_api.available_backends():
+        r = churn(
+            kv_api.load_backend(name), args.tokens_per_block, args.churn_prompts, args.churn_tokens, args.churn_rounds
+        )
+        print(
+            f"| {name} | {r['resize'] * 1e9:.0f} | {r['commit'] * 1e9:.0f} | {r['hash'] * 1e9:.0f} | "
+            f"{r['commit'] / r['hash']:.2f} |"
+        )
 
 
 def report(results: dict[str, dict[str, float]]) -> None:
