@@ -443,14 +443,21 @@ def test_ssm_snapshot_stats_same_on_both_backends(backends: list[kv_api.Backend]
     assert all(r == results[0] for r in results)
 
 
-def test_ssm_snapshot_skipped_without_room(backend: kv_api.Backend) -> None:
-    """Every SSM slot holds a live state (no resume headroom): a commit's snapshot copy finds no
-    room, the tokens are committed and the snapshot is counted as skipped."""
+def ssm_slots_all_live(backend: kv_api.Backend) -> tuple[Any, list[Any]]:
+    """A hybrid manager with a resumed cache of 4 tokens per SSM slot, and those caches: every
+    slot holds a live state (no resume headroom), so a snapshot copy finds no room."""
     m = backend.KVCacheManager(ssm_hybrid(max_util_for_resume=1.0))
     ssm_slots = next(pg.num_slots for pg in m.pool_group_descs if 2 in pg.life_cycles)
     caches = [m.create_kv_cache() for _ in range(ssm_slots)]
     for c in caches:
         assert c.resume() and c.resize(4)
+    return m, caches
+
+
+def test_ssm_snapshot_skipped_without_room(backend: kv_api.Backend) -> None:
+    """Every SSM slot holds a live state (no resume headroom): a commit's snapshot copy finds no
+    room, the tokens are committed and the snapshot is counted as skipped."""
+    m, caches = ssm_slots_all_live(backend)
     caches[0].commit(toks(4))
     assert caches[0].num_committed_tokens == 4
     assert m.get_and_reset_ssm_snapshot_iteration_stats() == SsmSnapshotStats(0, 1, 0)

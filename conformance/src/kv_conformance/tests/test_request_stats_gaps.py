@@ -15,7 +15,7 @@ from kv_api import (
 )
 
 from ._manager import hybrid_config, toks
-from .test_manager_stats_surface import ssm_hybrid
+from .test_manager_stats_surface import ssm_hybrid, ssm_slots_all_live
 
 
 @pytest.mark.requires("ssm_layers")
@@ -42,11 +42,7 @@ def test_ssm_snapshots_stored_and_reused_add_up(backend: kv_api.Backend) -> None
 def test_ssm_snapshots_skipped_add_up(backend: kv_api.Backend) -> None:
     """Every SSM slot holds a live state (no resume headroom): two commits each skip their
     snapshot copy, and both are counted."""
-    m = backend.KVCacheManager(ssm_hybrid(max_util_for_resume=1.0))
-    ssm_slots = next(pg.num_slots for pg in m.pool_group_descs if 2 in pg.life_cycles)
-    caches = [m.create_kv_cache() for _ in range(ssm_slots)]
-    for c in caches:
-        assert c.resume() and c.resize(4)
+    m, caches = ssm_slots_all_live(backend)
     caches[0].commit(toks(4))
     caches[1].commit(toks(4, 100))
     assert m.get_and_reset_ssm_snapshot_iteration_stats() == SsmSnapshotStats(0, 2, 0)

@@ -154,12 +154,16 @@ class Replayer:
     def _timed(self, call: Callable[..., _T], *args: Any, hashed: int = 0) -> _T:
         start = time.perf_counter()
         value = call(*args)
+        self._count(start, hashed)
+        return value
+
+    def _count(self, start: float, hashed: int = 0) -> None:
+        """A manager call that began at ``start`` (``perf_counter``) ended now, given ``hashed`` tokens."""
         seconds = time.perf_counter() - start
         self.result.manager_seconds += seconds
         if hashed:
             self.result.hashed_tokens += hashed
             self.result.hashing_seconds += seconds
-        return value
 
     # -- request life -------------------------------------------------------------------------------
 
@@ -211,9 +215,9 @@ class Replayer:
         view = self._view
         capacities = [base + step for base in view.capacity_base]
         if self.batched:
-            start = time.perf_counter()  # timed inline: the step's two calls are most of the replay's calls
+            start = time.perf_counter()  # not through _timed: the step's two calls are most of the calls
             resized = self.manager.resize_many(view.caches, capacities)
-            self.result.manager_seconds += time.perf_counter() - start
+            self._count(start)
         else:
             resized = [self._timed(c.resize, n) for c, n in zip(view.caches, capacities, strict=True)]
         if all(resized):  # the usual step: no per-request work in Python
@@ -229,10 +233,7 @@ class Replayer:
         if self.batched:
             start = time.perf_counter()
             self.manager.commit_many(caches, tokens, [1] * len(tokens))
-            seconds = time.perf_counter() - start
-            self.result.manager_seconds += seconds
-            self.result.hashed_tokens += len(tokens)
-            self.result.hashing_seconds += seconds
+            self._count(start, len(tokens))
         else:
             for cache, token in zip(caches, tokens, strict=True):
                 self._timed(cache.commit, [token], hashed=1)
