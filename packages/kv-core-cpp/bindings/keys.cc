@@ -133,29 +133,52 @@ nb::object token_object(const Tokens& t, std::size_t i, std::size_t& digest) {
 // The lazy iterator behind sequence_to_blockchain_keys: yields (block tokens, key).
 class PyBlockKeyIterator {
  public:
-  explicit PyBlockKeyIterator(BlockKeyIterator it) : it_(std::move(it)) {}
+  PyBlockKeyIterator(BlockKeyIterator it, nb::object items) : it_(std::move(it)), items_(std::move(items)) {}
 
   nb::tuple next() {
     if (it_.done()) throw nb::stop_iteration();
     std::size_t begin, end;
     const Digest key = it_.next(begin, end);
-    nb::list block;
-    for (std::size_t i = begin; i < end; ++i) block.append(token_object(it_.tokens(), i, digest_));
-    return nb::make_tuple(block, digest_bytes(key));
+    return nb::make_tuple(block(begin, end), digest_bytes(key));
   }
 
  private:
+  // Tokens [begin, end) as a list: sliced from the kept items (no new ints), else built.
+  nb::list block(std::size_t begin, std::size_t end) {
+    if (items_.is_valid()) {
+      nb::object out =
+          nb::steal(PyList_GetSlice(items_.ptr(), static_cast<Py_ssize_t>(begin), static_cast<Py_ssize_t>(end)));
+      if (!out.is_valid()) throw nb::python_error();
+      return nb::borrow<nb::list>(out);
+    }
+    nb::list out;
+    for (std::size_t i = begin; i < end; ++i) out.append(token_object(it_.tokens(), i, digest_));
+    return out;
+  }
+
   BlockKeyIterator it_;
+  nb::object items_;        // a copy of the caller's plain ints (a list), when it gave them
   std::size_t digest_ = 0;  // cursor into the tokens' digests, for building block lists
 };
 
 PyBlockKeyIterator py_sequence_to_blockchain_keys(nb::handle tokens_per_block, nb::handle scope, nb::handle tokens,
                                                   nb::handle format) {
   const KeyArgs args = key_args(tokens_per_block, scope, format);
+  // The iterator may outlive the caller's buffer, so it keeps its own copy of the ids; of a
+  // list or tuple of plain ints it also keeps the items, so that block lists are slices of them
+  // (no new ints), as in the Python backend. The items are copied first: the copy's allocation
+  // may run the garbage collector (Python code), reading them runs none, so when the read finds
+  // only plain ints the copy holds exactly the ids read.
+  nb::object items;
+  if (PyList_CheckExact(tokens.ptr()) || PyTuple_CheckExact(tokens.ptr())) {
+    items = nb::steal(PySequence_List(tokens.ptr()));
+    if (!items.is_valid()) throw nb::python_error();
+  }
   TokenInput input(tokens, args.format);
-  // The iterator may outlive the caller's buffer, so it keeps its own copy of the ids.
+  if (!input.plain_sequence() || (items.is_valid() && sequence_size(items) != input.tokens().count)) items.reset();
   return PyBlockKeyIterator(
-      BlockKeyIterator(args.tokens_per_block, args.scope, input.tokens().to_owned(args.format), args.format));
+      BlockKeyIterator(args.tokens_per_block, args.scope, input.tokens().to_owned(args.format), args.format),
+      std::move(items));
 }
 
 nb::bytes py_reuse_scope_to_bytes(nb::handle scope) {

@@ -142,6 +142,7 @@ void TokenInput::pack_sequence(nb::handle seq, KeyFormat format) {
   // again, and the item is held while that code runs. Between such items the fast loop reads
   // the item array directly.
   Py_ssize_t i = 0;
+  bool general = false;
   while (i < PySequence_Fast_GET_SIZE(obj)) {
     const Py_ssize_t n = PySequence_Fast_GET_SIZE(obj);
     if (tokens_.owned.size() < static_cast<std::size_t>(n) * width)
@@ -151,10 +152,12 @@ void TokenInput::pack_sequence(nb::handle seq, KeyFormat format) {
     if (i == n) break;
     nb::object item = nb::borrow(PySequence_Fast_GET_ITEM(obj, i));
     push(static_cast<std::size_t>(i), item, format);  // the general rules decide
+    general = true;
     ++i;
   }
   tokens_.owned.resize(static_cast<std::size_t>(i) * width);  // a list that shrank
   tokens_.count = static_cast<std::size_t>(i);
+  plain_sequence_ = !general;
 }
 
 void TokenInput::pack_iterable(nb::handle obj, KeyFormat format) {

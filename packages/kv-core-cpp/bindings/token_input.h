@@ -33,6 +33,9 @@ class TokenInput {
   TokenInput& operator=(const TokenInput&) = delete;
 
   const Tokens& tokens() const noexcept { return tokens_; }
+  // An exact list or tuple of plain ints, read without running Python code: its items, as they
+  // are until Python code next runs, are the ids.
+  bool plain_sequence() const noexcept { return plain_sequence_; }
 
  private:
   void view_buffer(nb::handle obj, KeyFormat format);
@@ -43,6 +46,7 @@ class TokenInput {
 
   BufferExport export_;  // declared first: released after tokens_, which may point into it
   Tokens tokens_;
+  bool plain_sequence_ = false;
 };
 
 }  // namespace kvcore::py

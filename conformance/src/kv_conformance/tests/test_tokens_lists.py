@@ -6,6 +6,7 @@ wherever in a long list that item sits and whichever digit count the ids have.""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +16,9 @@ import pytest
 import kv_api
 from kv_api import keys as ref
 
-N = 5000  # long enough for runs, prefetch distances and several blocks either side
+# Long enough for runs, prefetch distances, several blocks either side, and several of the Python
+# backend's 8,192-token segments (kv_core_py.block_keys.SEGMENT_TOKENS).
+N = 20_000
 
 
 class IntLike:
@@ -66,7 +69,7 @@ def outcome(call: Callable[[], Any]) -> Any:
         return ("raised", type(exc), str(exc))
 
 
-POSITIONS = [0, 1, 31, 32, 33, 1000, N - 1]
+POSITIONS = [0, 1, 31, 32, 33, 1000, 8191, 8192, 16_500, N - 1]
 
 ODD: dict[str, Callable[[], Any]] = {
     "bool": lambda: True,
@@ -114,10 +117,11 @@ def test_plain_lists_match_the_reference_and_buffers(
     assert backend.block_keys(tpb, None, np.asarray(tokens, dtype=np.int64), key_format) == expected
     pairs = list(backend.sequence_to_blockchain_keys(tpb, None, tokens, key_format))
     assert pairs == list(ref.sequence_to_blockchain_keys(tpb, None, tokens, key_format))
-    assert all(type(t) is int for block, _ in pairs for t in block)
+    assert list(backend.sequence_to_blockchain_keys(tpb, None, tuple(tokens), key_format)) == pairs
+    assert all(type(block) is list and all(type(t) is int for t in block) for block, _ in pairs)
 
 
-@pytest.mark.parametrize("position", [0, 40, N - 1])
+@pytest.mark.parametrize("position", [0, 40, 8192, N - 1])
 @pytest.mark.parametrize("change", ["grow", "grow-bad", "shrink-here", "shrink-after", "clear"])
 def test_a_list_changed_by_an_item_in_a_long_run(backend: kv_api.Backend, change: str, position: int) -> None:
     """The fast read resumes after the item that ran Python code, on the list as it is then."""
@@ -149,3 +153,33 @@ def test_the_kept_copy_is_the_list_as_it_was_when_called(backend: kv_api.Backend
     first = [next(it), next(it)]
     tokens[:] = [1] * len(tokens)
     assert first + list(it) == expected
+
+
+@pytest.mark.parametrize("nth", [0, 1, 2, 4, 8, 16])
+@pytest.mark.parametrize("change", ["shrink", "grow"])
+def test_a_list_changed_by_the_collector_during_the_call(backend: kv_api.Backend, change: str, nth: int) -> None:
+    """Allocations during the call may run the garbage collector, and its callbacks Python code
+    that changes the list's length: what comes out is the list before or after, never a mix,
+    and every key is the key of the blocks it comes with."""
+    tokens = ids(4)
+    before = list(tokens)
+    after = before[:12_000] if change == "shrink" else before + list(range(100))
+    seen = [0]
+
+    def change_list(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            seen[0] += 1
+            if seen[0] == nth + 1:
+                tokens[:] = after
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(change_list)
+    gc.set_threshold(1)
+    try:
+        pairs = list(backend.sequence_to_blockchain_keys(32, None, tokens))
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(change_list)
+    read = [t for block, _ in pairs for t in block]
+    assert read in (before, after)
+    assert pairs == list(ref.sequence_to_blockchain_keys(32, None, read))

@@ -7,14 +7,14 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator, Sequence
 from hashlib import sha256
-from itertools import chain, islice
+from itertools import islice
 from typing import Any
 
 from kv_api._check import int_in_range
 from kv_api.constants import DEFAULT_KEY_FORMAT, ceil_div
 from kv_api.keys import Token, check_key_format, check_many_inputs, check_many_scopes, check_reuse_scope, named_item
 from kv_api.scope import ReuseScope
-from kv_core_py.tokens import Tokens
+from kv_core_py.tokens import Tokens, int_segments
 
 # Copying a fresh context skips OpenSSL's per-call algorithm lookup (~10% per block).
 _NEW_SHA256 = sha256().copy
@@ -29,7 +29,10 @@ def reuse_scope_to_bytes(reuse_scope: ReuseScope | None) -> bytes:
 
 
 def root_key(scope: ReuseScope | None) -> bytes:
-    return sha256(reuse_scope_to_bytes(scope)).digest()
+    return _NO_SCOPE_ROOT if scope is None else sha256(reuse_scope_to_bytes(scope)).digest()
+
+
+_NO_SCOPE_ROOT = sha256(reuse_scope_to_bytes(None)).digest()  # the most common root, worked out once
 
 
 def chained_keys(parent: bytes, tokens: Tokens, first: int, count: int, tokens_per_block: int) -> list[bytes]:
@@ -95,31 +98,34 @@ def block_keys_many(
     return out
 
 
-#: Blocks hashed per step of ``sequence_to_blockchain_keys``' iteration: one call per block
-#: would cost more than its hashing.
-PAIRS_BATCH = 64
+#: Tokens per segment of ``sequence_to_blockchain_keys`` (rounded down to whole blocks, at least
+#: one): a segment is checked, packed, hashed and sliced while in cache, and freed once passed.
+SEGMENT_TOKENS = 8192
 
 
-def _pairs(root: bytes, tokens: Tokens, tokens_per_block: int) -> Iterator[tuple[list[Token], bytes]]:
-    tpb = tokens_per_block
-    ids = tokens.as_list()
-    last = [root]  # the key the next batch chains from
+def _blocks(ids: list[Token], tokens_per_block: int) -> Iterator[list[Token]]:
+    """``ids`` in blocks, sliced in C (a generator frame resumed per block costs more)."""
+    tpb, n = tokens_per_block, len(ids)
+    return map(ids.__getitem__, map(slice, range(0, n, tpb), range(tpb, n + tpb, tpb)))
 
-    def batch(first: int) -> Iterator[tuple[list[Token], bytes]]:
-        keys = chained_keys(last[0], tokens, first, PAIRS_BATCH, tpb)
-        last[0] = keys[-1]
-        # Block lists sliced from the kept copy of the caller's list (no new ints), else from
-        # this batch's ids unpacked from the buffer.
-        chunk, base = (
-            (ids, first * tpb) if ids is not None else (tokens.to_list(first * tpb, (first + PAIRS_BATCH) * tpb), 0)
+
+def _drain(items: list[Tokens]) -> Iterator[Tokens]:
+    """``items`` in order, each released once handed out."""
+    items.reverse()
+    while items:
+        yield items.pop()
+
+
+def _pairs(root: bytes, segments: Iterator[Tokens], tokens_per_block: int) -> Iterator[tuple[list[Token], bytes]]:
+    key = root
+    yield [], key
+    for seg in segments:
+        keys = chained_keys(key, seg, 0, ceil_div(len(seg), tokens_per_block), tokens_per_block)
+        key = keys[-1]
+        ids = seg.as_list()
+        yield from zip(
+            _blocks(seg.to_list() if ids is None else ids, tokens_per_block), islice(keys, 1, None), strict=True
         )
-        stop = base + (len(keys) - 1) * tpb
-        blocks = map(chunk.__getitem__, map(slice, range(base, stop, tpb), range(base + tpb, stop + tpb, tpb)))
-        return zip(blocks, islice(keys, 1, None), strict=True)
-
-    # Iterated in C (zip, map, chain): a generator frame resumed per block cost more than slicing.
-    batches = map(batch, range(0, ceil_div(len(tokens), tpb), PAIRS_BATCH))
-    return chain((([], root),), chain.from_iterable(batches))
 
 
 def sequence_to_blockchain_keys(
@@ -128,6 +134,15 @@ def sequence_to_blockchain_keys(
     tokens: Any,
     key_format: str = DEFAULT_KEY_FORMAT,
 ) -> Iterator[tuple[list[Token], bytes]]:
-    """Validates everything now; hashes as the iteration goes, ``PAIRS_BATCH`` blocks at a time."""
-    tpb, root, toks = _prepare(tokens_per_block, reuse_scope, tokens, key_format)
-    return _pairs(root, toks, tpb)
+    """Validates everything now; hashes as the iteration goes, a segment at a time. A list or
+    tuple of plain ints is read in segments (``int_segments``); anything else is read whole and
+    sliced into segments as it is hashed."""
+    tpb = int_in_range("tokens_per_block", tokens_per_block, 1)
+    root = root_key(reuse_scope)
+    fmt = check_key_format(key_format)
+    size = max(1, SEGMENT_TOKENS // tpb) * tpb
+    segments = int_segments(tokens, fmt, size) if type(tokens) in (list, tuple) else None
+    if segments is not None:
+        return _pairs(root, _drain(segments), tpb)
+    toks = Tokens(tokens, fmt)
+    return _pairs(root, (toks.segment(b, b + size) for b in range(0, len(toks), size)), tpb)

@@ -3,12 +3,13 @@ packed when they can be, the fastest honest pure-Python route from tokens to key
 
 Int-only inputs are packed once into the key format's little-endian encoding with C-speed
 bytes operations (range checks included), so hashing a block is one ``hashlib`` call over a
-slice. Inputs with digest tokens, bools or int-likes go through ``kv_api.keys``' general
+slice. ``int_segments`` does the same for a long list a segment at a time. Inputs with digest tokens, bools or int-likes go through ``kv_api.keys``' general
 path, which also produces every error message, so errors are identical by construction.
 """
 
 from __future__ import annotations
 
+import marshal
 import sys
 from array import array
 from operator import countOf
@@ -54,20 +55,54 @@ def _pack_buffer(mv: memoryview, key_format: str) -> bytes | None:
     return raw if width == new_width else _resize(raw, width, new_width)
 
 
-def _pack_ints(items: list[Any], key_format: str) -> bytes | None:
+#: From this many items marshal packs a list faster than type() and array('I') (its fixed cost
+#: is higher, its cost per item lower).
+MARSHAL_FROM = 512
+
+
+def _pack_u32(items: list[Any]) -> bytes | None:
+    if len(items) < MARSHAL_FROM:
+        packed = _pack_exact(items, "I")  # [0, 2**32)
+        return packed if packed is not None and _high_bit_clear(packed, 3, 4) else None
+    # marshal (format 2) writes n ints in [-2**31, 2**31) as a 5-byte header and 5 bytes each:
+    # b"i", then the value as 4 LE bytes. Any other item (a bool, an int subclass or a larger
+    # int, a digest, an int-like) gets another type byte, and the first one sits where an b"i"
+    # is expected, so checking every fifth byte is exact. One C pass checks the type and reads
+    # the value, without touching reference counts and without running Python code.
+    try:
+        raw = marshal.dumps(items, 2)
+    except ValueError:  # an item marshal cannot write (an int subclass, an arbitrary object)
+        return None
+    n = len(items)
+    # Bit 31 clear: no negative ids, and u32 ids must be < 2**31.
+    if len(raw) != 5 + 5 * n or raw[5::5].count(b"i") != n or not _high_bit_clear(raw, 9, 5):
+        return None
+    out = bytearray(4 * n)
+    for b in range(4):
+        out[b::4] = raw[6 + b :: 5]
+    return bytes(out)
+
+
+def _pack_exact(items: list[Any], code: str) -> bytes | None:
     # Exact ints only (digests, bools and int-likes: the general path decides). Counting the
     # types equal to int costs two thirds of building a set of them; a type is equal to int
     # only when it is int, short of a metaclass whose __eq__ says otherwise.
     if countOf(map(type, items), int) != len(items):
         return None
+    packed = array(code)
     try:
-        # 'I' takes [0, 2**32) and 'Q' [0, 2**64), converting at twice the speed of 'i': u32
-        # ids must also be < 2**31 (bit 31 clear).
-        packed = array("I" if TOKEN_ENCODING[key_format][0] == 4 else "Q", items)
+        packed.fromlist(items)  # a third faster than array(code, items)
     except OverflowError:
         return None
-    raw = packed.tobytes()
-    return raw if packed.typecode == "Q" or _high_bit_clear(raw, 3, 4) else None
+    return packed.tobytes()
+
+
+def pack_ints(items: list[Any], key_format: str) -> bytes | None:
+    """``items`` encoded for ``key_format`` if every one is a plain int in range, else None
+    (the general path then decides: digests, int-likes, and every error)."""
+    if not _FAST:
+        return None
+    return _pack_u32(items) if TOKEN_ENCODING[key_format][0] == 4 else _pack_exact(items, "Q")
 
 
 def pack_tokens(tokens: Any, key_format: str) -> bytes | None:
@@ -98,13 +133,29 @@ class Tokens:
             # One copy, packed and kept: packing runs no Python code on a list of exact ints,
             # so the copy is the caller's list as it is now.
             ids = list(tokens)
-            self.packed = _pack_ints(ids, key_format)
+            self.packed = pack_ints(ids, key_format)
             if self.packed is not None:
                 self._list = ids
         else:
             self.packed = pack_tokens(tokens, key_format)
         if self.packed is None:
             self._list = token_list(tokens, key_format)  # the original: the general path's rules
+
+    @classmethod
+    def checked(cls, key_format: str, packed: bytes | None, ids: list[Token] | None) -> Tokens:
+        """Tokens already validated and packed (``segment``, ``int_segments``)."""
+        self = cls.__new__(cls)
+        self.key_format = key_format
+        self.width = TOKEN_ENCODING[key_format][0]
+        self.packed = packed
+        self._list = ids
+        return self
+
+    def segment(self, begin: int, end: int) -> Tokens:
+        """Tokens ``[begin, end)``: the kept list and the packed ids sliced, nothing unpacked."""
+        w = self.width
+        packed = None if self.packed is None else self.packed[begin * w : end * w]
+        return Tokens.checked(self.key_format, packed, None if self._list is None else self._list[begin:end])
 
     def __len__(self) -> int:
         if self.packed is not None:
@@ -132,6 +183,28 @@ class Tokens:
             return self.packed[begin * self.width : end * self.width]
         assert self._list is not None
         return encode_block(self._list[begin:end], self.key_format)
+
+
+def int_segments(tokens: list[Any] | tuple[Any, ...], key_format: str, size: int) -> list[Tokens] | None:
+    """A list or tuple of plain ints in range as Tokens of ``size`` tokens each (the last may be
+    shorter), or None where any token needs the general path, which also raises every error.
+
+    Each segment is copied and packed while its ints are in cache and is its own allocation,
+    freed once iterated. Packing runs no Python code, but some may run between two segments (a
+    collector callback, another thread) and change the list: a segment that does not have its
+    expected length returns None, and the caller reads the list again in one go
+    (docs/architecture.md, "The Python backend reads a long list in segments").
+    """
+    n = len(tokens)
+    out = []
+    for begin in range(0, n, size):
+        part = tokens[begin : begin + size]
+        ids = part if type(part) is list else list(part)
+        packed = pack_ints(ids, key_format) if len(ids) == min(size, n - begin) else None
+        if packed is None:
+            return None
+        out.append(Tokens.checked(key_format, packed, cast(list[Token], ids)))
+    return out
 
 
 def gen_multimodal_cache_key_tokens(
