@@ -127,7 +127,9 @@ nb::list py_block_keys_many(nb::handle tokens_per_block, nb::handle scopes, nb::
 
 nb::object token_object(const Tokens& t, std::size_t i, std::size_t& digest) {
   if (digest < t.digests.size() && t.digests[digest].position == i) return digest_bytes(t.digests[digest++].digest);
-  return nb::steal(PyLong_FromUnsignedLongLong(t.raw(i)));
+  nb::object id = nb::steal(PyLong_FromUnsignedLongLong(t.raw(i)));
+  if (!id.is_valid()) throw nb::python_error();
+  return id;
 }
 
 // The lazy iterator behind sequence_to_blockchain_keys: yields (block tokens, key).
@@ -145,15 +147,16 @@ class PyBlockKeyIterator {
  private:
   // Tokens [begin, end) as a list: sliced from the kept items (no new ints), else built.
   nb::list block(std::size_t begin, std::size_t end) {
-    if (items_.is_valid()) {
-      nb::object out =
-          nb::steal(PyList_GetSlice(items_.ptr(), static_cast<Py_ssize_t>(begin), static_cast<Py_ssize_t>(end)));
-      if (!out.is_valid()) throw nb::python_error();
-      return nb::borrow<nb::list>(out);
-    }
-    nb::list out;
-    for (std::size_t i = begin; i < end; ++i) out.append(token_object(it_.tokens(), i, digest_));
-    return out;
+    const auto b = static_cast<Py_ssize_t>(begin);
+    PyObject* out = items_.is_valid() ? PyList_GetSlice(items_.ptr(), b, static_cast<Py_ssize_t>(end))
+                                      : PyList_New(static_cast<Py_ssize_t>(end - begin));
+    if (!out) throw nb::python_error();
+    nb::list tokens = nb::steal<nb::list>(out);
+    if (items_.is_valid()) return tokens;
+    // Sized once and filled in place (a list with items still NULL is freed safely on a throw).
+    for (std::size_t i = begin; i < end; ++i)
+      PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i) - b, token_object(it_.tokens(), i, digest_).release().ptr());
+    return tokens;
   }
 
   BlockKeyIterator it_;
