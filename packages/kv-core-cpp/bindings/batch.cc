@@ -70,8 +70,12 @@ auto item(const char* api, const char* name, std::size_t i, Check&& check) {
 KVCache* cache_arg(nb::handle manager, nb::handle cache, std::size_t i) {
   // The item's name is only built for an error: a batch converts every item on every call.
   const auto where = [i] { return "caches[" + std::to_string(i) + "]"; };
-  if (!nb::isinstance<PyKVCache>(cache)) fail(PyExc_TypeError, msg::kExpectedCache, {where(), py_type_name(cache)});
-  PyKVCache& c = nb::cast<PyKVCache&>(cache);
+  // The exact type is compared first: nanobind's check looks the type up on every call.
+  static const nb::handle exact = nb::type<PyKVCache>();
+  if (!Py_IS_TYPE(cache.ptr(), reinterpret_cast<PyTypeObject*>(exact.ptr())) && !nb::isinstance<PyKVCache>(cache)) {
+    fail(PyExc_TypeError, msg::kExpectedCache, {where(), py_type_name(cache)});
+  }
+  PyKVCache& c = *nb::inst_ptr<PyKVCache>(cache);
   if (!c.manager.is(manager)) fail(PyExc_ValueError, msg::kOtherManager, {where()});
   return c.cache.get();
 }

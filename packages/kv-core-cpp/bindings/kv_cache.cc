@@ -13,6 +13,7 @@
 #include "kvcore/poison.h"
 #include "py_objects.h"
 #include "python_api.h"
+#include "token_input.h"
 
 namespace kvcore::py {
 
@@ -75,10 +76,12 @@ void commit(PyKVCache& self, nb::handle tokens, nb::handle is_end) {
   const ManagerLock lock(self.cache->context());
   self.cache->require(CacheStatus::kActive, "commit");
   self.cache->require_commit_allowed();
-  const TokenList list = token_list(tokens, nb::cast<PyManager&>(self.manager).manager->config().key_format);
+  // Viewed in place (a buffer) or packed once (a list), as commit_many reads its tokens: the
+  // cache's own token list is the one copy. The view is released after the GIL is taken back.
+  const TokenInput input(tokens, nb::cast<PyManager&>(self.manager).manager->config().key_format);
   const bool end = arg::truthy(is_end);
   nb::gil_scoped_release release;
-  self.cache->commit(list, end);
+  self.cache->commit(input.tokens(), 0, input.tokens().count, end);
 }
 
 void set_buffer(PyKVCache& self, nb::handle beam, nb::handle layer_group, nb::handle buf) {

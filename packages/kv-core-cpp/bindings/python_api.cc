@@ -1,7 +1,5 @@
 #include "python_api.h"
 
-#include "token_input.h"
-
 namespace kvcore::py {
 
 namespace {
@@ -40,11 +38,6 @@ std::string py_type_name(nb::handle obj) { return nb::cast<std::string>(nb::hand
 std::string str(nb::handle obj) { return nb::cast<std::string>(nb::str(obj)); }
 
 std::string py_repr(nb::handle obj) { return nb::cast<std::string>(nb::repr(obj)); }
-
-TokenList token_list(nb::handle tokens, KeyFormat format) {
-  TokenInput input(tokens, format);
-  return TokenList::from(input.tokens(), 0, input.tokens().count);
-}
 
 nb::object token_objects(const TokenList& tokens) {
   nb::list out;

@@ -36,9 +36,6 @@ std::string py_type_name(nb::handle obj);  // type(obj).__name__
 std::string str(nb::handle obj);
 std::string py_repr(nb::handle obj);  // repr(obj)
 
-// kv_api.keys.token_list; None is refused (TypeError) like any other non-iterable, as the
-// contract types commit's tokens (calls whose tokens may be None handle it themselves).
-TokenList token_list(nb::handle tokens, KeyFormat format);
 nb::object token_objects(const TokenList& tokens);              // a list of ints and 32-byte bytes
 nb::object scope_object(const ReuseScope& scope);               // a kv_api.ReuseScope
 nb::object optional_int(const std::optional<std::int64_t>& v);  // an int or None

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "arguments.h"
+#include "kvcore/prefetch.h"
 #include "python_api.h"
 
 namespace kvcore::py {
@@ -103,14 +104,6 @@ inline bool small_id(PyObject* item, std::uint64_t limit, std::uint64_t& id) noe
 // go) the hardware prefetcher follows; for scattered ones (a shuffled million-int list: 27 -> 13
 // ns per item) the loop asks for the objects some items ahead.
 constexpr Py_ssize_t kPrefetchItems = 32;
-
-inline void prefetch(const void* p) noexcept {
-#if defined(__GNUC__) || defined(__clang__)
-  __builtin_prefetch(p);
-#else
-  (void)p;
-#endif
-}
 
 // Stores items [begin, end) of an exact list or tuple into `out` while they are small exact
 // ints; returns the index of the first that is not (or end). No Python code runs in here, so

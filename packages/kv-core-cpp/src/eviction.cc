@@ -40,7 +40,7 @@ std::vector<Page*> EvictionQueue::candidates(std::size_t n, const std::unordered
     if (queued != buckets_.end() && queued->first == priority) {
       for (Page* page = queued->second.head; page != nullptr; page = page->queue_next) {
         if (out.size() == n) break;
-        if (!exclude.count(page)) out.push_back(page);
+        if (exclude.empty() || !exclude.count(page)) out.push_back(page);
       }
       ++queued;
     }

@@ -8,10 +8,14 @@
 #include "kvcore/constants.h"
 #include "kvcore/error.h"
 #include "kvcore/poison.h"
+#include "kvcore/prefetch.h"
 
 namespace kvcore {
 
 namespace {
+
+// How many blocks ahead close() asks for a block's pages and tree block.
+constexpr std::int64_t kPrefetchBlocks = 8;
 
 // Room for `n` items, grown geometrically: decode steps add a block at a time, and an exact
 // reserve would move the whole table each time (an admission reserves exactly what it reuses).
@@ -992,7 +996,14 @@ void KVCache::close() {
 void KVCache::close_locked() {
   if (status_ == CacheStatus::kClosed) return;
   stop_committing_locked();
+  // A long request's early pages and blocks were last touched at its prefill: the loops below
+  // ask for those of the block some ordinals ahead.
   for (std::int64_t o = num_blocks() - 1; o >= 0; --o) {
+    if (o >= kPrefetchBlocks) {
+      for (const Page* page : blocks_[o - kPrefetchBlocks].pages) {
+        if (page != nullptr) prefetch_lines(page, sizeof(Page));
+      }
+    }
     for (int lc = 0; lc < static_cast<int>(num_lcs_); ++lc) release_page(o, lc);
   }
   unlock_states();
@@ -1009,6 +1020,9 @@ void KVCache::close_locked() {
   for (auto it = tree_holds_.rbegin(); it != tree_holds_.rend(); ++it) context_.storage().unhold(*it);
   tree_holds_.clear();
   for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {  // blocks left without pages go now
+    if (blocks_.rend() - it > kPrefetchBlocks) {
+      if (const Block* ahead = (it + kPrefetchBlocks)->tree_block) prefetch_lines(ahead, sizeof(Block));
+    }
     if (it->tree_block != nullptr) {
       --it->tree_block->pins;
       context_.tree().prune(it->tree_block);

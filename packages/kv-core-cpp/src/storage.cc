@@ -5,6 +5,7 @@
 
 #include "kvcore/error.h"
 #include "kvcore/poison.h"
+#include "kvcore/prefetch.h"
 
 namespace kvcore {
 
@@ -131,6 +132,9 @@ void Storage::copy(const Page* src, const Page* dst) {
   transfer_.copy(level(src->level), level(dst->level), src->pool_group, {{src->slot, dst->slot}});
 }
 
+// How many drops ahead make_room asks for a dropped page's block.
+constexpr std::size_t kPrefetchDrops = 8;
+
 // -- making room ---------------------------------------------------------------------------------
 
 std::vector<Storage::Plan> Storage::plan(int level, const std::vector<std::uint64_t>& need, const PageSet& exclude,
@@ -230,9 +234,16 @@ void Storage::make_room(int level, const std::vector<std::uint64_t>& need, const
     for (const auto& [p, d] : plan.moves) {
       if (d == last_level() && !p->dead()) ++target;
     }
-    for (Page* page : plan.drops) {
+    const std::vector<Page*>& drops = plan.drops;
+    for (std::size_t i = 0; i < drops.size(); ++i) {
       if (last.allocator.num_free() >= target) break;
-      if (!page->dead()) evict_drop(page);
+      // The blocks of evicted pages were last touched long ago, and each drop reads its block
+      // and its parent (the block the next drop reads, a closed request's pages being queued
+      // last block first): the block some drops ahead is asked for now.
+      if (i + kPrefetchDrops < drops.size()) {
+        if (const Block* ahead = drops[i + kPrefetchDrops]->block) prefetch_lines(ahead, sizeof(Block));
+      }
+      if (!drops[i]->dead()) evict_drop(drops[i]);
     }
     for (Page* page : plan.lost) {
       if (!page->dead()) evict_drop(page);

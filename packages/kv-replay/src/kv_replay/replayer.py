@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -101,6 +101,7 @@ def level_name(tier: object) -> str:
 
 
 _T = TypeVar("_T")
+_now = time.perf_counter
 _Queued = tuple[int, "np.ndarray[Any, np.dtype[np.int32]]", int, bool]  # index, tokens, generated, first
 
 
@@ -119,6 +120,7 @@ class _Live:
     # from then on (or leaves the running list), so its capacity and generated tokens follow from
     # the step number: the decode step reads no per-request state.
     step: int = -1
+    remaining: Iterator[int] = field(default_factory=lambda: iter(()))  # output tokens not yet decoded, once running
 
     def generated_by(self, step: int) -> int:
         """Output tokens generated before the decode of ``step``."""
@@ -152,14 +154,14 @@ class Replayer:
     # -- timed manager calls --------------------------------------------------------------------------
 
     def _timed(self, call: Callable[..., _T], *args: Any, hashed: int = 0) -> _T:
-        start = time.perf_counter()
+        start = _now()
         value = call(*args)
         self._count(start, hashed)
         return value
 
     def _count(self, start: float, hashed: int = 0) -> None:
         """A manager call that began at ``start`` (``perf_counter``) ended now, given ``hashed`` tokens."""
-        seconds = time.perf_counter() - start
+        seconds = _now() - start
         self.result.manager_seconds += seconds
         if hashed:
             self.result.hashed_tokens += hashed
@@ -170,7 +172,7 @@ class Replayer:
     def _admit(self, entry: _Queued) -> _Live:
         index, tokens, generated, first = entry
         request = self.requests[index]
-        start = time.perf_counter()
+        start = _now()
         cache = self._timed(self.manager.create_kv_cache, request.scope, tokens, hashed=len(tokens))
         return _Live(index, request, cache, tokens, generated, first, start, output=request.output.tolist())
 
@@ -192,7 +194,7 @@ class Replayer:
             live.first = False
             record = self.result.records[live.index]
             record.reused_tokens = cache.num_committed_tokens
-            record.admission_seconds = time.perf_counter() - live.started
+            record.admission_seconds = _now() - live.started
             record.reused_by_level = list(cache.cached_tokens_by_level) if self.tiered else [cache.num_committed_tokens]
             self.admitted_prompt += len(live.request.prompt)
             self.reused += cache.num_committed_tokens
@@ -210,29 +212,30 @@ class Replayer:
         and tries again, before any commit.
         """
         step = self.steps
-        if self._view is None:
-            self._view = _DecodeView(self.running)
         view = self._view
+        if view is None:
+            view = self._view = _DecodeView(self.running)
         capacities = [base + step for base in view.capacity_base]
         if self.batched:
-            start = time.perf_counter()  # not through _timed: the step's two calls are most of the calls
+            start = _now()  # not through _timed: the step's two calls are most of the calls
             resized = self.manager.resize_many(view.caches, capacities)
             self._count(start)
         else:
             resized = [self._timed(c.resize, n) for c, n in zip(view.caches, capacities, strict=True)]
         if all(resized):  # the usual step: no per-request work in Python
-            caches = view.caches
-            tokens = [output[base + step] for output, base in zip(view.outputs, view.output_base, strict=True)]
+            caches, counts = view.caches, view.ones
+            tokens = list(map(next, view.remaining))
         else:
             # Only newer requests make room, so one preempted here has not been reached yet.
             caches, tokens = [], []
             for live, ok, capacity in zip(list(self.running), resized, capacities, strict=True):
                 if live.open and (ok or self._make_room(live, capacity)):
                     caches.append(live.cache)
-                    tokens.append(live.output[live.generated_by(step)])
+                    tokens.append(next(live.remaining))
+            counts = [1] * len(tokens)
         if self.batched:
-            start = time.perf_counter()
-            self.manager.commit_many(caches, tokens, [1] * len(tokens))
+            start = _now()
+            self.manager.commit_many(caches, tokens, counts)
             self._count(start, len(tokens))
         else:
             for cache, token in zip(caches, tokens, strict=True):
@@ -338,6 +341,7 @@ class Replayer:
         self.running.append(live)
         self._view = None
         live.step = self.steps
+        live.remaining = iter(live.output[live.generated :])
         left = len(live.output) - live.generated
         if left:
             self._ending.setdefault(live.step + left - 1, []).append(live)
@@ -345,7 +349,7 @@ class Replayer:
             self.complete.append(live)
 
     def step(self) -> None:
-        wall = time.perf_counter()
+        wall = _now()
         running = self.running
         done_before = self.done
         if self.waiting is not None:
@@ -376,7 +380,7 @@ class Replayer:
         self.steps += 1
         if self.progress is not None:
             self.progress(self.done, len(self.requests))
-        self.wall_seconds += time.perf_counter() - wall
+        self.wall_seconds += _now() - wall
 
     def end(self) -> ReplayResult:
         self.result.steps = self.steps
@@ -407,13 +411,13 @@ class _DecodeView:
     """What the decode step reads of the running requests, as lists in their order: rebuilt
     only when the list changes (admissions, completions and preemptions, a few thousand times
     in a replay of a million decoded tokens). At step ``k`` request ``i`` resizes to
-    ``capacity_base[i] + k`` and commits ``outputs[i][output_base[i] + k]``."""
+    ``capacity_base[i] + k`` and commits the next token of ``remaining[i]``."""
 
     def __init__(self, running: list[_Live]) -> None:
         self.caches = [live.cache for live in running]
         self.capacity_base = [len(live.tokens) - live.step + 1 for live in running]
-        self.outputs = [live.output for live in running]
-        self.output_base = [live.generated - live.step for live in running]
+        self.remaining = [live.remaining for live in running]
+        self.ones = [1] * len(running)  # commit_many's counts
 
 
 def _occupancy(stats: list[StorageStatistics]) -> float:
