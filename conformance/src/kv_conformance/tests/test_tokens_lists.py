@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kv_api
 from kv_api import keys as ref
@@ -183,3 +185,31 @@ def test_a_list_changed_by_the_collector_during_the_call(backend: kv_api.Backend
     read = [t for block, _ in pairs for t in block]
     assert read in (before, after)
     assert pairs == list(ref.sequence_to_blockchain_keys(32, None, read))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(0, 100) | st.integers(8_000, 3 * 8192 + 100),
+    seed=st.integers(0, 2**32 - 1),
+    tpb=st.integers(1, 100),
+    odd=st.none() | st.tuples(st.integers(0, 10**6), st.sampled_from(sorted(ODD))),
+    as_tuple=st.booleans(),
+    key_format=st.sampled_from(["sha256-u32", "sha256-u64"]),
+)
+def test_long_lists_match_the_reference(
+    backend: kv_api.Backend,
+    n: int,
+    seed: int,
+    tpb: int,
+    odd: tuple[int, str] | None,
+    as_tuple: bool,
+    key_format: str,
+) -> None:
+    """Any length across the Python backend's segments, any block size, an odd item anywhere or
+    none, a list or a tuple: the pairs, or the error, are the reference's."""
+    tokens: list[Any] = [int(v) for v in np.random.default_rng(seed).integers(0, 2**31, n)]
+    if odd is not None and n:
+        tokens[odd[0] % n] = ODD[odd[1]]()
+    given_tokens = tuple(tokens) if as_tuple else tokens
+    expected = outcome(lambda: list(ref.sequence_to_blockchain_keys(tpb, None, tokens, key_format)))
+    assert outcome(lambda: list(backend.sequence_to_blockchain_keys(tpb, None, given_tokens, key_format))) == expected
