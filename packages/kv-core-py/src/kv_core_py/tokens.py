@@ -3,8 +3,9 @@ packed when they can be, the fastest honest pure-Python route from tokens to key
 
 Int-only inputs are packed once into the key format's little-endian encoding with C-speed
 bytes operations (range checks included), so hashing a block is one ``hashlib`` call over a
-slice. ``int_segments`` does the same for a long list a segment at a time. Inputs with digest tokens, bools or int-likes go through ``kv_api.keys``' general
-path, which also produces every error message, so errors are identical by construction.
+slice; ``int_segments`` does the same for a long list, a segment at a time. Inputs with digest
+tokens, bools or int-likes go through ``kv_api.keys``' general path, which also produces every
+error message, so errors are identical by construction.
 """
 
 from __future__ import annotations
