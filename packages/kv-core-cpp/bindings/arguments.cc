@@ -44,11 +44,7 @@ nb::object as_int(const char* where, nb::handle value) {
 
 // kv_api._check.int_in_range with an optional upper bound of 2**64.
 std::uint64_t int_in_range(const char* where, nb::handle value, std::int64_t low, bool below_2_64) {
-  if (PyLong_CheckExact(value.ptr())) {  // the usual argument, read straight
-    int overflow = 0;
-    const long long v = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
-    if (!overflow && v >= low) return static_cast<std::uint64_t>(v);
-  }
+  if (long long v; exact_int(value, v) && v >= low) return static_cast<std::uint64_t>(v);  // the usual argument
   nb::object index = as_int(where, value);
   auto out_of_range = [&] {
     const std::string rule =
@@ -75,11 +71,7 @@ std::uint64_t int_at_least(const char* where, nb::handle value, std::int64_t low
 std::uint64_t u64(const char* where, nb::handle value) { return int_in_range(where, value, 0, true); }
 
 std::int64_t int_between(const char* where, nb::handle value, std::int64_t low, std::int64_t high) {
-  if (PyLong_CheckExact(value.ptr())) {  // as int_in_range (a batch reads one per item)
-    int overflow = 0;
-    const long long v = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
-    if (!overflow && v >= low && v < high) return v;
-  }
+  if (long long v; exact_int(value, v) && v >= low && v < high) return v;  // a batch reads one per item
   nb::object index = as_int(where, value);
   int overflow = 0;
   const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);

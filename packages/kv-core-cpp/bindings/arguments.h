@@ -88,6 +88,14 @@ inline constexpr char kUnsupportedHashAlgo[] =
 // The checkers, named after what they accept; each returns the C++ value.
 namespace arg {
 
+// An exact int that fits 64 bits signed, read straight into `out` (no __index__, no error
+// set); false for anything else, which the checkers below take the general way.
+inline bool exact_int(nb::handle value, long long& out) noexcept {
+  if (!PyLong_CheckExact(value.ptr())) return false;
+  int overflow = 0;
+  out = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
+  return !overflow;
+}
 // An int (not bool; anything with __index__) >= low, clamped to 2**64 - 1 (beyond any size).
 std::uint64_t int_at_least(const char* where, nb::handle value, std::int64_t low);
 // An int in [0, 2**64).

@@ -83,11 +83,7 @@ KVCache* cache_arg(nb::handle manager, nb::handle cache, std::size_t i) {
 // counts[i]: an exact int in range is read straight; anything else (and every error) goes the
 // general way, which names the item.
 std::size_t count_arg(nb::handle value, std::size_t i) {
-  if (PyLong_CheckExact(value.ptr())) {
-    int overflow = 0;
-    const long long v = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
-    if (!overflow && v >= 0 && v < kTokenLimit) return static_cast<std::size_t>(v);
-  }
+  if (long long v; arg::exact_int(value, v) && v >= 0 && v < kTokenLimit) return static_cast<std::size_t>(v);
   const std::string where = "counts[" + std::to_string(i) + "]";
   return static_cast<std::size_t>(arg::int_between(where.c_str(), value, 0, kTokenLimit));
 }

@@ -97,10 +97,9 @@ struct PendingRun {
   std::size_t n;
 };
 
-}  // namespace
-
-namespace {
+// Bytes a run may be packed into for interleaved hashing (the rest goes on per chain).
 constexpr std::size_t kMaxPackedBytes = 1 << 20;
+
 }  // namespace
 
 void chained_keys_many(std::size_t tokens_per_block, const KeyChainRun* runs, std::size_t count, KeyFormat format) {
@@ -122,8 +121,7 @@ void chained_keys_many(std::size_t tokens_per_block, const KeyChainRun* runs, st
     if (paired[i] == 0) continue;
     const std::uint8_t* data = t.data + begin * width;
     if (t.width != width || !t.contiguous()) {
-      // Packed up to kMaxPackedBytes a run (the rest goes on per chain): a batch of huge 8-byte
-      // inputs must not double its memory.
+      // Packed up to kMaxPackedBytes a run: a batch of huge 8-byte inputs must not double its memory.
       paired[i] = std::min(paired[i], std::max<std::size_t>(1, kMaxPackedBytes / len));
       packed.emplace_back(paired[i] * len);
       t.pack(begin, begin + paired[i] * tokens_per_block, width, packed.back().data());
