@@ -2,16 +2,19 @@
 
 Frames: ``[topic, sequence number (8 bytes, big-endian, from 0, one per batch), msgpack
 EventBatch]`` on an XPUB socket (a PUB that also sees subscriptions, so ``wait_for_subscribers``
-can tell when a router listens). The last ``buffer_steps`` batches are kept for replay on an
-optional ROUTER socket: a request ``[b"", start (8 bytes, big-endian)]`` from a DEALER (or REQ) is
-answered by one ``[b"", seq, payload]`` per buffered batch from ``start`` on, then the end marker
-``[b"", -1 (8 bytes, signed big-endian), b""]``.
+can tell when a router listens, and when it has left). The last ``buffer_steps`` batches are kept
+for replay on an optional ROUTER socket: a request ``[b"", start (8 bytes, big-endian)]`` from a
+DEALER (or REQ) is answered by one ``[b"", seq, payload]`` per buffered batch from ``start`` on,
+then the end marker ``[b"", -1 (8 bytes, signed big-endian), b""]``; every batch of the answer
+arrives, however slowly the client reads (what its queue does not take now is sent later).
 
-The thread drains ``get_latest_events(timeout_ms=0)`` every ``poll_ms``; whoever drives the manager calls
-``flush_iteration_events()`` at each engine step, as without a publisher (removals are buffered
-until then). ``flush()`` publishes everything up to now before it returns; ``close()`` (or leaving
-the ``with`` block) flushes, publishes the final batch, lingers up to ``linger_ms`` for it to leave,
-and closes the sockets. Draining and sending hold one lock, so batches leave in event order.
+The thread drains ``get_latest_events(timeout_ms=0)`` every ``poll_ms``; whoever drives the manager
+calls ``flush_iteration_events()`` at each engine step, as without a publisher (removals are
+buffered until then). ``flush()`` publishes everything up to now before it returns; ``close()``
+(or leaving the ``with`` block) flushes, publishes the final batch, lingers up to ``linger_ms``
+for it to leave, and closes the sockets. Draining, sending and closing hold one lock, so batches
+leave in event order, and a ``flush()`` or ``send()`` either completes before ``close()`` or
+raises ``ValueError`` (closed). Endpoints are checked strictly (``kv_events.endpoint``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections import deque
 from types import TracebackType
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from kv_api import KVCacheEventManager, KVCacheManagerConfig
 from kv_events.endpoint import bind
@@ -61,22 +65,33 @@ class EventPublisher:
         self._poll_ms = poll_ms
         self._linger_ms = linger_ms
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
+        self._answers: dict[bytes, deque[tuple[bytes, bytes]]] = {}  # replay frames not sent yet, per client
         self._seq = 0
         self._published_events = 0
-        self._subscriptions = 0
+        self._subscriptions = 0  # to our topic, net of unsubscriptions
+        self._peers: set[int] = set()  # connected subscribers, by file descriptor
         self._lock = threading.Lock()  # draining + sending, and the sockets
         self._changed = threading.Condition()
         self._stop = threading.Event()
+        self._closed = threading.Event()  # the sockets are closed
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._pub = self._ctx.socket(zmq.XPUB)
-        self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscriber's subscription, not the first only
+        # Every subscription and unsubscription passes, one per topic of a subscriber that leaves
+        # too (by default only a topic's first and last): live subscribers can be counted. The
+        # monitor says which peers are connected.
+        self._pub.setsockopt(zmq.XPUB_VERBOSER, 1)
         self._pub.setsockopt(zmq.SNDHWM, 100_000)
+        self._monitor = self._pub.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
         self._replay: zmq.Socket[bytes] | None = None
         try:
             self.endpoint = bind(self._pub, endpoint)
             self.replay_endpoint: str | None = None
             if replay_endpoint is not None:
                 self._replay = self._ctx.socket(zmq.ROUTER)
+                # A full answer fits a client's queue; beyond it (a client asking again before it
+                # read the last answer) a ROUTER drops silently unless it is told to say EAGAIN.
+                self._replay.setsockopt(zmq.SNDHWM, buffer_steps + 1)
+                self._replay.setsockopt(zmq.ROUTER_MANDATORY, 1)
                 self.replay_endpoint = bind(self._replay, replay_endpoint)
         except BaseException:
             self._close_sockets(0)
@@ -99,30 +114,41 @@ class EventPublisher:
     def closed(self) -> bool:
         return self._stop.is_set()
 
-    def wait_for_subscribers(self, count: int = 1, timeout: float = 10.0) -> bool:
-        """Whether ``count`` subscriptions arrived within ``timeout`` seconds (ZeroMQ drops what a
-        PUB sends before a subscriber's subscription arrives)."""
+    @property
+    def subscribers(self) -> int:
+        """Live subscriptions to the topic now (a subscriber of one topic counts once), at most
+        one per connected peer; as ``wait_for_subscribers`` counts them."""
         with self._changed:
-            return self._changed.wait_for(lambda: self._subscriptions >= count, timeout)
+            return self._live()
+
+    def _live(self) -> int:
+        return min(self._subscriptions, len(self._peers))
+
+    def wait_for_subscribers(self, count: int = 1, timeout: float = 10.0) -> bool:
+        """Whether ``count`` live subscribers are there within ``timeout`` seconds (ZeroMQ drops
+        what a PUB sends before a subscriber's subscription arrives). One that unsubscribed, closed
+        or died counts no more once ZeroMQ sees its connection close."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._live() >= count, timeout)
 
     # -- publishing --------------------------------------------------------------------------------
 
     def flush(self) -> int:
         """Flush the iteration's events and publish everything up to now; the next sequence
         number."""
-        if self.closed:
-            raise ValueError("flush() on a closed EventPublisher")
-        self._events.flush_iteration_events()
-        with self._lock:
+        with self._lock:  # close() takes it too: either this completes first, or it raises
+            if self.closed:
+                raise ValueError("flush() on a closed EventPublisher")
+            self._events.flush_iteration_events()
             self._drain()
             return self._seq
 
     def send(self, events: list[WireEvent]) -> int:
         """Publish ``events`` of the caller's own as one batch (say, a marker whose arrival at a
         consumer shows it has applied everything before); its sequence number."""
-        if self.closed:
-            raise ValueError("send() on a closed EventPublisher")
         with self._lock:
+            if self.closed:
+                raise ValueError("send() on a closed EventPublisher")
             return self._send(events)
 
     def _send(self, wire: list[WireEvent]) -> int:
@@ -150,45 +176,84 @@ class EventPublisher:
         while not self._stop.wait(self._poll_ms / 1000):
             with self._lock:
                 self._drain()
-                self._serve()
+                self._count_subscribers()
+                if self._replay is not None:
+                    self._answer_replays(self._replay)
 
-    def _serve(self) -> None:
-        """With the lock held: count subscriptions and answer replay requests."""
+    def _count_subscribers(self) -> None:
+        """With the lock held: subscriptions (``\\x01topic``) and unsubscriptions (``\\x00topic``,
+        also one per topic of a subscriber that left) that reach our topic, then the peers that
+        connected or left. The monitor is read second: a subscription read has its peer's
+        connection announced already (accepted before it subscribed)."""
+        subscriptions = self._subscriptions
         while self._pub.poll(0):
             message = self._pub.recv()
-            if message[:1] == b"\x01":
-                with self._changed:
-                    self._subscriptions += 1
-                    self._changed.notify_all()
-        while self._replay is not None and self._replay.poll(0):
-            frames = self._replay.recv_multipart()
+            if message[:1] in (b"\x00", b"\x01") and self._topic.startswith(message[1:]):
+                # Never below 0: an XSUB may unsubscribe from what it never subscribed to.
+                subscriptions = subscriptions + 1 if message[0] else max(0, subscriptions - 1)
+        peers = set(self._peers)
+        while self._monitor.poll(0):
+            event = parse_monitor_message(self._monitor.recv_multipart())
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                peers.add(event["value"])
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                peers.discard(event["value"])
+        with self._changed:
+            self._subscriptions, self._peers = subscriptions, peers
+            self._changed.notify_all()
+
+    def _answer_replays(self, replay: zmq.Socket[bytes]) -> None:
+        """With the lock held: queue an answer per replay request, then send each client what its
+        queue takes (never blocking: the rest waits for the next poll)."""
+        while replay.poll(0):
+            frames = replay.recv_multipart()
             if len(frames) < 2 or len(frames[-1]) != 8:
                 continue  # not a replay request: ignored, as vLLM does
             client, start = frames[0], int.from_bytes(frames[-1], "big")
-            for seq, payload in self._buffer:
-                if seq >= start:
-                    self._replay.send_multipart([client, b"", seq.to_bytes(8, "big"), payload])
-            self._replay.send_multipart([client, b"", END_SEQ, b""])
+            answer = self._answers.setdefault(client, deque())
+            answer.extend((seq.to_bytes(8, "big"), payload) for seq, payload in self._buffer if seq >= start)
+            answer.append((END_SEQ, b""))
+        for client, answer in list(self._answers.items()):
+            try:
+                while answer:
+                    seq_bytes, payload = answer[0]
+                    replay.send_multipart([client, b"", seq_bytes, payload], zmq.NOBLOCK)
+                    answer.popleft()
+            except zmq.Again:
+                continue  # its queue is full: the client reads slowly
+            except zmq.ZMQError as exc:
+                if exc.errno != zmq.EHOSTUNREACH:
+                    raise
+                # else the client has gone: nobody to answer
+            del self._answers[client]
 
     # -- shutdown ----------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Publish what is left, stop the thread and close the sockets; idempotent."""
-        if self._stop.is_set():
+        """Publish what is left, stop the thread and close the sockets; idempotent (a second
+        caller waits for the first to finish)."""
+        with self._changed:  # not the lock, which busy flush() callers may hold: this is quick
+            first = not self._stop.is_set()
+            self._stop.set()  # a flush() or send() under way completes; one that starts raises
+        if not first:
+            self._closed.wait()
             return
-        self._stop.set()
         self._thread.join()  # it wakes at once
-        try:
-            self._events.flush_iteration_events()
-            self._drain()
-        finally:
-            self._close_sockets(self._linger_ms)
+        with self._lock:
+            try:
+                self._events.flush_iteration_events()
+                self._drain()
+            finally:
+                self._close_sockets(self._linger_ms)
 
     def _close_sockets(self, linger_ms: int) -> None:
+        self._pub.disable_monitor()
+        self._monitor.close(linger=0)
         self._pub.close(linger=linger_ms)
         if self._replay is not None:
             self._replay.close(linger=0)
         self._ctx.term()
+        self._closed.set()
 
     def __enter__(self) -> EventPublisher:
         return self
