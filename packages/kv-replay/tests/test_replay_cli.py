@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,7 @@ import jsonschema
 import pytest
 
 import kv_api
+from kv_replay import trace as trace_module
 from kv_replay.cli import main
 from kv_replay.report import COMPARE_SCHEMA, SUMMARY_SCHEMA
 from kv_replay.trace import MOONCAKE_BLOCK, load_trace
@@ -114,6 +117,20 @@ def test_kvcore_trace_with_explicit_tokens(
         ('{"tokens": [1], "output_length": 1, "timestamp": 1e999}', "field 'timestamp': must be a finite number"),
         ('{"tokens": [1], "output_length": 1e3}', "field 'output_length': must be an integer"),
         ('{"tokens": [1], "output_length": 1, "name": "\udcff"}', "not UTF-8 text"),
+        # An integer no float holds, nesting deeper than the parser goes: once tracebacks.
+        ('{"tokens": [1], "output_length": 1, "timestamp": 1' + "0" * 400 + "}", "field 'timestamp': must be a finite"),
+        ('{"tokens": [1], "output_length": 1, "x": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+        ('{"tokens": [1], "output_length": ' + "[" * 500 + "]" * 500 + "}", "field 'output_length': must be an"),
+        (
+            '{"tokens": [1], "output_length": 1' + "0" * 5000 + "}",
+            "not valid JSON (an integer of more than 4,300 digits)",
+        ),
+        ('{"tokens": [1], "output_length": 1, "cache_salt": "\\udcff"}', "field 'cache_salt': not Unicode text"),
+        ('{"tokens": [1], "output_length": 1, "name": {"a": [1]}}', "field 'name': must be a string (got {"),
+        ('{"tokens": [1], "output_length": 1, "timestamp": true}', "field 'timestamp': must be a finite number"),
+        ('{"tokens": [1], "output_length": 1, "lora_id": -1}', "field 'lora_id': must be an unsigned 64-bit"),
+        ('{"tokens": [1], "output_length": 1, "timestamp": Infinity}', "not valid JSON (Infinity is not a JSON"),
+        ('\ufeff{"tokens": [1], "output_length": 1}', "a byte order mark (U+FEFF) past the first line"),
     ],
 )
 def test_malformed_line_is_named_and_nothing_runs(
@@ -131,8 +148,60 @@ def test_malformed_line_is_named_and_nothing_runs(
 def test_missing_and_empty_traces(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "replay", str(tmp_path / "nope.jsonl"), *SMALL)
     assert code == 2 and out == "" and "No such file" in err
+    code, out, err = run(capsys, "replay", "mooncake", *SMALL)  # a misspelt built-in trace
+    assert (code, out) == (2, "")
+    assert err == "kvcore: error: mooncake: No such file or directory (nor a built-in trace: mooncake-synthetic)\n"
+    code, out, err = run(capsys, "replay", "", *SMALL)  # not the embedded workload
+    assert (code, out) == (2, "") and err.startswith("kvcore: error: '': No such file")
+    code, out, err = run(capsys, "replay", str(tmp_path), *SMALL)
+    assert (code, out, err) == (2, "", f"kvcore: error: {tmp_path}: Is a directory\n")
     code, out, err = run(capsys, "replay", str(write(tmp_path, [""], "empty.jsonl")), *SMALL)
     assert code == 2 and out == "" and "no requests" in err
+
+
+def test_a_truncated_last_line_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = json.dumps({"tokens": [1, 2, 3], "output_length": 1})
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(f"{good}\n{good}\n{good[:-9]}")  # no newline: the file was cut
+    code, out, err = run(capsys, "replay", str(trace), *SMALL)
+    assert (code, out) == (2, "") and err.startswith(f"kvcore: error: {trace}:3: not valid JSON"), err
+
+
+def test_a_byte_order_mark_starting_the_file_is_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_bytes(b"\xef\xbb\xbf" + json.dumps({"tokens": [1, 2, 3], "output_length": 1}).encode() + b"\n")
+    code, out, err = run(capsys, "replay", str(trace), *SMALL, "--json")
+    assert code == 0 and json.loads(out)["requests"] == 1, err
+
+
+def test_a_corrupt_gzip_trace_is_named_with_its_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = b"".join(json.dumps({"tokens": [i], "output_length": 1}).encode() + b"\n" for i in range(500))
+    whole = gzip.compress(text, mtime=0)
+    data = bytearray(whole)
+    data[40] ^= 0xFF  # the deflate stream's code tables: zlib.error, once a traceback
+    data[60] ^= 0xFF
+    trace = tmp_path / "trace.jsonl.gz"
+    for broken, why in ((data, "corrupt gzip data"), (whole[: len(whole) // 3], "Compressed file ended")):
+        trace.write_bytes(bytes(broken))
+        code, out, err = run(capsys, "replay", str(trace), *SMALL)
+        assert (code, out) == (2, "") and re.match(rf"kvcore: error: {re.escape(str(trace))}:\d+: cannot read: ", err)
+        assert why in err, err
+
+
+def test_a_mooncake_line_expands_only_the_blocks_it_keeps(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A long hash_ids list and a short input_length: expanding every id (512 tokens each) could
+    # take gigabytes before the cut.
+    calls: list[int] = []
+    tokens = trace_module.synthetic_tokens
+
+    def counting(seed: int, n: int, stream: int = 0) -> Any:
+        calls.append(seed)
+        return tokens(seed, n, stream)
+
+    monkeypatch.setattr(trace_module, "synthetic_tokens", counting)
+    prompt = trace_module.mooncake_prompt(list(range(100_000)), 600)
+    assert len(prompt) == 600 and calls == [0, 1]
+    assert (prompt[:512] == tokens(0, MOONCAKE_BLOCK, stream=1)).all()
 
 
 def test_bad_options_fail_cleanly(capsys: pytest.CaptureFixture[str]) -> None:

@@ -87,6 +87,28 @@ def test_bad_flags_are_one_line_errors(capsys: pytest.CaptureFixture[str], flags
     assert err.count("\n") == 1 and message in err, err
 
 
+@pytest.mark.requires("host_tier", "disk_tier")
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--quota", "1P"], "--quota 1P: cannot map "),
+        (["--host-quota", "1P"], "--host-quota 1P: cannot map "),
+        (["--disk-quota", "1P"], "--disk-quota 1P: disk tier: "),
+    ],
+)
+def test_a_quota_the_instances_cannot_have_names_the_flag(
+    capsys: pytest.CaptureFixture[str], backend: kv_api.Backend, flags: list[str], message: str
+) -> None:
+    # The regression: a cluster built its managers outside the translation a single replay has,
+    # so these were tracebacks (or an errno and the temporary directory's name).
+    code = main(["replay", "--quiet", "--limit", "4", "--backend", backend.name, "--instances", "2", *flags])
+    out, err = capsys.readouterr()
+    if code == 0 and flags[0] == "--disk-quota":
+        pytest.skip("this file system takes a sparse file of 1 PiB")
+    assert (code, out) == (2, "") and err.startswith(f"kvcore: error: {message}") and err.count("\n") == 1, err
+    assert "kvcore-replay-" not in err
+
+
 def test_dynamo_missing_is_a_one_line_error(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -130,6 +131,77 @@ def test_a_corrupted_line_is_named_or_replays(
         return
     # A corruption can split the line in two (an inserted newline): it names the line it broke.
     assert_one_line_error(code, out, err, f"{path}:")
+
+
+# JSON values of every type a field might wrongly hold: beyond a float, negative, NaN-like words,
+# lone surrogates, nested deeper than the parser goes.
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.integers(min_value=2**1030, max_value=10**400),  # no float holds these
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(st.characters(codec=None), max_size=8),  # lone surrogates too (written as \\udXXX)
+)
+_VALUES = st.recursive(
+    _SCALARS, lambda v: st.lists(v, max_size=3) | st.dictionaries(st.text(max_size=4), v, max_size=3)
+)
+_FIELDS = [
+    "tokens",
+    "output",
+    "output_length",
+    "input_length",
+    "hash_ids",
+    "timestamp",
+    "cache_salt",
+    "lora_id",
+    "name",
+]
+_WORDS = st.sampled_from(["NaN", "Infinity", "-Infinity", "1e999", "-0", "01", "1" + "0" * 5000, "tru", ""])
+
+
+@st.composite
+def garbled_lines(draw: st.DrawFn) -> bytes:
+    """A trace line broken one way: a field of the wrong type or range, a word JSON refuses,
+    deep nesting, a cut, or raw bytes."""
+    record = (
+        dict(GOOD)
+        if draw(st.booleans())
+        else {"timestamp": 1, "input_length": 600, "output_length": 2, "hash_ids": [1, 2]}
+    )
+    how = draw(st.sampled_from(["field", "word", "deep", "cut", "bytes"]))
+    key = draw(st.sampled_from(_FIELDS))
+    if how == "field":
+        record[key] = draw(_VALUES)
+    text = json.dumps(record)
+    if how == "word":
+        text = text.replace("}", f', "{key}": {draw(_WORDS)}}}')
+    elif how == "deep":
+        depth = draw(st.integers(1, 200_000))
+        text = text.replace("}", f', "{key}": {"[" * depth}{"]" * depth}}}')
+    line = text.encode("utf-8", "surrogatepass")  # a lone surrogate as its (invalid) bytes
+    if how == "cut":
+        line = line[: draw(st.integers(0, len(line)))]
+    elif how == "bytes":
+        line = draw(st.binary(min_size=1, max_size=40))
+    return line
+
+
+@given(line=garbled_lines(), last=st.booleans())
+def test_a_garbled_line_is_named_or_replays(
+    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str], line: bytes, last: bool
+) -> None:
+    """Whatever a line holds, the command replays or says FILE:LINE: why, with status 2: never a
+    traceback. ``last``: the line ends the file without a newline (a truncated file)."""
+    good = json.dumps(GOOD).encode()
+    path = tmp_path_factory.mktemp("garbled") / "trace.jsonl"
+    path.write_bytes(good + b"\n" + line + (b"" if last else b"\n" + good + b"\n"))
+    code, out, err = run(capsys, "replay", str(path), *FAST, "--json")
+    if code == 0:  # the line was still a request, or blank
+        assert json.loads(out)["requests"] >= 2 and err == ""
+        return
+    assert_one_line_error(code, out, err, f"{path}:")
+    assert re.match(rf"kvcore: error: {re.escape(str(path))}:\d+: \S", err), err
 
 
 def test_output_paths_are_checked_before_the_replay(capsys: pytest.CaptureFixture[str], trace: Path) -> None:

@@ -3,15 +3,22 @@ workload sets, identically on every backend."""
 
 from __future__ import annotations
 
+import json
+import tempfile
+from pathlib import Path
 from typing import Any
 
+import jsonschema
 import numpy as np
+import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import kv_api
+from kv_replay.cli import main
 from kv_replay.model import model_config
 from kv_replay.replayer import Replayer, ReplayResult
+from kv_replay.report import COMPARE_SCHEMA, SUMMARY_SCHEMA, SWEEP_SCHEMA
 from kv_replay.trace import Request, synthetic_tokens
 
 GRANULE = 2 << 20  # the device granularity: quotas below it round up to it
@@ -95,3 +102,134 @@ def test_every_replay_terminates_alike_on_every_backend(backends: list[kv_api.Ba
             (r.reused_tokens, r.preemptions, r.rejected) for r in first.records
         ]
         assert (other.steps, other.evicted_pages) == (first.steps, first.evicted_pages)
+
+
+# -- every report mode, with host and disk tiers -----------------------------------------------
+
+MODES = ["table", "json", "compare", "sweep", "cluster"]
+
+
+def _trace(requests: list[Request], directory: Path) -> Path:
+    path = directory / "trace.jsonl"
+    lines = [json.dumps({"tokens": r.prompt.tolist(), "output": r.output.tolist()}) for r in requests]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _flags(workload: Any, host: str, disk: str, directory: Path) -> list[str]:
+    """The command line of ``replay()`` above, with a host and a disk tier (disk under ``directory``)."""
+    _, tpb, slots, in_flight, layers = workload
+    quota = GRANULE * len(layers.split(","))
+    bytes_per_token = GRANULE // (2 * tpb * slots)
+    return [
+        *("--quiet", "--layers", layers, "--tokens-per-block", str(tpb), "--bytes-per-token", str(bytes_per_token)),
+        *("--max-in-flight", str(in_flight), "--quota", str(quota)),
+        *("--host-quota", host, "--disk-quota", disk, "--disk-path", str(directory)),
+    ]
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    assert (code, err) == (0, ""), err  # compare and sweep: 0 only if every backend agrees
+    return out
+
+
+def _check_summary(s: dict[str, Any]) -> None:
+    jsonschema.validate(s, SUMMARY_SCHEMA)
+    assert set(s["reused_tokens_by_level"]) == {"device", "host", "disk"}
+    assert sum(s["reused_tokens_by_level"].values()) == s["reused_tokens"]
+    assert s["completed"] + s["rejected"] == s["requests"]
+
+
+def _report(capsys: pytest.CaptureFixture[str], mode: str, flags: list[str], as_json: bool, plot: Path | None) -> None:
+    """Run one report mode (``--plot`` too, if given); check its JSON, or that its table prints."""
+    extra = {
+        "table": [],
+        "json": [],
+        "compare": ["--compare"],
+        # A sweep of the device quota (a list after the single --quota replaces it), on every backend.
+        "sweep": ["--compare", "--quota", f"{GRANULE},{2 * GRANULE}"],
+        "cluster": ["--instances", "2", "--router", "round-robin,kv"],
+    }[mode]
+    argv = [*flags, *extra, *(["--plot", str(plot)] if plot else [])]
+    out = _cli(capsys, *argv, *(["--json"] if as_json else []))
+    if plot:
+        assert plot.read_bytes()[:4] == b"\x89PNG"
+    if not as_json:
+        assert out.strip()
+        return
+    report = json.loads(out)
+    if mode in ("table", "json"):
+        _check_summary(report)
+    elif mode == "compare":
+        jsonschema.validate(report, COMPARE_SCHEMA)
+        assert report["reuse_identical"]
+        for s in report["backends"]:
+            _check_summary(s)
+    elif mode == "sweep":
+        jsonschema.validate(report, SWEEP_SCHEMA)
+        assert report["reuse_identical"]
+        for s in report["rows"]:
+            _check_summary(s)
+    else:
+        for rep in report if isinstance(report, list) else [report]:
+            assert rep["requests"] == sum(i["requests"] for i in rep["per_instance"])
+
+
+def _table_matches_json(capsys: pytest.CaptureFixture[str], flags: list[str]) -> None:
+    """The table has a row per level and direction the JSON summary has, and no other."""
+    summary = json.loads(_cli(capsys, *flags, "--json"))
+    labels = [line.split("  ")[0] for line in _cli(capsys, *flags).splitlines()]
+    assert [label for label in labels if label.startswith("moved ")] == [
+        f"moved {d.replace('->', '→')}" for d in summary["bytes_moved"]
+    ]
+    for level in ("device", "host", "disk"):
+        assert f"reused tokens found on {level}" in labels and f"{level} utilisation at end" in labels
+
+
+TIER_SIZES = st.sampled_from(["4K", "64K", "1M", "4M"])
+
+
+@pytest.mark.requires("host_tier", "disk_tier")
+@pytest.mark.parametrize("mode", MODES)
+@settings(max_examples=8)
+@given(workload=workloads(), host=TIER_SIZES, disk=TIER_SIZES, as_json=st.booleans())
+def test_every_report_mode_runs_with_tiers(
+    capsys: pytest.CaptureFixture[str],
+    backend: kv_api.Backend,
+    mode: str,
+    workload: Any,
+    host: str,
+    disk: str,
+    as_json: bool,
+) -> None:
+    """Table, JSON, compare, sweep and cluster reports, each with a host and a disk tier (the
+    table once crashed on a direction the JSON had), on random workloads; the disk tier's
+    directory is empty after each run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        (directory / "disk").mkdir()
+        flags = ["replay", str(_trace(workload[0], directory)), "--backend", backend.name]
+        flags += _flags(workload, host, disk, directory / "disk")
+        if mode == "table":
+            _table_matches_json(capsys, flags)
+        else:  # compare, sweep and cluster print a table or JSON
+            _report(capsys, mode, flags, mode == "json" or as_json, None)
+        assert list((directory / "disk").iterdir()) == []
+
+
+@pytest.mark.requires("host_tier", "disk_tier")
+@settings(max_examples=4)  # a figure costs ~0.3 s
+@given(workload=workloads(), host=TIER_SIZES, disk=TIER_SIZES, mode=st.sampled_from(["json", "sweep", "cluster"]))
+def test_every_plot_draws_with_tiers(
+    capsys: pytest.CaptureFixture[str], backend: kv_api.Backend, workload: Any, host: str, disk: str, mode: str
+) -> None:
+    pytest.importorskip("matplotlib")
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        (directory / "disk").mkdir()
+        flags = ["replay", str(_trace(workload[0], directory)), "--backend", backend.name]
+        flags += _flags(workload, host, disk, directory / "disk")
+        _report(capsys, mode, flags, True, directory / "replay.png")
+        assert list((directory / "disk").iterdir()) == []

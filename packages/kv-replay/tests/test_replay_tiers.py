@@ -126,6 +126,31 @@ def test_the_text_report_shows_levels_directions_and_onboarding(
     assert code == 0 and "host" not in out and "moved" not in out  # no tiers: the table of before
 
 
+@pytest.mark.requires("host_tier")
+def test_the_text_report_shows_every_direction_moved_on_every_backend(
+    capsys: pytest.CaptureFixture[str], cycling: Path, tmp_path: Path
+) -> None:
+    """The regression: a reused partial block copied on the device (``device->device``), next to
+    evictions to the host and onboarding, crashed the table (KeyError) while --json worked."""
+    trace = tmp_path / "trace.jsonl"
+    # After the cycling documents, a prompt that extends the one before it: its partial last
+    # block is reused and copied into the new cache's own page, on the device.
+    extend = [{"tokens": list(range(9000, 9000 + n)), "output_length": 2} for n in (20, 22)]
+    trace.write_text(cycling.read_text() + "".join(json.dumps(line) + "\n" for line in extend))
+    argv = ["replay", str(trace), *BIG_BLOCKS, "--max-in-flight", "1", "--quota", "2M", "--host-quota", "4M"]
+    code, out, err = run(capsys, *argv, "--compare", "--json")
+    assert code == 0, err
+    moved = [s["bytes_moved"] for s in json.loads(out)["backends"]]
+    assert all(m == moved[0] for m in moved)
+    assert {"device->device", "device->host", "host->device"} <= set(moved[0])
+    code, out, err = run(capsys, *argv, "--compare")
+    assert code == 0, err
+    rows = {line.split("  ")[0]: line.split()[2:] for line in out.splitlines() if line.startswith("moved ")}
+    assert sorted(rows) == sorted(f"moved {d.replace('->', '→')}" for d in moved[0])
+    for cells in rows.values():  # one size per backend, "2.0 KiB" as two words: the same on each
+        assert len(cells) == 2 * len(moved) and len(set(zip(cells[::2], cells[1::2], strict=True))) == 1
+
+
 @pytest.mark.requires("host_tier", "disk_tier")
 def test_the_temporary_disk_directory_is_removed_after_the_run(
     capsys: pytest.CaptureFixture[str], cycling: Path, backend: kv_api.Backend, monkeypatch: pytest.MonkeyPatch
@@ -183,6 +208,10 @@ def test_the_sweep_varies_the_host_quota(
         (["--host-quota", "0"], "--host-quota: '0' must be at least 1 byte"),
         (["--disk-quota", "1X"], "--disk-quota: not a size: '1X'"),
         (["--disk-quota", "1G,2G"], "--disk-quota: one size, not a list"),
+        # A negative size as its own word once read as a flag: "expected one argument".
+        (["--host-quota", "-5M"], "--host-quota: '-5M': a size cannot be negative"),
+        (["--disk-quota", "-1"], "--disk-quota: '-1': a size cannot be negative"),
+        (["--quota", "1G,-2G"], "--quota: '-2G': a size cannot be negative"),
         (["--disk-quota", "1G", "--disk-path", "/nonexistent/dir"], "--disk-path: directory /nonexistent/dir does not"),
         (["--disk-path", "."], "--disk-path: needs --disk-quota"),
         (["--quota", "2M,4M", "--host-quota", "4M,8M"], "--host-quota: a sweep varies one quota"),
@@ -194,6 +223,25 @@ def test_a_bad_tier_flag_is_one_line_naming_it(
     code, out, err = run(capsys, "replay", str(cycling), *BIG_BLOCKS, *flags)
     assert code == 2 and out == ""  # nothing replayed
     assert err.count("\n") == 1 and err.startswith(f"kvcore: error: {message}"), err
+
+
+@pytest.mark.requires("disk_tier")
+def test_a_disk_error_names_the_directory_the_user_knows(
+    capsys: pytest.CaptureFixture[str],
+    cycling: Path,
+    backend: kv_api.Backend,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without --disk-path the files go to a temporary directory inside $TMPDIR, removed by the
+    time the message is read: the message names $TMPDIR."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    code, out, err = run(capsys, "replay", str(cycling), *BIG_BLOCKS, "--backend", backend.name, "--disk-quota", "1P")
+    if code == 0:
+        pytest.skip("this file system takes a sparse file of 1 PiB")
+    assert (code, out) == (2, "") and err.startswith("kvcore: error: --disk-quota 1P: disk tier: "), err
+    assert err.endswith(f" in {tmp_path}\n") and "kvcore-replay-" not in err, err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_disk_path_that_is_a_file_is_named(capsys: pytest.CaptureFixture[str], cycling: Path) -> None:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import fields
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import kv_api
 from kv_api.errors import BackendError
@@ -21,6 +22,7 @@ from kv_replay.model import MAX_LAYERS, ModelError, parse_layers
 from kv_replay.plot import PlotError
 from kv_replay.replay_command import replay
 from kv_replay.routers import ROUTERS
+from kv_replay.signals import Terminated, terminate_as_interrupt
 from kv_replay.sizes import parse_size
 from kv_replay.trace import BUILTIN_TRACES, MAX_TOKENS, TraceError
 
@@ -33,6 +35,12 @@ class UsageError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but its errors are one line, naming the flag (no usage dump)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A word starting with "-" and a digit is a value, not a flag (as from Python 3.13):
+        # "--quota -1G" is a negative size, not "--quota: expected one argument".
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message.removeprefix("argument "))
@@ -64,6 +72,8 @@ def quotas(text: str) -> list[int]:
     """``--quota``: one size, or a comma-separated list of them for a capacity sweep."""
     sizes = []
     for part in text.split(","):
+        if part.strip().startswith("-"):
+            raise argparse.ArgumentTypeError(f"{part.strip()[:40]!r}: a size cannot be negative")
         try:
             size = parse_size(part)
         except ValueError as exc:
@@ -294,14 +304,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "events":
             return events(args)
         check_replay_flags(args)
-        return replay(args, chosen_backends(args))
+        with terminate_as_interrupt():  # SIGTERM cleans up as Ctrl-C does, below
+            return replay(args, chosen_backends(args))
     except (UsageError, TraceError, PlotError, ModelError, EventsError) as exc:
         message = str(exc)
     except BrokenPipeError:
         raise
     except OSError as exc:  # the trace cannot be opened or read
         message = f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc)
-    except KeyboardInterrupt:
+    except Terminated:  # SIGTERM during a replay, cleaned up as Ctrl-C is
+        print("kvcore: terminated", file=sys.stderr)
+        return 143
+    except KeyboardInterrupt:  # Ctrl-C
         print("kvcore: interrupted", file=sys.stderr)
         return 130
     error(message)

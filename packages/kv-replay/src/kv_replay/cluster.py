@@ -89,8 +89,10 @@ def replay_cluster(
         result.instances = [r.end() for r in replayers]
     finally:
         picker.close()
-        for r in replayers:
-            r.manager.shutdown()
+    # Only after a whole replay: interrupted (Ctrl-C, SIGTERM) or failed, caches are still open
+    # and shutdown() would raise over the error; the managers and their files go with the objects.
+    for r in replayers:
+        r.manager.shutdown()
     return result
 
 

@@ -14,7 +14,10 @@ import argparse
 import dataclasses
 import errno
 import json
+import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from kv_api import Backend, HostCacheTierConfig, KVCacheManagerConfig, create_manager
 from kv_api.errors import DiskOOMError, HostOOMError
@@ -72,37 +75,47 @@ def _unmappable(backend: Backend, config: KVCacheManagerConfig) -> str:
     return f"--quota {format_size(device.quota)}"
 
 
+@contextmanager
+def _manager_errors(args: argparse.Namespace, backend: Backend, config: KVCacheManagerConfig) -> Iterator[None]:
+    """The manager's errors while building and replaying on ``config``, as the flag behind
+    them: pools that cannot be mapped, a disk tier that is full or cannot be written."""
+    try:
+        yield
+    except HostOOMError as exc:
+        flag = _unmappable(backend, config)
+        raise ModelError(f"{flag}: {exc}: more address space than this machine has") from None
+    except DiskOOMError as exc:
+        raise ModelError(f"--disk-quota {format_size(args.disk_quota)}: {_disk_message(args, exc)}") from None
+    except OSError as exc:  # the disk tier's files; any other (a trace) is the caller's
+        if args.disk_quota is None or len(config.cache_tiers) == 1 or isinstance(exc, BrokenPipeError):
+            raise
+        raise ModelError(f"{_disk_flag(args, exc)}: {_disk_message(args, exc)}") from None
+
+
 def _run(
     args: argparse.Namespace, backend: Backend, config: KVCacheManagerConfig, requests: list[Request]
 ) -> ReplayResult:
     label = f"replay ({backend.name}, {_quotas(config)})"
-    disk = args.disk_quota is not None and len(config.cache_tiers) > 1
-    try:
+    with _manager_errors(args, backend, config):
         replayer = Replayer(backend, config, args.max_in_flight, None if args.quiet else ProgressBar(label))
-    except HostOOMError as exc:
-        flag = _unmappable(backend, config)
-        raise ModelError(f"{flag}: {exc}: more address space than this machine has") from None
-    except OSError as exc:  # the disk tier's files
-        if not disk:
-            raise
-        raise ModelError(f"{_disk_flag(args, exc)}: {exc.strerror or exc}") from None
-    try:
         result = replayer.run(requests)
-    except DiskOOMError as exc:
-        raise ModelError(f"--disk-quota {format_size(args.disk_quota)}: {exc}") from None
-    except OSError as exc:
-        if not disk:
-            raise
-        raise ModelError(f"{_disk_flag(args, exc)}: {exc.strerror or exc}") from None
     replayer.manager.shutdown()  # every cache is closed; the disk tier's files go now
     return result
 
 
 def _disk_flag(args: argparse.Namespace, exc: OSError) -> str:
-    """``--disk-quota SIZE`` for a file too large or a full disk, else ``--disk-path DIR``."""
-    if exc.errno in (errno.EFBIG, errno.ENOSPC, errno.EDQUOT):
+    """``--disk-quota SIZE`` for a file too large or a full disk, or for the temporary
+    directory it asked for; else ``--disk-path DIR``."""
+    if exc.errno in (errno.EFBIG, errno.ENOSPC, errno.EDQUOT) or args.disk_path is None:
         return f"--disk-quota {format_size(args.disk_quota)}"
-    return f"--disk-path {args.disk_dir}"
+    return f"--disk-path {args.disk_path}"
+
+
+def _disk_message(args: argparse.Namespace, exc: Exception) -> str:
+    """The disk tier's error; without ``--disk-path`` it names the directory the user knows
+    (``$TMPDIR``), not the temporary one inside it, which is gone when the message is read."""
+    text = str(exc.strerror or exc) if isinstance(exc, OSError) else str(exc)
+    return text if args.disk_path is not None else text.replace(args.disk_dir, os.path.dirname(args.disk_dir))
 
 
 def check_tiers(args: argparse.Namespace, backends: list[Backend]) -> None:
@@ -159,15 +172,16 @@ def _cluster(args: argparse.Namespace, backend: Backend, config: KVCacheManagerC
         label = f"replay ({backend.name}, {args.instances} instances, router {name})"
         progress = None if args.quiet else ProgressBar(label)
         try:
-            result = replay_cluster(
-                backend,
-                config,
-                requests,
-                instances=args.instances,
-                router=name,
-                max_in_flight=args.max_in_flight,
-                progress=progress,
-            )
+            with _manager_errors(args, backend, config):
+                result = replay_cluster(
+                    backend,
+                    config,
+                    requests,
+                    instances=args.instances,
+                    router=name,
+                    max_in_flight=args.max_in_flight,
+                    progress=progress,
+                )
         except RuntimeError as exc:  # the indexer failed to start or to follow
             raise ModelError(f"--router {name}: {exc}") from None
         reports.append(cluster_report(result))
@@ -184,7 +198,7 @@ def _replay(args: argparse.Namespace, backends: list[Backend]) -> int:
     configs = [_config(args, quota, host_quota=host) for quota in args.quota for host in args.host_quota or [None]]
     trace = args.trace or "embedded workload"
     requests: list[Request] = (
-        load_trace(args.trace, args.limit) if args.trace else default_workload(args.seed)[: args.limit]
+        load_trace(args.trace, args.limit) if args.trace is not None else default_workload(args.seed)[: args.limit]
     )
     if args.router is not None or args.instances > 1:
         return _cluster(args, backends[0], configs[0], requests)

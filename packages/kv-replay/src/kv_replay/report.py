@@ -246,7 +246,9 @@ def _cells(s: dict[str, Any]) -> dict[str, Any]:
         flat[f"reused_{level}"] = s["reused_tokens_by_level"].get(level, 0)
         flat[f"utilization_{level}"] = s["level_utilization"].get(level, 0.0)
     flat["reused_below"] = sum(n for level, n in s["reused_tokens_by_level"].items() if level != "device")
-    for direction in ("->".join((a, b)) for a in _LEVELS for b in _LEVELS if a != b):
+    # Every direction between levels, device->device too (a reused partial block copied into
+    # a cache's own page): another summary of the table may have moved bytes where this did not.
+    for direction in ("->".join((a, b)) for a in _LEVELS for b in _LEVELS):
         flat[f"moved_{direction}"] = human_size(s["bytes_moved"].get(direction, 0))
     for kind, stats in s["resume_latency_us"].items():
         for key, value in stats.items():

@@ -4,11 +4,14 @@ docs/replay.md for both formats."""
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import io
 import itertools
 import json
 import math
+import sys
+import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -62,7 +65,9 @@ def synthetic_tokens(seed: int, n: int, stream: int = 0) -> np.ndarray[Any, np.d
 
 def mooncake_prompt(hash_ids: list[int], input_length: int) -> np.ndarray[Any, np.dtype[np.int32]]:
     """One 512-token block per hash id (the same id, the same block), cut to ``input_length``."""
-    blocks = [synthetic_tokens(h, MOONCAKE_BLOCK, stream=1) for h in hash_ids]
+    # Only the blocks the cut keeps: a line may list far more ids than its length needs.
+    needed = -(-input_length // MOONCAKE_BLOCK)
+    blocks = [synthetic_tokens(h, MOONCAKE_BLOCK, stream=1) for h in hash_ids[:needed]]
     return np.concatenate(blocks)[:input_length] if blocks else np.zeros(0, dtype=np.int32)
 
 
@@ -75,8 +80,39 @@ def _int(where: str, record: dict[str, Any], key: str, low: int = 0, high: int =
 
 def _show(value: Any) -> str:
     """A value as the user wrote it, cut short."""
-    text = json.dumps(value)
+    try:
+        text = json.dumps(value)
+    except (RecursionError, ValueError):  # nested deeper than the encoder goes, a lone surrogate
+        text = "[...]" if isinstance(value, list) else "{...}" if isinstance(value, dict) else "..."
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _text(where: str, record: dict[str, Any], key: str) -> str | None:
+    """An optional string field, which must encode to UTF-8 (a JSON ``\\udcff`` escape does not)."""
+    value = record.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TraceError(f"{where}: field {key!r}: must be a string (got {_show(value)})")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise TraceError(f"{where}: field {key!r}: not Unicode text (it has a lone surrogate escape)") from None
+    return value
+
+
+def _arrival(where: str, record: dict[str, Any], index: int) -> float:
+    """``timestamp`` (default: the line's index) as a finite float."""
+    value = record.get("timestamp", index)
+    arrival = math.nan
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            arrival = float(value)
+        except OverflowError:  # an integer beyond any float
+            pass
+    if not math.isfinite(arrival):
+        raise TraceError(f"{where}: field 'timestamp': must be a finite number (got {_show(value)})")
+    return arrival
 
 
 def _tokens(where: str, record: dict[str, Any], key: str) -> np.ndarray[Any, np.dtype[np.int32]]:
@@ -91,12 +127,10 @@ def _tokens(where: str, record: dict[str, Any], key: str) -> np.ndarray[Any, np.
 
 
 def _scope(where: str, record: dict[str, Any]) -> ReuseScope | None:
-    salt = record.get("cache_salt")
+    salt = _text(where, record, "cache_salt")
     lora = record.get("lora_id")
     if salt is None and lora is None:
         return None
-    if salt is not None and not isinstance(salt, str):
-        raise TraceError(f"{where}: field 'cache_salt': must be a string (got {_show(salt)})")
     if lora is not None and (isinstance(lora, bool) or not isinstance(lora, int) or not 0 <= lora < 2**64):
         raise TraceError(f"{where}: field 'lora_id': must be an unsigned 64-bit integer (got {_show(lora)})")
     return ReuseScope(lora, cache_salt_to_id(salt) if salt is not None else None)
@@ -106,9 +140,7 @@ def parse_record(where: str, record: Any, index: int) -> Request:
     """One trace line's object as a request (Mooncake if it has ``hash_ids``, else kvcore)."""
     if not isinstance(record, dict):
         raise TraceError(f"{where}: expected a JSON object")
-    arrival = record.get("timestamp", index)
-    if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or not math.isfinite(arrival):
-        raise TraceError(f"{where}: field 'timestamp': must be a finite number (got {_show(arrival)})")
+    arrival = _arrival(where, record, index)
     scope = _scope(where, record)
     if "hash_ids" in record:
         hash_ids = record["hash_ids"]
@@ -124,7 +156,7 @@ def parse_record(where: str, record: Any, index: int) -> Request:
                 f"('hash_ids') of {MOONCAKE_BLOCK} tokens"
             )
         output = synthetic_tokens(index, _int(where, record, "output_length"), stream=2)
-        return Request(mooncake_prompt(hash_ids, length), output, scope, float(arrival), f"request {index}")
+        return Request(mooncake_prompt(hash_ids, length), output, scope, arrival, f"request {index}")
     if "tokens" not in record:
         raise TraceError(f"{where}: expected a field 'hash_ids' (Mooncake) or 'tokens' (kvcore)")
     prompt = _tokens(where, record, "tokens")
@@ -134,21 +166,58 @@ def parse_record(where: str, record: Any, index: int) -> Request:
         output = _tokens(where, record, "output")
     else:
         output = synthetic_tokens(index, _int(where, record, "output_length"), stream=2)
-    return Request(prompt, output, scope, float(arrival), str(record.get("name", f"request {index}")))
+    name = record.get("name")
+    if not (isinstance(name, (int, float)) and not isinstance(name, bool)):  # a number labels too
+        name = _text(where, record, "name")
+    return Request(prompt, output, scope, arrival, f"request {index}" if name is None else str(name))
 
 
 def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not a JSON number")
 
 
+def _numbered(f: Iterable[bytes], name: str) -> Iterator[tuple[str, bytes]]:
+    """``(FILE:LINE, bytes)`` of every line; a file that cannot be read (a corrupt or truncated
+    gzip stream, an I/O error) is a ``TraceError`` naming the line it was reading."""
+    lines = iter(f)
+    for number in itertools.count(1):
+        where = f"{name}:{number}"
+        try:
+            raw = next(lines)
+        except StopIteration:
+            return
+        except (OSError, EOFError) as exc:
+            raise TraceError(f"{where}: cannot read: {exc}") from None
+        except zlib.error as exc:
+            raise TraceError(f"{where}: cannot read: corrupt gzip data ({exc})") from None
+        # A byte order mark some editors write first: not part of the JSON.
+        yield where, raw.removeprefix(codecs.BOM_UTF8) if number == 1 else raw
+
+
 def _lines(f: Iterable[bytes], name: str, limit: int | None) -> Iterator[tuple[str, str]]:
     """``(FILE:LINE, text)`` of the first ``limit`` non-blank lines (all without a limit)."""
-    numbered = ((f"{name}:{number}", raw) for number, raw in enumerate(f, 1) if raw.strip())
+    numbered = ((where, raw) for where, raw in _numbered(f, name) if raw.strip())
     for where, raw in itertools.islice(numbered, limit):
         try:
             yield where, raw.decode("utf-8")
         except UnicodeDecodeError:
             raise TraceError(f"{where}: not UTF-8 text (expected one JSON object per line)") from None
+
+
+def _parse(where: str, line: str) -> Any:
+    """One line's JSON value; ``TraceError`` for anything that is not plain JSON."""
+    try:
+        return json.loads(line, parse_constant=_not_json)
+    except RecursionError:
+        raise TraceError(f"{where}: not valid JSON (nested too deeply)") from None
+    except ValueError as exc:  # JSONDecodeError, NaN, or an integer too long to parse
+        if isinstance(exc, json.JSONDecodeError):
+            message = "a byte order mark (U+FEFF) past the first line" if "BOM" in exc.msg else exc.msg
+        elif str(exc).startswith("Exceeds the limit"):  # Python's cap on integer digits
+            message = f"an integer of more than {sys.get_int_max_str_digits():,} digits"
+        else:
+            message = str(exc)
+        raise TraceError(f"{where}: not valid JSON ({message})") from None
 
 
 @contextmanager
@@ -159,7 +228,12 @@ def _open(path: str | Path) -> Iterator[tuple[Iterable[bytes], str]]:
         packed = (resources.files("kv_replay") / "traces" / BUILTIN_TRACES[name]).read_bytes()
         yield gzip.GzipFile(fileobj=io.BytesIO(packed)), name
         return
-    with open(path, "rb") as f:
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        builtin = ", ".join(BUILTIN_TRACES)
+        raise TraceError(f"{name or repr(name)}: No such file or directory (nor a built-in trace: {builtin})") from None
+    with f:
         yield (gzip.GzipFile(fileobj=f) if name.endswith(".gz") else f), name
 
 
@@ -169,16 +243,8 @@ def load_trace(path: str | Path, limit: int | None = None) -> list[Request]:
     before anything runs."""
     requests: list[Request] = []
     with _open(path) as (f, name):
-        try:
-            for where, line in _lines(f, name, limit):
-                try:
-                    record = json.loads(line, parse_constant=_not_json)
-                except ValueError as exc:  # JSONDecodeError, NaN, or an integer too long to parse
-                    message = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
-                    raise TraceError(f"{where}: not valid JSON ({message})") from None
-                requests.append(parse_record(where, record, len(requests)))
-        except (OSError, EOFError) as exc:  # gzip: a corrupt or truncated file
-            raise TraceError(f"{name}: cannot read: {exc}") from None
+        for where, line in _lines(f, name, limit):
+            requests.append(parse_record(where, _parse(where, line), len(requests)))
     if not requests:
         raise TraceError(f"{name}: no requests")
     requests.sort(key=lambda r: r.arrival)
