@@ -107,6 +107,11 @@ void bind_event_manager(nb::module_& m) {
                      poison::check();
                      return self.events->max_kv_event_entries();
                    })
+      .def_prop_ro("dropped_events",
+                   [](PyEventManager& self) {
+                     nb::gil_scoped_release release;
+                     return self.events->dropped_events();
+                   })
       .def("flush_iteration_events",
            [](PyEventManager& self) {
              nb::gil_scoped_release release;

@@ -274,7 +274,7 @@ std::int64_t cache_id_arg(nb::handle cache_id) { return arg::int_between("cache_
 
 nb::object stats_object(const CacheStats& s) {
   return api("stats.CacheStats")(s.requests, s.lookup_tokens, s.reused_tokens, s.allocated_pages, s.evicted_pages,
-                                 s.committed_blocks, s.onboarded_pages);
+                                 s.committed_blocks, s.onboarded_pages, s.corrupt_pages, s.disk_full_events);
 }
 
 // One of the manager's statistics snapshots, taken without the GIL.

@@ -14,6 +14,8 @@ void add(CacheStats& to, const CacheStats& d) {
   to.evicted_pages += d.evicted_pages;
   to.committed_blocks += d.committed_blocks;
   to.onboarded_pages += d.onboarded_pages;
+  to.corrupt_pages += d.corrupt_pages;
+  to.disk_full_events += d.disk_full_events;
 }
 
 }  // namespace

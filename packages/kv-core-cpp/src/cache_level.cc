@@ -39,6 +39,7 @@ void PoolGroup::remap(std::uint64_t num_slots, std::vector<MemoryPool> memory,
 
 double PoolGroup::utilization() const {
   const StorageStatistics s = statistics();
+  if (s.total == 0) return 0.0;
   return static_cast<double>(s.total - s.free - s.evictable) / static_cast<double>(s.total);
 }
 
@@ -47,6 +48,12 @@ void PoolGroup::ensure_backed(std::uint64_t arriving) {
   const std::vector<std::uint64_t> slots = allocator.peek(std::min(arriving, allocator.num_free()));
   const std::uint64_t upto = slots.empty() ? 0 : *std::max_element(slots.begin(), slots.end()) + 1;
   for (DiskPool& pool : disk_pools) pool.ensure_backed(upto);
+}
+
+void PoolGroup::shrink_to_backed() {
+  std::uint64_t backed = allocator.num_slots();
+  for (const DiskPool& pool : disk_pools) backed = std::min(backed, pool.backed());
+  allocator.resize(backed);
 }
 
 CacheLevel::CacheLevel(int index, const KVCacheManagerConfig& config, const LifeCycleRegistry& registry,

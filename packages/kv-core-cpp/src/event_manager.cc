@@ -5,6 +5,7 @@
 
 #include "kvcore/error.h"
 #include "kvcore/event_hash.h"
+#include "kvcore/page.h"
 #include "kvcore/poison.h"
 
 namespace kvcore {
@@ -34,17 +35,43 @@ KVCacheEventManager::KVCacheEventManager(std::int64_t max_kv_event_entries, Hash
   poison::check();
 }
 
-void KVCacheEventManager::flush_iteration_events() {
+std::uint64_t KVCacheEventManager::dropped_events() {
   poison::check();
   std::lock_guard<std::mutex> lock(mutex_);
-  flush_removed();
-  if (max_entries_ > 0) {
-    for (Event& e : pending_) {
-      ring_.push_back(std::move(e));
-      if (static_cast<std::int64_t>(ring_.size()) > max_entries_) ring_.pop_front();
+  return dropped_;
+}
+
+void KVCacheEventManager::flush_iteration_events() {
+  poison::check();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    flush_removed();
+    if (max_entries_ <= 0) {
+      pending_.clear();
+      return;
+    }
+    if (static_cast<std::int64_t>(ring_.size() + pending_.size()) <= max_entries_) {
+      for (Event& e : pending_) ring_.push_back(std::move(e));
+      pending_.clear();
+      published_.notify_all();
+      return;
     }
   }
+  {
+    // The manager's lock, then mutex_: the order its hooks take them in.
+    std::lock_guard<std::mutex> guard(resync_mutex_);
+    if (resync_) {
+      resync_();
+      return;
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);  // no manager to resync from: the oldest drop, counted
+  for (Event& e : pending_) ring_.push_back(std::move(e));
   pending_.clear();
+  while (static_cast<std::int64_t>(ring_.size()) > max_entries_) {
+    ring_.pop_front();
+    ++dropped_;
+  }
   published_.notify_all();
 }
 
@@ -70,6 +97,56 @@ void KVCacheEventManager::bind(std::vector<std::optional<std::int64_t>> windows)
   windows_ = std::move(windows);
 }
 
+void KVCacheEventManager::set_resync(std::function<void()> resync) {
+  std::lock_guard<std::mutex> guard(resync_mutex_);
+  resync_ = std::move(resync);
+}
+
+namespace {
+
+// Every block under `roots`, parent before child, roots and siblings in key order.
+std::vector<Block*> blocks_in_key_order(const std::vector<Root*>& roots) {
+  std::vector<Node*> stack(roots.begin(), roots.end());
+  const auto by_key_descending = [](const Node* a, const Node* b) { return b->key < a->key; };
+  std::sort(stack.begin(), stack.end(), by_key_descending);
+  std::vector<Block*> out;
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    if (!node->is_root()) out.push_back(static_cast<Block*>(node));
+    const std::size_t first = stack.size();
+    for (Block* child : node->children()) stack.push_back(child);
+    std::sort(stack.begin() + static_cast<std::ptrdiff_t>(first), stack.end(), by_key_descending);
+  }
+  return out;
+}
+
+}  // namespace
+
+void KVCacheEventManager::resync_to(std::vector<std::uint64_t> num_blocks_per_cache_level,
+                                    const std::vector<Root*>& roots) {
+  const std::vector<Block*> blocks = blocks_in_key_order(roots);
+  std::lock_guard<std::mutex> lock(mutex_);
+  flush_removed();
+  dropped_ += ring_.size() + pending_.size();
+  ring_.clear();
+  pending_.clear();
+  Event created;
+  created.kind = Event::Kind::kCreated;
+  created.num_blocks_per_cache_level = std::move(num_blocks_per_cache_level);
+  queue(std::move(created), std::nullopt);
+  for (int lc = 0; lc < static_cast<int>(windows_.size()); ++lc) {
+    for (Block* block : blocks) {
+      const Page* page = block->pages[lc];
+      if (page != nullptr && stored_.count({block->key, lc}) != 0)
+        append_stored(block, lc, page->priority, page->level);
+    }
+  }
+  for (Event& e : pending_) ring_.push_back(std::move(e));
+  pending_.clear();
+  published_.notify_all();
+}
+
 void KVCacheEventManager::created(std::vector<std::uint64_t> num_blocks_per_cache_level) {
   Event e;
   e.kind = Event::Kind::kCreated;
@@ -80,11 +157,16 @@ void KVCacheEventManager::created(std::vector<std::uint64_t> num_blocks_per_cach
 
 void KVCacheEventManager::stored(Block* block, int life_cycle, int priority, int cache_level) {
   if (!stored_.insert({block->key, life_cycle}).second) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  flush_removed();
+  append_stored(block, life_cycle, priority, cache_level);
+}
+
+void KVCacheEventManager::append_stored(Block* block, int life_cycle, int priority, int cache_level) {
+  // With mutex_ held: merged into the last queued event where it extends that event's chain.
   std::optional<BlockHash> parent_hash;
   if (!block->parent->is_root()) parent_hash = hash(static_cast<Block*>(block->parent));
   StoredBlockEvent sb{hash(block), block->tokens, cache_level, priority, block->lora_id};
-  std::lock_guard<std::mutex> lock(mutex_);
-  flush_removed();
   if (!pending_.empty()) {
     Event& last = pending_.back();
     if (last.kind == Event::Kind::kStored && last.layer_group_id == life_cycle && parent_hash &&

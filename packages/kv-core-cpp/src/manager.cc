@@ -33,13 +33,23 @@ KVCacheManager::KVCacheManager(const KVCacheManagerConfig& config, KVCacheEventM
   // The manager owns the context, so the context never calls a destroyed manager.
   context_.rematch = [this](const Digest& key, const Tokens& tokens) { return match(key, tokens, false); };
   if (events_ != nullptr) {
+    // Unbound by the destructor, so the event manager never calls a destroyed manager.
+    events_->set_resync([this] {
+      const auto lock = context_.lock();
+      std::vector<std::uint64_t> totals;
+      for (int l = 0; l < storage_.num_levels(); ++l) totals.push_back(storage_.level(l).total_slots());
+      events_->resync_to(std::move(totals), tree_.roots());
+    });
     std::vector<std::uint64_t> totals;
     for (int l = 0; l < storage_.num_levels(); ++l) totals.push_back(storage_.level(l).total_slots());
     events_->created(std::move(totals));
   }
 }
 
-KVCacheManager::~KVCacheManager() { storage_.close(); }
+KVCacheManager::~KVCacheManager() {
+  if (events_ != nullptr) events_->set_resync(nullptr);
+  storage_.close();
+}
 
 void KVCacheManager::require_live() const {
   if (context_.is_shut_down) throw Error(ErrorKind::kInvalidState, "the manager is shut down");
@@ -291,6 +301,8 @@ CacheStats KVCacheManager::get_committed_stats() {
   CacheStats s = context_.committed_stats;
   s.evicted_pages = storage_.num_evicted;
   s.onboarded_pages = storage_.num_onboarded;
+  s.corrupt_pages = storage_.num_corrupt;
+  s.disk_full_events = storage_.num_disk_full;
   return s;
 }
 
@@ -299,9 +311,13 @@ CacheStats KVCacheManager::get_and_reset_iteration_stats() {
   CacheStats s = context_.iteration_stats;
   s.evicted_pages = storage_.num_evicted - evicted_mark_;
   s.onboarded_pages = storage_.num_onboarded - onboarded_mark_;
+  s.corrupt_pages = storage_.num_corrupt - corrupt_mark_;
+  s.disk_full_events = storage_.num_disk_full - disk_full_mark_;
   context_.iteration_stats = CacheStats{};
   evicted_mark_ = storage_.num_evicted;
   onboarded_mark_ = storage_.num_onboarded;
+  corrupt_mark_ = storage_.num_corrupt;
+  disk_full_mark_ = storage_.num_disk_full;
   return s;
 }
 

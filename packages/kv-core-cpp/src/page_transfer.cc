@@ -31,21 +31,25 @@ std::vector<SlotRun> slot_runs(const SlotMoves& moves) {
 
 }  // namespace
 
-void PageTransfer::copy(CacheLevel& src, CacheLevel& dst, int pool_group, const SlotMoves& moves) {
-  if (moves.empty()) return;
+std::vector<std::uint64_t> PageTransfer::copy(CacheLevel& src, CacheLevel& dst, int pool_group,
+                                              const SlotMoves& moves) {
+  if (moves.empty()) return {};
   const std::vector<SlotRun> runs = slot_runs(moves);
   PoolGroup& from = src.pool_groups[pool_group];
   PoolGroup& to = dst.pool_groups[pool_group];
   std::uint64_t bytes = 0;
+  std::vector<std::uint64_t> bad;
   if (src.is_disk() && dst.is_disk()) {  // within the disk level (a quota resize's defragmentation)
     for (std::size_t p = 0; p < from.disk_pools.size(); ++p) {
       DiskPool& disk = from.disk_pools[p];
       const std::uint64_t size = from.slot_sizes[p];
       for (const SlotRun& r : runs) {
         std::vector<std::uint8_t> buf(r.count * size);
-        disk.read(r.src, buf.data(), buf.size());
+        const std::size_t first = bad.size();
+        disk.read(r.src, buf.data(), buf.size(), bad);
         disk.ensure_backed(r.dst + r.count);
         disk.write(r.dst, buf.data(), buf.size());
+        for (std::size_t i = first; i < bad.size(); ++i) disk.forget(r.dst + bad[i] - r.src);  // still no page
         bytes += r.count * size;
       }
     }
@@ -62,7 +66,7 @@ void PageTransfer::copy(CacheLevel& src, CacheLevel& dst, int pool_group, const 
     for (std::size_t p = 0; p < from.disk_pools.size(); ++p) {
       const std::uint64_t size = from.slot_sizes[p];
       for (const SlotRun& r : runs) {
-        from.disk_pools[p].read(r.src, to.pools[p].data() + r.dst * size, r.count * size);
+        from.disk_pools[p].read(r.src, to.pools[p].data() + r.dst * size, r.count * size, bad);
         bytes += r.count * size;
       }
     }
@@ -91,6 +95,12 @@ void PageTransfer::copy(CacheLevel& src, CacheLevel& dst, int pool_group, const 
   } else {
     it->second += bytes;
   }
+  if (bad.empty()) return bad;
+  std::vector<std::uint64_t> out;  // the source slots in move order, each once
+  for (const auto& m : moves) {
+    if (std::find(bad.begin(), bad.end(), m.first) != bad.end()) out.push_back(m.first);
+  }
+  return out;
 }
 
 }  // namespace kvcore

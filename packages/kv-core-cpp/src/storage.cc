@@ -1,6 +1,7 @@
 #include "kvcore/storage.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <string>
 
 #include "kvcore/error.h"
@@ -128,8 +129,9 @@ std::vector<Page*> Storage::new_pages(const std::vector<std::pair<int, int>>& re
   return pages;
 }
 
-void Storage::copy(const Page* src, const Page* dst) {
-  transfer_.copy(level(src->level), level(dst->level), src->pool_group, {{src->slot, dst->slot}});
+void Storage::copy(Page* src, const Page* dst) {
+  if (!transfer_.copy(level(src->level), level(dst->level), src->pool_group, {{src->slot, dst->slot}}).empty())
+    forget_corrupt({src});
 }
 
 // How many drops ahead make_room asks for a dropped page's block.
@@ -217,16 +219,8 @@ void Storage::make_room(int level, const std::vector<std::uint64_t>& need, const
   // throughout: records freed meanwhile (a subtree removal) are recycled after.
   if (std::all_of(need.begin(), need.end(), [](std::uint64_t n) { return n == 0; })) return;  // a decode step
   const RecordGuard guard(*this);
-  const std::vector<Plan> plans = plan(level, need, exclude);
-  for (std::size_t pg = 0; pg < plans.size(); ++pg) {
-    for (int lv = level + 1; lv < num_levels(); ++lv) {
-      PoolGroup& group = levels_[lv]->pool_groups[pg];
-      if (group.disk_pools.empty()) continue;
-      const auto arriving = static_cast<std::uint64_t>(std::count_if(plans[pg].moves.begin(), plans[pg].moves.end(),
-                                                                     [lv](const auto& m) { return m.second == lv; }));
-      group.ensure_backed(arriving);
-    }
-  }
+  std::vector<Plan> plans = plan(level, need, exclude);
+  while (!back_disks(level, plans)) plans = plan(level, need, exclude);  // the smaller disk: drops, not moves
   for (std::size_t pg = 0; pg < plans.size(); ++pg) {
     const Plan& plan = plans[pg];
     PoolGroup& last = levels_[last_level()]->pool_groups[pg];
@@ -258,6 +252,48 @@ void Storage::make_room(int level, const std::vector<std::uint64_t>& need, const
       }
     }
   }
+}
+
+bool Storage::back_disks(int level, const std::vector<Plan>& plans) {
+  // A file system that cannot give the blocks shrinks its level to the slots it has (counted):
+  // false, the plans are made again, so a full disk means dropping instead of moving down.
+  for (std::size_t pg = 0; pg < plans.size(); ++pg) {
+    for (int lv = level + 1; lv < num_levels(); ++lv) {
+      PoolGroup& group = levels_[lv]->pool_groups[pg];
+      if (group.disk_pools.empty()) continue;
+      const auto arriving = static_cast<std::uint64_t>(std::count_if(plans[pg].moves.begin(), plans[pg].moves.end(),
+                                                                     [lv](const auto& m) { return m.second == lv; }));
+      try {
+        group.ensure_backed(arriving);
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::kDiskOOM) throw;
+        group.shrink_to_backed();
+        ++num_disk_full;
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+void Storage::forget_corrupt(const std::vector<Page*>& pages) {
+  // Counted, out of the tree (announced as removed) so no match finds them again, then
+  // OSError(EIO): a miss from now on, never data. Only pages a cache holds are read, so each
+  // stays its holders' until they let go (see Storage.forget_corrupt).
+  num_corrupt += pages.size();
+  const std::string directory = pool_group_of(pages[0]).disk_pools[0].directory();
+  for (Page* page : pages) {
+    Block* block = page->block;
+    if (block == nullptr) continue;
+    block->pages[page->life_cycle] = nullptr;
+    if (events_) events_->removed(block, page->life_cycle);
+    orphan(page);
+    tree_.prune(block);
+  }
+  throw Error(
+      ErrorKind::kOS,
+      "disk tier: " + std::to_string(pages.size()) + " page(s) failed their checksum in " + directory + ": dropped",
+      EIO);
 }
 
 void Storage::evict_drop(Page* page) {
@@ -302,7 +338,14 @@ void Storage::move(const std::vector<Page*>& pages, int dst_level) {
   const std::vector<std::uint64_t> slots = group.allocator.peek(pages.size());
   SlotMoves moves;
   for (std::size_t i = 0; i < pages.size(); ++i) moves.emplace_back(pages[i]->slot, slots[i]);
-  transfer_.copy(*levels_[src_level], *levels_[dst_level], pg, moves);
+  const std::vector<std::uint64_t> bad = transfer_.copy(*levels_[src_level], *levels_[dst_level], pg, moves);
+  if (!bad.empty()) {
+    std::vector<Page*> corrupt;
+    for (Page* p : pages) {
+      if (std::find(bad.begin(), bad.end(), p->slot) != bad.end()) corrupt.push_back(p);
+    }
+    forget_corrupt(corrupt);
+  }
   group.allocator.allocate(pages.size());
   for (std::size_t i = 0; i < pages.size(); ++i) {
     Page* page = pages[i];
@@ -356,6 +399,7 @@ void Storage::resize_level(int level, const SlotCounts& counts, const std::vecto
     const std::vector<std::uint64_t> slots = group.allocator.peek(movers.size(), n);
     SlotMoves moves;
     for (std::size_t i = 0; i < movers.size(); ++i) moves.emplace_back(movers[i]->slot, slots[i]);
+    // A corrupt page moves with its bytes, still failing its checksum: found when read up.
     transfer_.copy(*levels_[level], *levels_[level], group.index, moves);
     group.allocator.resize(n);
     group.allocator.allocate(movers.size());

@@ -95,14 +95,44 @@ def test_io_error_without_errno_is_eio() -> None:
 # --- construction and resize --------------------------------------------------------------------
 
 
-def test_new_pool_is_sized_and_names_its_directory(tmp_path: Path) -> None:
+def fd_path(pool: DiskPool) -> str:
+    return f"/proc/self/fd/{pool.fileno()}"
+
+
+def test_new_pool_is_sized_names_its_directory_and_has_no_name_there(tmp_path: Path) -> None:
+    """The file is unlinked from the start: the kernel frees it however the process ends."""
     p = DiskPool(3, SLOT, str(tmp_path))
     try:
         assert p.directory == str(tmp_path)
-        assert p.size == 3 * SLOT and os.path.getsize(p.path) == 3 * SLOT
+        assert p.size == 3 * SLOT and os.path.getsize(fd_path(p)) == 3 * SLOT
+        assert list(tmp_path.iterdir()) == []
+        assert os.readlink(fd_path(p)).startswith(str(tmp_path))
+        assert os.fstat(p.fileno()).st_nlink == 0
     finally:
         p.close()
-    assert not os.path.exists(p.path)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("code", [errno.EOPNOTSUPP, errno.EISDIR])
+def test_without_o_tmpfile_a_named_file_is_removed_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+) -> None:
+    real_open = os.open
+
+    def no_tmpfile(path: str, flags: int, mode: int = 0o777) -> int:
+        if flags & os.O_TMPFILE == os.O_TMPFILE:
+            raise OSError(code, os.strerror(code))
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr("kv_core_py.disk_pool.os.open", no_tmpfile)
+    p = DiskPool(2, SLOT, str(tmp_path))
+    try:
+        assert list(tmp_path.iterdir()) == []
+        assert os.fstat(p.fileno()).st_nlink == 0
+        p.write(1, memoryview(pattern(SLOT)))
+        assert file_bytes(p)[SLOT:] == pattern(SLOT)
+    finally:
+        p.close()
 
 
 @pytest.mark.parametrize(("code", "kind"), [(errno.ENOSPC, DiskOOMError), (errno.EIO, OSError)])
@@ -120,9 +150,9 @@ def test_a_failed_truncate_at_construction_names_the_directory_and_removes_the_f
 
 def test_resize_grows_and_cuts_the_file(pool: DiskPool) -> None:
     pool.resize(7)
-    assert pool.size == 7 * SLOT and os.path.getsize(pool.path) == 7 * SLOT
+    assert pool.size == 7 * SLOT and os.path.getsize(fd_path(pool)) == 7 * SLOT
     pool.resize(2)
-    assert pool.size == 2 * SLOT and os.path.getsize(pool.path) == 2 * SLOT
+    assert pool.size == 2 * SLOT and os.path.getsize(fd_path(pool)) == 2 * SLOT
 
 
 @pytest.mark.parametrize(("code", "kind"), [(errno.EDQUOT, DiskOOMError), (errno.EIO, OSError)])
@@ -250,7 +280,7 @@ def chunked_pwrite(monkeypatch: pytest.MonkeyPatch, chunk: int, interrupt_every:
 
 
 def file_bytes(pool: DiskPool) -> bytes:
-    with open(pool.path, "rb") as f:
+    with open(fd_path(pool), "rb") as f:
         return f.read()
 
 
@@ -259,8 +289,46 @@ def test_write_then_read_whole_slots(pool: DiskPool) -> None:
     pool.write(1, memoryview(data))
     assert file_bytes(pool) == bytes(SLOT) + data + bytes(SLOT)
     out = bytearray(2 * SLOT)
-    pool.read(1, memoryview(out))
+    assert pool.read(1, memoryview(out)) == []
     assert bytes(out) == data
+
+
+def scribble(pool: DiskPool, offset: int, data: bytes) -> None:
+    """Another process writing into the file behind the pool's back."""
+    with open(fd_path(pool), "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+def test_a_slot_changed_on_disk_fails_its_checksum(pool: DiskPool) -> None:
+    pool.write(0, memoryview(pattern(4 * SLOT, seed=3)))
+    scribble(pool, 2 * SLOT + 5, b"\xff")
+    out = bytearray(4 * SLOT)
+    assert pool.read(0, memoryview(out)) == [2]
+    assert pool.read(1, memoryview(out)[: 2 * SLOT]) == [2]
+    assert pool.read(3, memoryview(out)[:SLOT]) == []
+
+
+def test_unwritten_forgotten_and_cut_slots_fail_their_checksum(pool: DiskPool) -> None:
+    out = memoryview(bytearray(SLOT))
+    assert pool.read(0, out) == [0]  # never written: zeros are no page
+    pool.write(0, memoryview(pattern(4 * SLOT)))
+    pool.forget(1)
+    assert pool.read(1, out) == [1]
+    pool.resize(2)
+    pool.resize(4)
+    assert pool.read(3, out) == [3]
+    assert pool.read(0, out) == []
+
+
+def test_a_failed_write_leaves_its_slots_unwritten(pool: DiskPool, monkeypatch: pytest.MonkeyPatch) -> None:
+    pool.write(1, memoryview(pattern(SLOT)))
+    monkeypatch.setattr("kv_core_py.disk_pool.os.pwrite", oserror(errno.EIO))
+    with pytest.raises(OSError):
+        pool.write(1, memoryview(pattern(SLOT, seed=2)))
+    monkeypatch.undo()
+    out = memoryview(bytearray(SLOT))
+    assert pool.read(1, out) == [1]
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 5])
@@ -346,3 +414,28 @@ def test_a_failed_read_names_the_directory(
         pool.read(0, memoryview(bytearray(SLOT)))
     assert info.value.errno == code
     assert info.value.strerror == f"disk tier: {os.strerror(code)} in {tmp_path}"
+
+
+def test_a_long_run_moves_in_chunks_of_whole_slots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs move in calls of about ``CHUNK_BYTES`` (whole slots), each checked while in cache;
+    a corrupt slot in the second chunk is found where it is."""
+    size = disk_pool.CHUNK_BYTES // 2 + 16  # one slot a chunk
+    p = DiskPool(5, size, str(tmp_path))
+    try:
+        data = pattern(5 * size, seed=4)
+        writes = chunked_pwrite(monkeypatch, 1 << 30)
+        p.write(0, memoryview(data))
+        assert writes == [(s * size, size) for s in range(5)]
+        small = DiskPool(8, disk_pool.CHUNK_BYTES // 4, str(tmp_path))  # four slots a chunk
+        writes.clear()
+        small.write(0, memoryview(bytes(8 * small.slot_size)))
+        assert writes == [(0, disk_pool.CHUNK_BYTES), (disk_pool.CHUNK_BYTES, disk_pool.CHUNK_BYTES)]
+        small.close()
+        scribble(p, 3 * size + 7, b"!")
+        reads = chunked_preadv(monkeypatch, 1 << 30)
+        out = bytearray(4 * size)
+        assert p.read(1, memoryview(out)) == [3]
+        assert reads == [s * size for s in range(1, 5)]
+        assert bytes(out[: 2 * size]) == data[size : 3 * size]
+    finally:
+        p.close()

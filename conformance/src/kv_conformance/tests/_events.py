@@ -46,3 +46,12 @@ def settle(what: str, probe: Callable[[], tuple[bool, T]], timeout: float = SETT
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not settled after {timeout}s; last: {value}")
         time.sleep(0.02)
+
+
+def commit(manager: KVCacheManager, tokens: list[int]) -> None:
+    """Admit ``tokens`` as an engine does (reusing the cached prefix), prefill, close."""
+    cache = manager.create_kv_cache(None, tokens)
+    assert cache.resume()
+    assert cache.resize(len(tokens))
+    cache.commit(tokens[cache.num_committed_tokens :])
+    cache.close()

@@ -13,6 +13,7 @@ drops it. ``Levels`` keeps that model, so a test can compare it with what the sp
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -249,3 +250,23 @@ def check_slot_totals(world: World, in_use: Sequence[int]) -> None:
     event describes: locked or held uncommitted ones) is ``total``."""
     for level, ((s,), extra) in enumerate(zip(world.stats(), in_use, strict=True)):
         assert s.free + world.levels.count(level) + extra == s.total, (level, s, world.levels.count(level), extra)
+
+
+def pages_files(directory: Path | str, pid: int | str = "self") -> list[str]:
+    """The ``/proc/PID/fd`` links of the files open in ``directory`` (a disk tier's pages files
+    have no name there: their links read ``DIR/#INODE (deleted)`` or ``DIR/kvcore-... (deleted)``)."""
+    fds = f"/proc/{pid}/fd"
+    out = []
+    for fd in sorted(os.listdir(fds), key=int):  # in the order they were opened, when none closed
+        try:
+            target = os.readlink(f"{fds}/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith(f"{directory}/"):
+            out.append(f"{fds}/{fd}")
+    return out
+
+
+#: The small file system of the ``small_fs`` fixture (conftest.py) holds four 256 KiB slots and
+#: 16 KiB more: never a fifth slot.
+SMALL_FS_SLOTS = 4

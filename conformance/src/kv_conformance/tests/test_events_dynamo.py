@@ -17,7 +17,7 @@ from kv_api import KVCacheManager
 from kv_events import EventPublisher
 from kv_events.indexer import DynamoIndexer, dynamo_missing
 
-from ._events import published, settle
+from ._events import commit, published, settle
 from ._manager import make_config
 from ._tiers import tier_config, tier_params
 
@@ -42,15 +42,6 @@ def fleet(backend: kv_api.Backend) -> Iterator[tuple[list[Instance], DynamoIndex
     finally:
         for _, pub in instances:
             pub.close()
-
-
-def commit(manager: KVCacheManager, tokens: list[int]) -> None:
-    """Admit ``tokens`` as an engine does (reusing the cached prefix), prefill, close."""
-    cache = manager.create_kv_cache(None, tokens)
-    assert cache.resume()
-    assert cache.resize(len(tokens))
-    cache.commit(tokens[cache.num_committed_tokens :])
-    cache.close()
 
 
 def prompts(rng: random.Random, count: int, bases: Sequence[list[int]]) -> list[list[int]]:
@@ -127,3 +118,28 @@ def test_overlap_follows_tier_moves(backend: kv_api.Backend, tiers: str, tmp_pat
     finally:
         for _, pub in instances:
             pub.close()
+
+
+def test_overlap_matches_probe_reuse_after_the_ring_overflows(backend: kv_api.Backend) -> None:
+    """A ring of 50 events, and engine steps of 100 requests each: every step's flush
+    overflows it, whatever the publisher's drain. The resync reaches the indexer as
+    ``AllBlocksCleared`` and the tree's chains, so its view still equals ``probe_reuse``."""
+    config = make_config(TPB, slots=24)
+    events = backend.KVCacheEventManager(50, "v2_sha256_64")
+    manager = backend.KVCacheManager(config, events)
+    pub = EventPublisher(events, config, "tcp://127.0.0.1:*")
+    try:
+        with DynamoIndexer({1: pub.endpoint}, TPB) as indexer:
+            assert pub.wait_for_subscribers(1)
+            rng = random.Random(29)
+            bases = [[rng.randrange(0, 50_000) for _ in range(rng.randrange(2, 6) * TPB)] for _ in range(8)]
+            for _round in range(2):
+                dropped = events.dropped_events
+                for tokens in prompts(rng, 100, bases):
+                    commit(manager, tokens)
+                events.flush_iteration_events()
+                assert events.dropped_events > dropped
+                check_agreement([(manager, pub)], indexer, prompts(rng, 12, bases) + bases)
+            assert any(indexer.query(b) for b in bases), "nothing cached: the test checked only zeros"
+    finally:
+        pub.close()

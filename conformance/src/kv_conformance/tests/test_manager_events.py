@@ -219,13 +219,19 @@ def test_nothing_published_before_flush(backend: kv_api.Backend) -> None:
     assert events.get_latest_events(0) == []  # drained
 
 
-def test_ring_drops_the_oldest(backend: kv_api.Backend) -> None:
+def test_a_full_ring_resyncs_instead_of_dropping_the_oldest(backend: kv_api.Backend) -> None:
+    """Five events (Created, four Stored) for a ring of 3: all five dropped and counted, then
+    Created and the tree's four chains in key order, with new ids (test_events_overflow.py)."""
     manager, events = setup(backend, entries=3)
     for i in range(4):  # four unrelated one-block chains: four Stored events that do not merge
         committed(manager, toks(TPB, 100 * (i + 1)))
     got = drain(events)
-    assert [e.event_id for e in got] == [2, 3, 4]
-    assert [type(e.data) for e in got] == [Stored, Stored, Stored]
+    assert events.dropped_events == 5
+    assert [e.event_id for e in got] == [5, 6, 7, 8, 9]
+    assert [type(e.data) for e in got] == [Created, Stored, Stored, Stored, Stored]
+    keys = [kv_api.keys.block_keys(TPB, None, toks(TPB, 100 * (i + 1)))[32:] for i in range(4)]
+    hashes = [b.block_hash for e in got[1:] if isinstance(e.data, Stored) for b in e.data.blocks]
+    assert hashes == sorted(k.hex() for k in keys)
 
 
 @pytest.mark.parametrize("entries", [0, -1])

@@ -149,17 +149,20 @@ def test_event_fields_on_a_window_manager(backend: kv_api.Backend) -> None:
 
 
 def test_event_ring_sizes(backend: kv_api.Backend) -> None:
-    """The ring keeps the newest ``max_kv_event_entries`` events: 1000 by default, and one when
-    asked for one."""
-    for events, size in ((backend.KVCacheEventManager(), 1000), (backend.KVCacheEventManager(1, "v2_sha256"), 1)):
+    """The ring holds ``max_kv_event_entries`` events, 1000 by default, and one when asked for
+    one: one event more and it resyncs. With 8 slots, ``Created`` and 8 ``Stored``, then a
+    ``Removed`` and a ``Stored`` per commit: 999 events after 503 commits, 1001 after 504."""
+    for events, commits in ((backend.KVCacheEventManager(), 503), (backend.KVCacheEventManager(1, "v2_sha256"), 0)):
         manager = make_manager(backend, make_config(TPB, slots=8), event_manager=events)
-        for i in range(600):  # a Stored event each, and a Removed one once the pool is full
+        for i in range(commits):
             committed(manager, toks(TPB, 100 * i))
         events.flush_iteration_events()
+        assert events.dropped_events == 0
+        committed(manager, toks(TPB, 100 * commits))
+        events.flush_iteration_events()
         got = list(events.get_latest_events(0))
-        assert len(got) == size
-        assert got[-1].event_id >= size
-        assert [e.event_id for e in got] == list(range(got[-1].event_id + 1 - size, got[-1].event_id + 1))
+        assert events.dropped_events == (2 * (commits + 1) - 7 if commits else 2)
+        assert [type(e.data) for e in got] == [Created] + [Stored] * min(8, commits + 1)
 
 
 def test_get_latest_events_without_a_timeout_waits_for_a_flush(backend: kv_api.Backend) -> None:

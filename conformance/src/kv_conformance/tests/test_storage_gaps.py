@@ -13,7 +13,7 @@ import kv_api
 from kv_api import LifeCycle, StorageStatistics
 
 from ._manager import GRAIN, active, attention, check_accounting, committed, make_config, toks
-from ._tiers import TPB, World, block_hashes, page_levels, prefix, tier_config
+from ._tiers import TPB, World, block_hashes, page_levels, pages_files, prefix, tier_config
 from .test_manager_events import drain, setup
 from .test_manager_siblings import summary
 
@@ -124,11 +124,11 @@ def test_a_full_disk_level_keeps_its_file_at_the_quota(backend: kv_api.Backend, 
     would have refused them with DiskOOMError)."""
     manager = kv_api.create_manager(tier_config(("disk",), tmp_path), backend=backend)
     try:
-        (name,) = os.listdir(tmp_path)
-        quota = os.stat(tmp_path / name).st_size
+        (pages,) = pages_files(tmp_path)  # the file has no name: its descriptor's link
+        quota = os.stat(pages).st_size
         for i in range(2 * 8 + 4):
             committed(manager, prefix(i))
-            assert os.stat(tmp_path / name).st_size == quota, i
+            assert os.stat(pages).st_size == quota, i
         levels = [len(manager.create_kv_cache(None, prefix(i)).get_page_levels(0)) for i in range(20)]
         assert levels == [0] * 4 + [1] * 16  # the 4 oldest dropped, 8 on the disk, 8 on the device
     finally:

@@ -3,7 +3,7 @@
 ``get_bytes_moved()``; a copier that raises aborts its batch (the pages stay where they were,
 with their bytes), what the call did before stays done, nothing is lost or duplicated and the
 manager stays usable; the disk level keeps working when its directory is removed or made
-read-only (its files are open), and a full disk is a ``DiskOOMError`` before anything changes.
+read-only (its files are open). A full disk and pages changed on disk: test_tier_disk_faults.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import shutil
 import stat
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +21,11 @@ import pytest
 
 import kv_api
 from kv_api import HostMemoryCopier, PageCopier, StorageStatistics
-from kv_api.errors import DiskOOMError
 
 from ._manager import MIB, active, committed, fill_slot, slot_bytes, toks
 from ._tiers import (
     SLOT,
+    SMALL_FS_SLOTS,
     TPB,
     World,
     check_slot_totals,
@@ -268,63 +268,6 @@ def test_disk_directory_fault_mid_run(backend: kv_api.Backend, tmp_path: Path, f
     m.shutdown()  # unlinking may fail in a read-only directory (not as root): no crash either way
     if fault == "read-only":
         path.chmod(stat.S_IRWXU)
-
-
-#: The small file system holds four 256 KiB slots and 16 KiB more: never a fifth slot.
-SMALL_FS_SLOTS = 4
-
-
-@pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
-    """A tmpfs of ``SMALL_FS_SLOTS`` slots and a little more, mounted by the test (root only)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a size-limited tmpfs needs root (not root here)")
-    path = tmp_path / "small"
-    path.mkdir()
-    size = f"size={(SMALL_FS_SLOTS * SLOT + 16 * 1024) // 1024}k"
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", size, "tmpfs", str(path)], capture_output=True, text=True, check=False
-    )
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {result.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
-@pytest.mark.requires("disk_tier")
-def test_a_full_disk_is_disk_oom_and_changes_nothing(backend: kv_api.Backend, small_fs: Path) -> None:
-    """A 4 MiB disk tier (16 slots) on a file system with room for four slots: disk blocks are
-    allocated up to the slot high-water mark, so four pages fall to the disk and the eviction
-    that needs a fifth slot raises ``DiskOOMError`` before anything changes, the cache that asked
-    included."""
-    world = World(backend, tier_config(["disk"], small_fs, disk=4 * MIB))
-    m = world.manager
-    assert m.get_storage_statistics(1) == [StorageStatistics(16, 16, 0)]
-    data = written_prompts(world, range(8))
-    cache = active(m, 0)
-    pushed = 0
-    probes = [prefix(i) for i in range(8)]
-    while True:
-        world.step()
-        before = world_state(world, [cache], probes)
-        try:
-            assert cache.resize(cache.capacity + TPB)
-        except DiskOOMError:
-            break
-        pushed += 1
-        assert pushed <= SMALL_FS_SLOTS, "more slots than the file system holds"
-    assert pushed == SMALL_FS_SLOTS
-    assert world_state(world, [cache], probes) == before
-    assert world.step().moved == []
-    assert [world.levels.level(h(prefix(i))) for i in range(8)] == [1] * pushed + [0] * (8 - pushed)
-    # Still usable: what is on the disk comes back (into the slots the cache frees).
-    cache.close()
-    for i in range(8):
-        check_prompt(world, i, data[i])
-    m.shutdown()
-    assert list(small_fs.glob("kvcore-*.pages")) == []
 
 
 @pytest.mark.requires("disk_tier")

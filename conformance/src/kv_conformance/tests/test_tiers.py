@@ -40,6 +40,9 @@ from ._tiers import (
     tier_params,
     world_state,
 )
+from ._tiers import (
+    pages_files as open_pages_files,
+)
 
 # -- configs ------------------------------------------------------------------------------------
 
@@ -105,7 +108,8 @@ MULTI_POOL_LAYERS = [
 
 
 def pages_files(path: Path) -> list[Path]:
-    return sorted(path.glob("kvcore-*.pages"))
+    """The open pages files in ``path`` (they have no name there), by their descriptors' links."""
+    return [Path(p) for p in open_pages_files(path)]
 
 
 @pytest.mark.requires("disk_tier")

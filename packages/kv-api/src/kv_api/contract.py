@@ -62,8 +62,10 @@ PriorityCallback: TypeAlias = Callable[[int, LifeCycle], int]
 class KVCacheEventManager(abc.ABC):
     """KV-cache events for KV-aware routers, fed by the one manager it is passed to.
 
-    ``max_kv_event_entries`` bounds the ring of published events (oldest dropped; <= 0
-    publishes nothing); ``hash_algo`` is ``auto`` (= ``v1_block_key``) or one of
+    ``max_kv_event_entries`` bounds the ring of published events (<= 0 publishes nothing); a
+    ring that would overflow drops its events and the queued ones (``dropped_events``) for a
+    resync: ``Created``, then ``Stored`` for every announced chain of the manager's tree as it is
+    now (docs/manager.md, "Events"). ``hash_algo`` is ``auto`` (= ``v1_block_key``) or one of
     ``kv_api.events.HASH_ALGOS``. Bad types raise ``TypeError``, an unknown algorithm
     ``ValueError``.
     """
@@ -81,6 +83,11 @@ class KVCacheEventManager(abc.ABC):
     @abc.abstractmethod
     def max_kv_event_entries(self) -> int:
         """The bound of the ring of published events, as given; read-only."""
+
+    @property
+    @abc.abstractmethod
+    def dropped_events(self) -> int:
+        """Events dropped from a full ring since construction (each overflow resyncs)."""
 
     @abc.abstractmethod
     def flush_iteration_events(self) -> None:

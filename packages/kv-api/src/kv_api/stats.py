@@ -44,6 +44,10 @@ class CacheStats:
       level to make room (moved to a colder level or dropped); ``onboarded_pages``: pages moved
       up to the device level (``resume``, ``prefetch``).
     - ``committed_blocks``: blocks that entered the tree.
+    - ``corrupt_pages``: pages read back from disk whose bytes failed their checksum (taken out
+      of the tree, never served); ``disk_full_events``: times a disk tier's file system had no
+      room for the pages falling there (the tier shrank to the slots it has: its storage
+      statistics say how many).
     """
 
     requests: int = 0
@@ -53,6 +57,8 @@ class CacheStats:
     evicted_pages: int = 0
     committed_blocks: int = 0
     onboarded_pages: int = 0
+    corrupt_pages: int = 0
+    disk_full_events: int = 0
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ struct CacheStats {
   std::uint64_t evicted_pages = 0;
   std::uint64_t committed_blocks = 0;
   std::uint64_t onboarded_pages = 0;
+  std::uint64_t corrupt_pages = 0;
+  std::uint64_t disk_full_events = 0;
 };
 
 // Built by the manager, which owns it and everything it refers to, and handed to each cache it

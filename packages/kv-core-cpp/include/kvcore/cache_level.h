@@ -49,6 +49,9 @@ class PoolGroup {
   double utilization() const;
   // Disk blocks for the slots `arriving` more pages will take (Error(kDiskOOM) if the disk is full).
   void ensure_backed(std::uint64_t arriving);
+  // A disk whose file system is full keeps only the slots it has blocks for (every slot in use
+  // was written, so backed, and lies below them).
+  void shrink_to_backed();
 };
 
 class CacheLevel {

@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -51,12 +52,21 @@ class KVCacheEventManager {
 
   HashAlgo hash_algo() const { return algo_; }
   std::int64_t max_kv_event_entries() const { return max_entries_; }
+  std::uint64_t dropped_events();  // dropped from a full ring (each overflow resyncs)
+  // A ring that would overflow is resynced by the manager (see event_manager.py).
   void flush_iteration_events();
   // Drains published events; timeout_ms < 0 waits for some, > 0 waits that long at most.
   std::vector<Event> get_latest_events(double timeout_ms);
 
   // Hooks the manager calls.
   void bind(std::vector<std::optional<std::int64_t>> windows);  // Error(kValue) if bound twice
+  // What runs resync_to under the manager's lock when the ring would overflow (nullptr: the
+  // manager going away; it waits for a resync under way).
+  void set_resync(std::function<void()> resync);
+  // With the manager's lock held: the ring and the queued events dropped (counted), then Created
+  // and the announced pages of the tree under `roots` (per life cycle, parent before child,
+  // siblings in key order).
+  void resync_to(std::vector<std::uint64_t> num_blocks_per_cache_level, const std::vector<Root*>& roots);
   void created(std::vector<std::uint64_t> num_blocks_per_cache_level);
   void stored(Block* block, int life_cycle, int priority, int cache_level = 0);
   void removed(Block* block, int life_cycle);
@@ -65,6 +75,7 @@ class KVCacheEventManager {
 
  private:
   void queue(Event event, std::optional<int> life_cycle);
+  void append_stored(Block* block, int life_cycle, int priority, int cache_level);
   void flush_removed();
   BlockHash hash(Block* block);
   std::uint64_t v1(Block* block);
@@ -80,6 +91,9 @@ class KVCacheEventManager {
   std::int64_t next_id_ = 0;
   std::vector<std::optional<std::int64_t>> windows_;
   bool bound_ = false;
+  std::mutex resync_mutex_;  // guards resync_: held while it runs, so unbind() waits for it
+  std::function<void()> resync_;
+  std::uint64_t dropped_ = 0;
 };
 
 }  // namespace kvcore

@@ -111,6 +111,8 @@ class KVCacheManager {
   std::int64_t next_id_ = 0;
   std::uint64_t evicted_mark_ = 0;
   std::uint64_t onboarded_mark_ = 0;
+  std::uint64_t corrupt_mark_ = 0;
+  std::uint64_t disk_full_mark_ = 0;
 };
 
 }  // namespace kvcore

@@ -34,8 +34,10 @@ class PageTransfer {
 
   // Copies every pool of pool group `pool_group` from `src`'s slots to `dst`'s: all of it, or it
   // throws (the copier's error, Error(kDiskOOM) or Error(kOS)) and the destination slots hold
-  // whatever was written. Counts the bytes once all are copied.
-  void copy(CacheLevel& src, CacheLevel& dst, int pool_group, const SlotMoves& moves);
+  // whatever was written. Counts the bytes once all are copied. The source slots (in move order)
+  // whose bytes read from disk failed their checksum in some pool; within the disk level their
+  // copies fail it too.
+  std::vector<std::uint64_t> copy(CacheLevel& src, CacheLevel& dst, int pool_group, const SlotMoves& moves);
   // Per (src_level, dst_level), in the order each direction first moved bytes (a Python dict's).
   const std::vector<std::pair<std::pair<int, int>, std::uint64_t>>& bytes_moved() const { return bytes_; }
 

@@ -67,7 +67,8 @@ class Storage {
   // -- new pages and copies --
   // One device page per (life cycle, priority), all or none (Error kOutOfPages, nothing changed).
   std::vector<Page*> new_pages(const std::vector<std::pair<int, int>>& requests);
-  void copy(const Page* src, const Page* dst);  // from any level
+  // From any level; a source that fails its checksum is forgotten (Error(kOS), EIO).
+  void copy(Page* src, const Page* dst);
 
   // -- making room --
   using PageSet = std::unordered_set<const Page*>;
@@ -90,6 +91,9 @@ class Storage {
   void make_room(int level, const std::vector<std::uint64_t>& need, const PageSet& exclude = {});
   // Moves pages (one level, one pool group) to dst_level, which has the free slots.
   void move(const std::vector<Page*>& pages, int dst_level);
+  // `pages` came back from disk with bytes that fail their checksum: counted, taken out of the
+  // tree (announced as removed; each stays its holders'), then Error(kOS) with EIO.
+  [[noreturn]] void forget_corrupt(const std::vector<Page*>& pages);
   // Moves pages from colder levels to dst_level (room made), per pool group then source level.
   void move_up(const std::vector<Page*>& pages, int dst_level);
 
@@ -114,10 +118,14 @@ class Storage {
   void clear();
   std::uint64_t num_evicted = 0;    // pages evicted from the device level
   std::uint64_t num_onboarded = 0;  // pages moved up to the device level
+  std::uint64_t num_corrupt = 0;    // pages whose bytes failed their checksum on the way up
+  std::uint64_t num_disk_full = 0;  // times a disk level's file system was full (the level shrank)
 
  private:
   void update(Page* page);   // queued or not as its status says; a page staying evictable keeps its place
   void dequeue(Page* page);  // out of its queue, if queued
+  // Disk blocks for every page the plans send to disk; false when a full disk shrank its level.
+  bool back_disks(int level, const std::vector<Plan>& plans);
   void evict_drop(Page* page);
   void move_down(const std::vector<Page*>& pages, int dst_level);
   void discard(Block* block, int life_cycle);

@@ -44,7 +44,7 @@ class PoolGroup:
 
     def utilization(self) -> float:
         stats = self.statistics()
-        return stats.unavailable / stats.total
+        return stats.unavailable / stats.total if stats.total else 0.0
 
     def new_memory(self, num_slots: int) -> list[MemoryPool]:
         """The pools a resize to ``num_slots`` maps (a host refusal raises before anything changes)."""
@@ -69,6 +69,11 @@ class PoolGroup:
         slots = self.allocator.peek(min(arriving, self.allocator.num_free))
         for pool in self.disk_pools:
             pool.ensure_backed(max(slots, default=-1) + 1)
+
+    def shrink_to_backed(self) -> None:
+        """A disk whose file system is full keeps only the slots it has blocks for: every slot
+        in use was written, so backed, and lies below them."""
+        self.allocator.resize(min(pool.backed for pool in self.disk_pools))
 
     def close(self) -> None:
         for pool in self.disk_pools:

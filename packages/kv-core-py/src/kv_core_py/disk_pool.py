@@ -1,5 +1,5 @@
-"""A disk pool: one sparse file of slots, moved with positioned I/O (docs/manager.md, "Eviction
-and tiers")."""
+"""A disk pool: one sparse, unlinked file of slots, moved with positioned I/O, each slot checked
+against the checksum of what was written there (docs/manager.md, "Eviction and tiers")."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import errno
 import os
 import tempfile
 import weakref
+import zlib
+from array import array
 
 from kv_api.errors import DiskOOMError
 
@@ -21,35 +23,79 @@ def io_error(e: OSError, directory: str) -> Exception:
     return OSError(code, f"disk tier: {os.strerror(code)} in {directory}")
 
 
-def _remove(fd: int, path: str) -> None:
-    os.close(fd)
+#: About how many bytes one read or write system call moves (see ``DiskPool._chunk``).
+CHUNK_BYTES = 512 * 1024
+
+#: The checksum of a slot never written (or cut off by a resize): no page matches it.
+_UNWRITTEN = 0xFFFFFFFF_FFFFFFFF
+
+
+def open_unlinked(directory: str) -> int:
+    """A new file in ``directory`` that no name points to, so the kernel frees its space when
+    the last descriptor closes, however the process ends: ``O_TMPFILE`` where the file system
+    has it, else a named file removed at once (``kvcore-XXXXXX.pages`` for an instant)."""
+    try:
+        return os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            raise
+    fd, path = tempfile.mkstemp(prefix="kvcore-", suffix=".pages", dir=directory)
     try:
         os.unlink(path)
     except OSError:
-        pass  # the directory went away under us: nothing left to remove
+        os.close(fd)
+        raise
+    return fd
+
+
+def checksum(data: memoryview) -> int:
+    """A slot's checksum: CRC-32 (zlib's, the fastest the standard library has); the native
+    backend uses CRC-32C. Checksums never leave the process, so the two need not agree."""
+    return zlib.crc32(data)
 
 
 class DiskPool:
-    """``num_slots * slot_size`` bytes of a file created in ``directory``, removed by ``close()``
-    (or when the pool is collected). The file stays sparse: blocks are allocated for slots
-    below the high-water mark only, before they are first written (``ensure_backed``), so a full
-    disk is found before anything moves."""
+    """``num_slots * slot_size`` bytes of an unlinked file in ``directory``, freed by ``close()``
+    (or when the pool is collected, or the process ends). The file stays sparse: blocks are
+    allocated for slots below the high-water mark only, before they are first written
+    (``ensure_backed``), so a full disk is found before anything moves. Each slot's checksum is
+    kept in memory when it is written and checked when it is read: bytes changed on disk (by
+    another process, a failing device) are never taken for a page."""
 
     def __init__(self, num_slots: int, slot_size: int, directory: str) -> None:
         self.slot_size = slot_size
         self.size = num_slots * slot_size
         self.directory = directory
         try:
-            self._fd, self.path = tempfile.mkstemp(prefix="kvcore-", suffix=".pages", dir=directory)
+            self._fd = open_unlinked(directory)
         except OSError as e:
             raise io_error(e, directory) from None
-        self._finalizer = weakref.finalize(self, _remove, self._fd, self.path)
+        self._finalizer = weakref.finalize(self, os.close, self._fd)
         try:
             os.ftruncate(self._fd, self.size)
         except OSError as e:
             self._finalizer()
             raise io_error(e, directory) from None
         self._backed = 0  # slots below this have blocks allocated
+        self._sums = array("Q")  # per slot below the high-water mark: grows with the slots in use
+
+    @property
+    def backed(self) -> int:
+        """Slots below this have their blocks allocated."""
+        return self._backed
+
+    def forget(self, slot: int) -> None:
+        """``slot`` holds no page that can be read back (a corrupt page copied into it)."""
+        if slot < len(self._sums):
+            self._sums[slot] = _UNWRITTEN
+
+    def _grow_sums(self, num_slots: int) -> None:
+        if len(self._sums) < num_slots:
+            self._sums.extend(array("Q", [_UNWRITTEN]) * (num_slots - len(self._sums)))
+
+    def fileno(self) -> int:
+        """The file's descriptor (tests read the file through ``/proc/self/fd``)."""
+        return self._fd
 
     def resize(self, num_slots: int) -> None:
         """Grow or cut the file to ``num_slots`` slots (slots beyond it hold nothing)."""
@@ -59,6 +105,7 @@ class DiskPool:
             raise io_error(e, self.directory) from None
         self.size = num_slots * self.slot_size
         self._backed = min(self._backed, num_slots)
+        del self._sums[num_slots:]
 
     def close(self) -> None:
         self._finalizer()
@@ -73,10 +120,44 @@ class DiskPool:
             if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                 raise io_error(e, self.directory) from None
         self._backed = num_slots
+        self._grow_sums(num_slots)
 
-    def read(self, slot: int, into: memoryview) -> None:
-        """Fill ``into`` from the file, starting at ``slot``."""
-        offset, done = slot * self.slot_size, 0
+    def _chunk(self) -> int:
+        """Bytes moved per system call: whole slots, about ``CHUNK_BYTES``, so a slot is
+        checksummed while the cache still holds what the call copied."""
+        return max(1, CHUNK_BYTES // self.slot_size) * self.slot_size
+
+    def read(self, slot: int, into: memoryview) -> list[int]:
+        """Fill ``into`` (whole slots) from the file, starting at ``slot``; the slots whose
+        bytes do not match the checksum of what was written there (none: an empty list)."""
+        size, chunk, corrupt = self.slot_size, self._chunk(), []
+        for at in range(0, len(into), chunk):
+            part = into[at : at + chunk]
+            self._read_all(part, slot * size + at)
+            first = slot + at // size
+            corrupt += [
+                first + i
+                for i in range(len(part) // size)
+                if first + i >= len(self._sums) or checksum(part[i * size : (i + 1) * size]) != self._sums[first + i]
+            ]
+        return corrupt
+
+    def write(self, slot: int, data: memoryview) -> None:
+        """Write ``data`` (whole slots) to the file, starting at ``slot``, and note each slot's
+        checksum (a failed write leaves its slots unwritten)."""
+        size, chunk = self.slot_size, self._chunk()
+        count = len(data) // size
+        self._grow_sums(slot + count)
+        self._sums[slot : slot + count] = array("Q", [_UNWRITTEN]) * count
+        sums = array("Q")
+        for at in range(0, len(data), chunk):
+            part = data[at : at + chunk]
+            sums.extend(checksum(part[i * size : (i + 1) * size]) for i in range(len(part) // size))
+            self._write_all(part, slot * size + at)
+        self._sums[slot : slot + count] = sums
+
+    def _read_all(self, into: memoryview, offset: int) -> None:
+        done = 0
         while done < len(into):
             try:
                 n = os.preadv(self._fd, [into[done:]], offset + done)
@@ -88,9 +169,8 @@ class DiskPool:
                 raise OSError(errno.EIO, f"disk tier: unexpected end of file in {self.directory}")
             done += n
 
-    def write(self, slot: int, data: memoryview) -> None:
-        """Write ``data`` to the file, starting at ``slot``."""
-        offset, done = slot * self.slot_size, 0
+    def _write_all(self, data: memoryview, offset: int) -> None:
+        done = 0
         while done < len(data):
             try:
                 done += os.pwrite(self._fd, data[done:], offset + done)

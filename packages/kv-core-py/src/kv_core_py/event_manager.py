@@ -5,12 +5,17 @@ chain; Removed hashes are buffered per life cycle and flushed, each as one event
 other event and at ``flush_iteration_events``. Ids are given when an event is queued (a
 Removed event when it is flushed). ``flush_iteration_events`` moves queued events to a ring
 of ``max_kv_event_entries``; ``get_latest_events`` drains it.
+
+A ring that would overflow loses nothing silently: its events and the queued ones are dropped
+(counted in ``dropped_events``) and replaced by a resync, ``Created`` (a router clears what it
+knew) then one ``Stored`` per announced chain of the tree as it is now, however long.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import kv_api
@@ -53,7 +58,7 @@ class KVCacheEventManager(kv_api.KVCacheEventManager):
         poison.check()
         entries, self._hash_algo = check_event_args(max_kv_event_entries, hash_algo)
         self._max_kv_event_entries = entries
-        self._ring: deque[KVCacheEvent] = deque(maxlen=max(entries, 1))
+        self._ring: deque[KVCacheEvent] = deque()
         self._pending: list[KVCacheEvent] = []
         self._removed: dict[int, list[BlockHash]] = {}
         self._stored: set[tuple[bytes, int]] = set()
@@ -61,6 +66,8 @@ class KVCacheEventManager(kv_api.KVCacheEventManager):
         self._windows: list[int | None] = []
         self._cond = threading.Condition()
         self._bound = False
+        self._resync: Callable[[], bool] | None = None  # the manager's: False once it is gone
+        self._dropped = 0
 
     # -- public (each checks the poison latch first) ----------------------------------------
 
@@ -74,13 +81,35 @@ class KVCacheEventManager(kv_api.KVCacheEventManager):
         poison.check()
         return self._max_kv_event_entries
 
+    @property
+    def dropped_events(self) -> int:
+        """Events dropped from a full ring (each overflow is followed by a resync)."""
+        poison.check()
+        with self._cond:
+            return self._dropped
+
     def flush_iteration_events(self) -> None:
         poison.check()
         with self._cond:
             self._flush_removed()
-            if self._max_kv_event_entries > 0:
+            if self._max_kv_event_entries <= 0:
+                self._pending.clear()
+                return
+            if len(self._ring) + len(self._pending) <= self._max_kv_event_entries:
                 self._ring.extend(self._pending)
+                self._pending.clear()
+                self._cond.notify_all()
+                return
+            resync = self._resync
+        # The manager's lock, then this one: the order its hooks take them in.
+        if resync is not None and resync():
+            return
+        with self._cond:  # no manager to resync from: the oldest drop, counted
+            self._ring.extend(self._pending)
             self._pending.clear()
+            while len(self._ring) > self._max_kv_event_entries:
+                self._ring.popleft()
+                self._dropped += 1
             self._cond.notify_all()
 
     def get_latest_events(self, timeout_ms: float | None = 0) -> list[KVCacheEvent]:
@@ -96,11 +125,33 @@ class KVCacheEventManager(kv_api.KVCacheEventManager):
 
     # -- hooks the manager calls --------------------------------------------------------------
 
-    def bind(self, windows: list[int | None]) -> None:
+    def bind(self, windows: list[int | None], resync: Callable[[], bool] | None = None) -> None:
+        """``resync`` runs ``resync_to`` under the manager's lock when the ring would overflow
+        (False: the manager is gone)."""
         if self._bound:
             raise ValueError("event_manager: already used by another KVCacheManager")
         self._bound = True
         self._windows = windows
+        self._resync = resync
+
+    def resync_to(self, num_blocks_per_cache_level: tuple[int, ...], roots: list[Root]) -> None:
+        """With the manager's lock held: drop the ring and the queued events (counted), then
+        publish ``Created`` and the announced pages of the tree under ``roots``, per life cycle,
+        parent before child, siblings in key order (so every backend sends the same)."""
+        with self._cond:
+            self._flush_removed()
+            self._dropped += len(self._ring) + len(self._pending)
+            self._ring.clear()
+            self._pending.clear()
+            self._queue(Created(num_blocks_per_cache_level), None)
+            for lc in range(len(self._windows)):
+                for block in _blocks_in_key_order(roots):
+                    page = block.pages[lc]
+                    if page is not None and (block.key, lc) in self._stored:
+                        self._append_stored(block, lc, page.priority, page.level)
+            self._ring.extend(self._pending)
+            self._pending.clear()
+            self._cond.notify_all()
 
     def created(self, num_blocks_per_cache_level: tuple[int, ...]) -> None:
         self._queue(Created(num_blocks_per_cache_level), None)
@@ -109,25 +160,28 @@ class KVCacheEventManager(kv_api.KVCacheEventManager):
         if (block.key, life_cycle) in self._stored:
             return
         self._stored.add((block.key, life_cycle))
+        with self._cond:
+            self._flush_removed()
+            self._append_stored(block, life_cycle, priority, cache_level)
+
+    def _append_stored(self, block: Block, life_cycle: int, priority: int, cache_level: int) -> None:
+        """With the lock held: ``block`` stored, merged into the last queued event where it
+        extends that event's chain in the same life cycle."""
         parent = block.parent
         parent_hash = self._hash(parent) if isinstance(parent, Block) else None
         tokens = tuple(UniqueToken(t.hex() if isinstance(t, bytes) else t) for t in block.tokens)
         new = StoredBlock(self._hash(block), tokens, cache_level, priority, lora_id=block.lora_id)
-        with self._cond:
-            self._flush_removed()
-            last = self._pending[-1] if self._pending else None
-            if (
-                last is not None
-                and isinstance(last.data, Stored)
-                and last.layer_group_id == life_cycle
-                and last.data.blocks[-1].block_hash == parent_hash
-            ):
-                merged = Stored(last.data.parent_hash, (*last.data.blocks, new))
-                self._pending[-1] = KVCacheEvent(
-                    last.event_id, merged, last.window_size, self._hash_algo, None, life_cycle
-                )
-                return
-            self._queue(Stored(parent_hash, (new,)), life_cycle)
+        last = self._pending[-1] if self._pending else None
+        if (
+            last is not None
+            and isinstance(last.data, Stored)
+            and last.layer_group_id == life_cycle
+            and last.data.blocks[-1].block_hash == parent_hash
+        ):
+            merged = Stored(last.data.parent_hash, (*last.data.blocks, new))
+            self._pending[-1] = KVCacheEvent(last.event_id, merged, last.window_size, self._hash_algo, None, life_cycle)
+            return
+        self._queue(Stored(parent_hash, (new,)), life_cycle)
 
     def removed(self, block: Block, life_cycle: int) -> None:
         if (block.key, life_cycle) not in self._stored:
@@ -189,3 +243,13 @@ class KVCacheEventManager(kv_api.KVCacheEventManager):
             b.v1_hash = (parent_hash, fell_back)
         assert block.v1_hash is not None
         return block.v1_hash[0]
+
+
+def _blocks_in_key_order(roots: list[Root]) -> Iterator[Block]:
+    """Every block under ``roots``, parent before child, roots and siblings in key order."""
+    stack: list[Node] = sorted(roots, key=lambda r: r.key, reverse=True)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Block):
+            yield node
+        stack.extend(sorted(node.children.values(), key=lambda b: b.key, reverse=True))

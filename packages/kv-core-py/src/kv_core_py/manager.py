@@ -69,7 +69,13 @@ class KVCacheManager(kv_api.KVCacheManager):
         self._counts = levels[0].counts
         self._tree = RadixTree(len(self._registry.life_cycles))
         if event_manager is not None:
-            event_manager.bind([lc.window for lc in self._registry.life_cycles])
+            resync = weakref.WeakMethod(self._resync_events)  # weak: the events must not keep the manager
+
+            def resync_events() -> bool:
+                method = resync()
+                return method is not None and method()
+
+            event_manager.bind([lc.window for lc in self._registry.life_cycles], resync_events)
         # The default copier is memmove in this process: no Python call per batch.
         copier = None if page_copier is None or type(page_copier) is HostMemoryCopier else page_copier
         self._storage = Storage(
@@ -88,6 +94,15 @@ class KVCacheManager(kv_api.KVCacheManager):
             event_manager.created(tuple(sum(level.counts.slots) for level in levels))
         # Last, once nothing can fail: take_poison() waits until this is released.
         self._live = poison.LiveManager(self)
+
+    def _resync_events(self) -> bool:
+        """The event ring would overflow: it is replaced by the tree as it is (event_manager.py)."""
+        with self._context.lock:
+            events = self._context.events
+            assert events is not None
+            totals = tuple(sum(g.num_slots for g in level.pool_groups) for level in self._storage.levels)
+            events.resync_to(totals, list(self._tree.roots.values()))
+            return True
 
     # -- configuration ------------------------------------------------------------------------
 
@@ -322,6 +337,8 @@ class KVCacheManager(kv_api.KVCacheManager):
                 self._context.committed_stats,
                 evicted_pages=self._storage.num_evicted,
                 onboarded_pages=self._storage.num_onboarded,
+                corrupt_pages=self._storage.num_corrupt,
+                disk_full_events=self._storage.num_disk_full,
             )
 
     def get_and_reset_iteration_stats(self) -> CacheStats:
@@ -331,14 +348,20 @@ class KVCacheManager(kv_api.KVCacheManager):
                 self._context.iteration_stats,
                 evicted_pages=self._storage.num_evicted - self._evicted_mark,
                 onboarded_pages=self._storage.num_onboarded - self._onboarded_mark,
+                corrupt_pages=self._storage.num_corrupt - self._corrupt_mark,
+                disk_full_events=self._storage.num_disk_full - self._disk_full_mark,
             )
             self._context.reset_iteration_stats()
             self._evicted_mark = self._storage.num_evicted
             self._onboarded_mark = self._storage.num_onboarded
+            self._corrupt_mark = self._storage.num_corrupt
+            self._disk_full_mark = self._storage.num_disk_full
             return stats
 
     _evicted_mark = 0
     _onboarded_mark = 0
+    _corrupt_mark = 0
+    _disk_full_mark = 0
 
     def get_and_reset_iteration_stats_by_life_cycle(self) -> dict[int, LifeCycleStats]:
         poison.check()

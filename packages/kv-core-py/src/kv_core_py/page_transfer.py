@@ -1,5 +1,6 @@
 """Moving page bytes between cache levels: runs of contiguous slots, one copier call or one
-positioned I/O per run, bytes counted per direction (docs/manager.md, "Eviction and tiers")."""
+positioned I/O per run, bytes counted per direction, what comes from disk checked against its
+checksums (docs/manager.md, "Eviction and tiers")."""
 
 from __future__ import annotations
 
@@ -29,20 +30,26 @@ class PageTransfer:
         self.copier = copier  # None: memmove in this process
         self.bytes_moved: dict[tuple[int, int], int] = {}
 
-    def copy(self, src_level: int, dst_level: int, pool_group: int, pairs: list[tuple[int, int]]) -> None:
+    def copy(self, src_level: int, dst_level: int, pool_group: int, pairs: list[tuple[int, int]]) -> list[int]:
         """Copy slot ``src`` of ``src_level`` into slot ``dst`` of ``dst_level`` for each pair,
-        in every pool of the group. Raises (the copier's error, or the disk's) before counting."""
+        in every pool of the group. Raises (the copier's error, or the disk's) before counting.
+        The source slots (in pair order) whose bytes read from disk failed their checksum in
+        some pool; within the disk level their copies fail it too."""
         if not pairs:
-            return
+            return []
         runs = slot_runs(pairs)
         src, dst = self.levels[src_level].pool_groups[pool_group], self.levels[dst_level].pool_groups[pool_group]
+        bad: set[int] = set()
         if src.on_disk and dst.on_disk:  # within the disk level (a quota resize's defragmentation)
             for disk in src.disk_pools:
                 for s, d, n in runs:
                     buf = memoryview(bytearray(n * disk.slot_size))
-                    disk.read(s, buf)
+                    corrupt = disk.read(s, buf)
                     disk.ensure_backed(d + n)
                     disk.write(d, buf)
+                    for slot in corrupt:  # written as read: still no page
+                        disk.forget(d + slot - s)
+                    bad.update(corrupt)
             moved = sum(p.slot_size for p in src.disk_pools)
         elif dst.on_disk:
             for disk, pool in zip(dst.disk_pools, src.pools, strict=True):
@@ -55,7 +62,7 @@ class PageTransfer:
             for disk, pool in zip(src.disk_pools, dst.pools, strict=True):
                 view = pool.view()
                 for s, d, n in runs:
-                    disk.read(s, view[d * pool.slot_size : (d + n) * pool.slot_size])
+                    bad.update(disk.read(s, view[d * pool.slot_size : (d + n) * pool.slot_size]))
             moved = sum(p.slot_size for p in src.disk_pools)
         else:
             memory: list[CopyRun] = [
@@ -71,3 +78,4 @@ class PageTransfer:
             moved = sum(p.slot_size for p in src.pools)
         key = (src_level, dst_level)
         self.bytes_moved[key] = self.bytes_moved.get(key, 0) + moved * len(pairs)
+        return [s for s, _ in pairs if s in bad]

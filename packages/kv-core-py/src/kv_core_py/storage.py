@@ -4,10 +4,12 @@ radix tree (docs/manager.md, "Eviction and tiers")."""
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
+from typing import NoReturn
 
-from kv_api.errors import OutOfPagesError
+from kv_api.errors import DiskOOMError, OutOfPagesError
 from kv_api.stats import StorageStatistics
 from kv_core_py import poison
 from kv_core_py.cache_level import CacheLevel, PoolGroup
@@ -52,6 +54,8 @@ class Storage:
         self.transfer = transfer
         self.num_evicted = 0  # pages evicted from the device level
         self.num_onboarded = 0  # pages moved up to the device level
+        self.num_corrupt = 0  # pages whose bytes failed their checksum on the way up
+        self.num_disk_full = 0  # times a disk level's file system was full (the level shrank)
 
     @property
     def pool_groups(self) -> list[PoolGroup]:
@@ -142,8 +146,10 @@ class Storage:
         ]
 
     def copy(self, src: Page, dst: Page) -> None:
-        """Copy a page's data (every pool of its group) into another page's slot, from any level."""
-        self.transfer.copy(src.level, dst.level, src.pool_group, [(src.slot, dst.slot)])
+        """Copy a page's data (every pool of its group) into another page's slot, from any level;
+        a source that fails its checksum is forgotten (``OSError``)."""
+        if self.transfer.copy(src.level, dst.level, src.pool_group, [(src.slot, dst.slot)]):
+            self.forget_corrupt([src])
 
     # -- making room ---------------------------------------------------------------------------------
 
@@ -219,11 +225,8 @@ class Storage:
         if not any(need):
             return  # the decode step's usual case: nothing to plan
         plans = self.plan(level, need, exclude)
-        for pg, plan in enumerate(plans):
-            for lv in range(level + 1, len(self.levels)):
-                group = self.levels[lv].pool_groups[pg]
-                if group.on_disk:
-                    group.ensure_backed(sum(1 for _, d in plan.moves if d == lv))
+        while not self._back_disks(level, plans):
+            plans = self.plan(level, need, exclude)  # against the smaller disk: drops, not moves
         for pg, plan in enumerate(plans):
             last = self.levels[self.last].pool_groups[pg]
             target = (need[pg] if level == self.last else 0) + sum(
@@ -240,6 +243,40 @@ class Storage:
             for dst in reversed(range(level + 1, len(self.levels))):
                 for src in range(level, dst):
                     self._move_down([p for p, d in plan.moves if d == dst and p.alive and p.level == src], dst)
+
+    def _back_disks(self, level: int, plans: list[Plan]) -> bool:
+        """Disk blocks for every page the plans send to disk. A file system that cannot give
+        them shrinks its level to the slots it has (counted): False, the plans are to be made
+        again, so a full disk means dropping instead of moving down, never refusing the work."""
+        for pg, plan in enumerate(plans):
+            for lv in range(level + 1, len(self.levels)):
+                group = self.levels[lv].pool_groups[pg]
+                if group.on_disk:
+                    try:
+                        group.ensure_backed(sum(1 for _, d in plan.moves if d == lv))
+                    except DiskOOMError:
+                        group.shrink_to_backed()
+                        self.num_disk_full += 1
+                        return False
+        return True
+
+    def forget_corrupt(self, pages: list[Page]) -> NoReturn:
+        """``pages`` came back from disk with bytes that fail their checksum: counted, taken
+        out of the tree (announced as removed) so no match finds them again, then ``OSError``
+        (EIO): a miss from now on, never data. Only pages a cache holds are read, so each stays
+        its holders' (their data is lost: the call that read it fails) until they let go."""
+        self.num_corrupt += len(pages)
+        directory = self.group(pages[0]).disk_pools[0].directory
+        for page in pages:
+            block = page.block
+            if not isinstance(block, Block):
+                continue
+            block.pages[page.life_cycle] = None
+            if self.events is not None:
+                self.events.removed(block, page.life_cycle)
+            self.orphan(page)
+            self.tree.prune(block)
+        raise OSError(errno.EIO, f"disk tier: {len(pages)} page(s) failed their checksum in {directory}: dropped")
 
     def _evict_drop(self, page: Page) -> None:
         if page.level == 0:
@@ -277,7 +314,10 @@ class Storage:
         src_level, pg = pages[0].level, pages[0].pool_group
         group = self.levels[dst_level].pool_groups[pg]
         slots = group.allocator.peek(len(pages))
-        self.transfer.copy(src_level, dst_level, pg, [(p.slot, s) for p, s in zip(pages, slots, strict=True)])
+        bad = self.transfer.copy(src_level, dst_level, pg, [(p.slot, s) for p, s in zip(pages, slots, strict=True)])
+        if bad:
+            corrupt = set(bad)
+            self.forget_corrupt([p for p in pages if p.slot in corrupt])
         group.allocator.allocate(len(pages))
         for page, slot in zip(pages, slots, strict=True):
             self._dequeue(page)
@@ -316,6 +356,7 @@ class Storage:
             )
             movers = [p for p in mine if p.slot >= n]
             slots = group.allocator.peek(len(movers), below=n)
+            # A corrupt page moves with its bytes, still failing its checksum: found when read up.
             self.transfer.copy(level, level, pg, [(p.slot, s) for p, s in zip(movers, slots, strict=True)])
             group.allocator.resize(n)
             group.allocator.allocate(len(movers))
