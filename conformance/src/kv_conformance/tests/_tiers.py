@@ -14,6 +14,7 @@ drops it. ``Levels`` keeps that model, so a test can compare it with what the sp
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -270,3 +271,14 @@ def pages_files(directory: Path | str, pid: int | str = "self") -> list[str]:
 #: The small file system of the ``small_fs`` fixture (conftest.py) holds four 256 KiB slots and
 #: 16 KiB more: never a fifth slot.
 SMALL_FS_SLOTS = 4
+
+
+def mount_tmpfs(path: Path, size_kib: int) -> bool:
+    """A tmpfs of ``size_kib`` KiB at ``path`` (an empty directory); whether it was mounted (root
+    only)."""
+    if os.geteuid() != 0:
+        return False
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(path)], capture_output=True
+    )
+    return result.returncode == 0

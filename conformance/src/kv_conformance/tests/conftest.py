@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from ._tiers import SLOT, SMALL_FS_SLOTS
-
-
-def mount_tmpfs(path: Path, size_kib: int) -> bool:
-    """A tmpfs of ``size_kib`` KiB at ``path`` (an empty directory); whether it was mounted."""
-    if os.geteuid() != 0:
-        return False
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(path)], capture_output=True
-    )
-    return result.returncode == 0
+from ._tiers import SLOT, SMALL_FS_SLOTS, mount_tmpfs
 
 
 @pytest.fixture
