@@ -212,8 +212,12 @@ std::vector<KVCache::Release> KVCache::stale_releases(std::int64_t history) cons
     for (std::int64_t o = std::max(begin, stale_scan_[lc]); o < std::min<std::int64_t>(end, num_blocks()); ++o) {
       const CacheBlock& cb = blocks_[o];
       const Page* page = cb.pages[lc];
-      if (page == nullptr || (!cb.locked[lc] && !page->committed())) continue;
-      out.push_back({o, lc, !page->committed() && allowed});
+      if (page == nullptr) continue;
+      // A block already in the tree never takes our page (commit_block may keep it private), nor
+      // does any block once committing stopped: such a page goes.
+      const bool keep = allowed && !page->committed() && cb.tree_block == nullptr;
+      if (keep && !cb.locked[lc]) continue;  // already kept for commit
+      out.push_back({o, lc, keep});
     }
   }
   return out;

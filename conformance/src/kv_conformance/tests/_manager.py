@@ -197,6 +197,25 @@ def check_indices(manager: KVCacheManager, cache: KVCache) -> None:
         assert len(set(valid)) == len(valid), f"layer group {lc.id} repeats a slot: {indices} {scratch_slots}"
 
 
+def check_page_levels(manager: KVCacheManager, cache: KVCache) -> None:
+    """docs/manager.md, "Page status": no locked page below the device level, and an ACTIVE cache
+    holds a page it does not lock (index -1) only while it is commit-pending: a stale window block
+    not wholly committed yet, never with ``commit_min_snapshot``. Other caches' pages may be anywhere."""
+    if cache.status != KVCacheStatus.ACTIVE:
+        return
+    tpb = manager.tokens_per_block
+    pending_ok = not manager.init_config.commit_min_snapshot
+    for lc in life_cycles(manager):
+        stale = stale_range(lc, cache.history_length, tpb)
+        levels = cache.get_page_levels(lc.id)
+        for o, (index, level) in enumerate(zip(cache.get_base_page_indices(lc.id), levels, strict=True)):
+            if index != BAD_PAGE_INDEX:
+                assert level == 0, f"a locked page below the device level: block {o}, layer group {lc.id}: {levels}"
+            elif level != -1:
+                pending = pending_ok and o in stale and (o + 1) * tpb > cache.num_committed_tokens
+                assert pending, f"a page held without its index: block {o}, layer group {lc.id}: {levels}"
+
+
 def check_accounting(manager: KVCacheManager, open_caches: bool = True) -> None:
     """Invariant 12: per pool group, ``0 <= free``, ``0 <= evictable`` and
     ``free + evictable <= total == num_slots``; with no open cache nothing is in use."""

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import kv_api
 
-from ._manager import GRAIN, active, attention, check_accounting, committed, make_config, toks
+from ._manager import GRAIN, active, attention, check_accounting, check_page_levels, committed, make_config, toks
 
 
 def test_evicting_a_partial_tail_another_open_cache_also_committed(backend: kv_api.Backend) -> None:
@@ -62,4 +62,54 @@ def test_committing_a_block_another_cache_holds_on_a_colder_level(backend: kv_ap
     assert holder.resume()
     assert list(holder.get_page_levels(0)) == [0]
     holder.close()
+    check_accounting(m, open_caches=False)
+
+
+def test_a_private_window_page_is_released_once_stale(backend: kv_api.Backend) -> None:
+    """The lock-step walk's find (issue 22, item 1): a cache committing a block whose tree page
+    sits on the host, held by a suspended cache, keeps its own device page private; once the block
+    turned stale that page was kept as if its commit were pending (held, index -1, still listed),
+    so pressure moved it to the host under the active cache. Now it is freed."""
+    window = [attention(0, GRAIN // 8, window=8)]
+    tiers: list[kv_api.CacheTierConfig] = [
+        kv_api.GpuCacheTierConfig(GRAIN),
+        kv_api.HostCacheTierConfig(4 * (GRAIN // 8)),
+    ]
+    m = backend.KVCacheManager(kv_api.KVCacheManagerConfig(4, tiers, window))
+    committed(m, toks(4))
+    holder = m.create_kv_cache(None, toks(4))  # suspended, holding block 0's window page
+    assert holder.num_reused_tokens == 4
+    for k in range(1, 100):  # pressure until the held page has fallen to the host
+        if holder.get_page_levels(0)[0] == 1:
+            break
+        committed(m, toks(8, 100 * k))
+    assert list(holder.get_page_levels(0)) == [1]
+    writer = active(m, 12, toks(2))  # too short to reuse block 0: it computes it again
+    writer.commit(toks(10, 2))  # block 0 is in the tree already, and now stale
+    check_page_levels(m, writer)
+    assert list(writer.get_page_levels(0)) == [-1, 0, 0]
+    for k in range(100, 140):  # pressure again: nothing of the writer's may leave the device
+        committed(m, toks(8, 100 * k))
+        check_page_levels(m, writer)
+    assert m.get_storage_statistics(1)[0].free < 3  # the pressure did reach the host
+    writer.close()
+    assert holder.resume()
+    assert list(holder.get_page_levels(0)) == [0]
+    holder.close()
+    check_accounting(m, open_caches=False)
+
+
+def test_a_commit_pending_window_page_is_released_when_committing_stops(backend: kv_api.Backend) -> None:
+    """The same rule's other case: a stale window page kept for a commit (history ahead of the
+    committed tokens) was still kept once ``stop_committing`` made that commit impossible."""
+    m = backend.KVCacheManager(make_config(layers=[attention(0, GRAIN // 8, window=8)]))
+    cache = active(m, 8)
+    assert cache.resize(12, 11)  # block 0 turns stale before it is committed: kept for the commit
+    assert list(cache.get_page_levels(0)) == [0, 0, 0]
+    check_page_levels(m, cache)
+    free = m.get_storage_statistics()[0].free
+    cache.stop_committing()
+    assert list(cache.get_page_levels(0)) == [-1, 0, 0]
+    assert m.get_storage_statistics()[0].free == free + 1
+    cache.close()
     check_accounting(m, open_caches=False)

@@ -316,9 +316,13 @@ class KVCache(kv_api.KVCache):
             for ordinal in range(max(begin, self._stale_scan[lc]), min(end, len(self._blocks))):
                 cb = self._blocks[ordinal]
                 page = cb.pages[lc]
-                if page is None or (not cb.locked[lc] and not page.committed):
-                    continue  # nothing, or already kept for commit
-                keep = not page.committed and allowed
+                if page is None:
+                    continue
+                # A block already in the tree never takes our page (``_commit_block`` may keep
+                # it private), nor does any block once committing stopped: such a page goes.
+                keep = allowed and not page.committed and cb.tree_block is None
+                if keep and not cb.locked[lc]:
+                    continue  # already kept for commit
                 out.append((ordinal, lc, keep))
         return out
 
