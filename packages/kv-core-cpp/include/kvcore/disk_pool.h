@@ -31,8 +31,8 @@ class DiskPool {
   // Error(kDiskOOM) on ENOSPC/EDQUOT, Error(kOS) otherwise; nothing changes on failure.
   void ensure_backed(std::uint64_t end);
   // n bytes (whole slots) at slot `slot` (runs of contiguous slots in calls of about
-  // kChunkBytes); short I/O and EINTR retried. A write notes each slot's checksum (a failed one leaves its slots unwritten);
-  // a read appends to `corrupt` the slots whose bytes do not match theirs.
+  // kChunkBytes); short I/O and EINTR retried. A write notes each slot's checksum (a failed one leaves its slots
+  // unwritten); a read appends to `corrupt` the slots whose bytes do not match theirs.
   void write(std::uint64_t slot, const std::uint8_t* src, std::uint64_t n);
   void read(std::uint64_t slot, std::uint8_t* dst, std::uint64_t n, std::vector<std::uint64_t>& corrupt) const;
   // `slot` holds no page that can be read back (a corrupt page copied into it).

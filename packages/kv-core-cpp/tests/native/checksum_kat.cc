@@ -52,7 +52,8 @@ int main() {
   }
   std::printf("CRC instructions: %s\n", kvcore::crc32c_hardware() ? "yes" : "no");
   const char* want = std::getenv("KVCORE_CHECKSUM_HARDWARE");
-  if (want != nullptr && std::strcmp(want, "1") == 0) check(kvcore::crc32c_hardware(), "the CRC instructions are in use");
+  if (want != nullptr && std::strcmp(want, "1") == 0)
+    check(kvcore::crc32c_hardware(), "the CRC instructions are in use");
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }
