@@ -141,14 +141,14 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
 
         @initialize(
             tpb=st.sampled_from([2, 4]),
-            window=st.sampled_from([4, 8]),
+            window=st.sampled_from([None, 4, 8]),
             sinks=st.sampled_from([None, 0, 2]),
             full=st.booleans(),
             backoff=st.sampled_from([0, 0, 1]),
             partial=st.booleans(),
             hash_algo=st.sampled_from(["v1_block_key", "v2_sha256", "v2_sha256_64"]),
             ring=st.sampled_from([100_000, 8]),
-            tiers=st.sampled_from(["host", "host+disk", "disk"]),
+            tiers=st.sampled_from(TIERS),
             host_slots=st.sampled_from([2, 4, 8]),
             hybrid=st.sampled_from(HYBRID),
             tuned=st.sampled_from([False, False, True]),
@@ -361,7 +361,7 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
                 start = c.num_committed_tokens
                 done = c.committed_tokens
                 # A cache keeps to the prefix it follows, so caches meet on the same blocks.
-                p = next((k for k, p in enumerate(PREFIXES) if done and p[:start] == done), prefix)
+                p = next((k for k, q in enumerate(PREFIXES) if done and q[:start] == done), prefix)
                 chunk = PREFIXES[p][start : start + size] or [1, 2, 3]
                 if not c.resize(max(c.capacity, start + len(chunk))):
                     return False
