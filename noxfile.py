@@ -3,14 +3,23 @@
 Sessions reuse their virtual environments and the C++ build directory (one per session, under
 ``build/``), so a second run only recompiles what changed. Interpreters are never downloaded:
 every session uses the Python that runs nox.
+
+Backends are found, not listed: every folder under ``packages/`` whose ``pyproject.toml``
+registers a ``kv_api.backends`` entry point is installed by the sessions that test, and gets a
+``conformance(<name>)`` session. ``KV_BACKEND=<names> nox -s conformance`` tests those (``all``,
+the default: every one); ``KV_BACKEND_INSTALL`` adds pip arguments (a backend outside the
+repository) to what that session installs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import shlex
 import shutil
 import tempfile
+import tomllib
 from pathlib import Path
 
 import nox
@@ -36,28 +45,83 @@ PY_SOURCES = [
     "packages/kv-events/src",
     "packages/kv-events/tests",
     "conformance/src",
+    "examples/kv-delegate/src",
+    "tests",
     "bench",
     "noxfile.py",
 ]
 STUB = ROOT / "packages/kv-core-cpp/src/kv_core_cpp/_core.pyi"
 
 
+def find_backends(root: Path = ROOT) -> dict[str, Path]:
+    """Each backend under ``root/packages`` by its entry-point name: the folder whose
+    pyproject.toml registers it in the ``kv_api.backends`` group."""
+    found: dict[str, Path] = {}
+    for pyproject in sorted(root.glob("packages/*/pyproject.toml")):
+        project = tomllib.loads(pyproject.read_text()).get("project", {})
+        for name in project.get("entry-points", {}).get("kv_api.backends", {}):
+            found[name] = pyproject.parent
+    return found
+
+
+def _is_native(package: Path) -> bool:
+    """A compiled package (scikit-build-core): built without isolation into a kept directory."""
+    build = tomllib.loads((package / "pyproject.toml").read_text()).get("build-system", {})
+    return str(build.get("build-backend", "")).startswith("scikit_build_core")
+
+
+BACKENDS = find_backends()
+
+
 def _build_dir(session: nox.Session) -> str:
     return f"build/{re.sub(r'[^A-Za-z0-9_.-]+', '-', session.name).strip('-')}"
 
 
+# Not sources: build trees, caches, mutmut's copies.
+_NOT_SOURCES = {"build", "__pycache__", "mutants", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis"}
+
+
+def _sources_stamp(*args: str) -> str:
+    """What an install is made of: every source file's path, size and modification time under
+    packages/ and conformance/, the noxfile's, and ``args``."""
+    digest = hashlib.sha256("\0".join(args).encode())
+    files = [ROOT / "noxfile.py"]
+    for top in ("packages", "conformance"):
+        for folder, subfolders, names in os.walk(ROOT / top):
+            subfolders[:] = sorted(d for d in subfolders if d not in _NOT_SOURCES and not d.endswith(".egg-info"))
+            files += [Path(folder) / n for n in sorted(names)]
+    for path in files:
+        st = path.stat()
+        digest.update(f"{path.relative_to(ROOT)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
 def install(session: nox.Session, *extra: str) -> None:
-    """The packages, the conformance suite and ``extra``; the C++ build is incremental."""
+    """The packages, every backend under packages/, the conformance suite and ``extra``; native
+    builds are incremental (one build directory per session inside the package). A reused
+    environment whose sources have not changed since its last install is used as it is."""
+    stamp_file = session.env_dir / "kvcore-sources.stamp"
+    stamp = _sources_stamp(session.name, *extra)
+    if stamp_file.is_file() and stamp_file.read_text() == stamp:
+        session.log("sources unchanged since this environment's last install: reusing it")
+        return
+    stamp_file.unlink(missing_ok=True)
+    _install(session, *extra)
+    stamp_file.write_text(stamp)
+
+
+def _install(session: nox.Session, *extra: str) -> None:
     session.install(*BUILD_DEPS, *TEST_DEPS, *extra)
+    packages = sorted(set(BACKENDS.values()))
+    pure = [f"./{p.relative_to(ROOT)}" for p in packages if not _is_native(p)]
     session.install(
-        "./packages/kv-api",
-        "./packages/kv-core-py",
-        "./packages/kv-events",
-        "./packages/kv-replay[plot]",
-        "./conformance",
+        "./packages/kv-api", "./packages/kv-events", "./packages/kv-replay[plot]", *pure, "./conformance[events]"
     )
-    build_dir = ROOT / "packages/kv-core-cpp" / _build_dir(session)
-    session.install("--no-build-isolation", f"--config-settings=build-dir={build_dir}", "./packages/kv-core-cpp")
+    for package in filter(_is_native, packages):
+        build_dir = package / _build_dir(session)
+        session.install(
+            "--no-build-isolation", f"--config-settings=build-dir={build_dir}", f"./{package.relative_to(ROOT)}"
+        )
 
 
 def run_unit_tests(session: nox.Session) -> None:
@@ -79,9 +143,13 @@ def run_conformance(session: nox.Session, backends: str) -> None:
 def tests(session: nox.Session) -> None:
     """Everything CI runs: each package's tests, conformance on every backend, lint, types, stubs,
     the SHA-256 known-answer test (host and arm64)."""
-    install(session, "ruff>=0.6", "mypy>=1.10", "clang-format>=17", "nox>=2024.4", "types-jsonschema", DYNAMO)
+    install(
+        session, "ruff>=0.6", "mypy>=1.10", "clang-format>=17", "nox>=2024.4", "types-jsonschema", "types-tqdm", DYNAMO
+    )
     run_unit_tests(session)
     run_conformance(session, "all")
+    # The repository's own tests: the docs' and the README's commands in fresh environments.
+    session.run("pytest", "tests", "-n", os.environ.get("KV_TEST_WORKERS", "auto"), *session.posargs)
     lint(session)
     typecheck(session)
     check_stubs(session)
@@ -90,11 +158,33 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session
-@nox.parametrize("backend", ["py", "cpp"], ids=["py", "cpp"])
-def conformance(session: nox.Session, backend: str) -> None:
-    """The conformance suite against one backend (``KV_BACKEND=<name>``)."""
+def conformance(session: nox.Session) -> None:
+    """The conformance suite and the replayer's tests against ``$KV_BACKEND``: a name, a comma
+    list (side by side; the differential tests compare them) or ``all`` (the default)."""
     install(session)
-    run_conformance(session, backend)
+    if extra := shlex.split(os.environ.get("KV_BACKEND_INSTALL", "")):
+        session.install(*extra)
+    backends = os.environ.get("KV_BACKEND", "").strip() or "all"
+    session.log(f"testing KV_BACKEND={backends} (in this repository: {', '.join(BACKENDS)})")
+    outside = [n.strip() for n in backends.split(",") if n.strip() not in (*BACKENDS, "all", "")]
+    if outside and not extra:
+        session.log(f"not under packages/: {', '.join(outside)}; KV_BACKEND_INSTALL=PATH installs a backend")
+    run_conformance(session, backends)
+
+
+def _conformance_of(backend: str) -> None:
+    """Registers ``conformance(<backend>)``: the suite against that one backend, for CI."""
+
+    def run(session: nox.Session) -> None:
+        install(session)
+        run_conformance(session, backend)
+
+    run.__doc__ = f"The conformance suite against {backend} alone ({BACKENDS[backend].relative_to(ROOT)})."
+    nox.session(name=f"conformance({backend})")(run)
+
+
+for _backend in BACKENDS:
+    _conformance_of(_backend)
 
 
 @nox.session
@@ -125,7 +215,7 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy over every Python package, the suite and the benchmarks."""
     if session.name == "typecheck":
-        install(session, "mypy>=1.10", "nox>=2024.4", "types-jsonschema", DYNAMO)
+        install(session, "mypy>=1.10", "nox>=2024.4", "types-jsonschema", "types-tqdm", DYNAMO)
     session.run("mypy", *PY_SOURCES)
 
 
@@ -151,7 +241,7 @@ def stubs(session: nox.Session) -> None:
 def sanitize(session: nox.Session) -> None:
     """The suite against a native build with AddressSanitizer and UndefinedBehaviorSanitizer."""
     session.install(*BUILD_DEPS, *TEST_DEPS)
-    session.install("./packages/kv-api", "./packages/kv-core-py", "./packages/kv-events", "./conformance")
+    session.install("./packages/kv-api", "./packages/kv-core-py", "./packages/kv-events", "./conformance[events]")
     session.install(
         "--no-build-isolation",
         f"--config-settings=build-dir={ROOT / 'packages/kv-core-cpp' / _build_dir(session)}",

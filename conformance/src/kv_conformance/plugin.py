@@ -4,12 +4,21 @@ hypothesis profiles.
 - ``KV_BACKEND`` (or ``--kv-backend``) names the backends to test: one name, a comma list, or
   ``all`` (every installed backend that loads). Tests taking the ``backend`` fixture run once per
   backend; ``backends`` gives all of them at once (differential tests).
-- ``@pytest.mark.requires("native_buffers")`` skips a test on backends whose ``Capabilities``
-  lack that feature, naming it.
-- Known gaps: ``known_gaps/<backend>.toml`` in this package, or the file named by
-  ``--known-gaps``/``KV_KNOWN_GAPS`` (for backends outside this repository). Each entry names a
-  test and a reason; the test is marked xfail (strict) on that backend. An entry matching no
-  test is reported with a warning.
+- ``@pytest.mark.requires("host_tier", ...)`` (``kv_api.Capabilities`` field names) gates a test
+  on capabilities. With ``backend``, the test is skipped on a backend that lacks one, naming it.
+  With ``backends``, it gets the backends that have them all; it is skipped, naming who lacks
+  what, when none has them, or when two or more backends are under test but fewer than two have
+  them (a comparison needs a pair). Tests that gate part of their work on capabilities use
+  ``kv_conformance.gates``.
+- Known gaps: ``known_gaps/<backend>.toml`` in this package, the backend's own
+  ``known_gaps.toml`` (package data of the backend's package), and the file named by
+  ``--known-gaps``/``KV_KNOWN_GAPS``. An entry with ``backend = "name"`` is that backend's only;
+  without, it is the file's backend's, or for ``--known-gaps`` every tested backend's (unless
+  that file is a tested backend's own). Each entry names a test (``file.py::name``, any
+  parametrization) and a reason; the test is marked xfail (strict) where that backend is
+  tested: on its own case of a ``backend`` test, on a ``backends`` test whose backends (the
+  capability gate's, as above) include it, and on any other test whenever it is under test. An
+  entry matching no test is reported with a warning.
 - Hypothesis profiles: ``dev`` (default) and ``ci`` (derandomized; the default when ``CI`` is
   set); ``KV_HYPOTHESIS_PROFILE`` or hypothesis' own ``--hypothesis-profile`` choose.
 - A test that leaves a backend's poison latch set fails, and the latch is taken back.
@@ -23,7 +32,7 @@ import gc
 import os
 import tomllib
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import fields
 from importlib import resources
 from pathlib import Path
@@ -33,6 +42,7 @@ from hypothesis import HealthCheck, settings
 
 import kv_api
 from kv_api.errors import BackendError, LogicError
+from kv_conformance import gates
 
 # The backend fixture is a module handle: sharing it across examples is intended.
 _SHARED_FIXTURES = [HealthCheck.function_scoped_fixture]
@@ -88,19 +98,29 @@ def _selected(spec: str) -> list[str]:
     return names
 
 
+def _own_gaps(name: str) -> str:
+    """The text of the backend's own ``known_gaps.toml`` (package data beside its
+    ``__init__``), or "" if it has none."""
+    spec = getattr(kv_api.load_backend(name), "__spec__", None)
+    if spec is None or not spec.submodule_search_locations:  # a plain module: no package data
+        return ""
+    own = resources.files(spec.name) / "known_gaps.toml"
+    return own.read_text() if own.is_file() else ""
+
+
 def _load_gaps(config: pytest.Config, names: list[str]) -> dict[str, list[dict[str, str]]]:
     extra = config.getoption("--known-gaps") or os.environ.get("KV_KNOWN_GAPS")
+    extra_text = Path(extra).read_text() if extra else ""
+    own = {name: _own_gaps(name) for name in names}
+    if extra_text in [text for text in own.values() if text]:
+        extra_text = ""  # a backend's own file, named by --known-gaps too: still its own only
     gaps: dict[str, list[dict[str, str]]] = {}
     for name in names:
-        text = ""
         packaged = resources.files("kv_conformance") / "known_gaps" / f"{name}.toml"
-        if packaged.is_file():
-            text = packaged.read_text()
-        entries = tomllib.loads(text).get("gap", []) if text else []
-        if extra:
-            entries += [
-                e for e in tomllib.loads(Path(extra).read_text()).get("gap", []) if e.get("backend", name) == name
-            ]
+        texts = [packaged.read_text() if packaged.is_file() else "", own[name], extra_text]
+        entries: list[dict[str, str]] = []
+        for text in texts:
+            entries += [e for e in tomllib.loads(text).get("gap", []) if e.get("backend", name) == name]
         for e in entries:
             if not e.get("test") or not e.get("reason"):
                 raise pytest.UsageError(f"known gap for {name!r} needs both 'test' and 'reason': {e}")
@@ -127,21 +147,39 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("backend", names, indirect=True, ids=names)
 
 
+def _required(markers: Iterable[pytest.Mark]) -> list[str]:
+    """The capabilities ``requires`` markers name (``node.iter_markers("requires")``: closest first)."""
+    return list(dict.fromkeys(cap for marker in markers for cap in marker.args))
+
+
+def _compared(names: list[str], needs: list[str]) -> tuple[list[kv_api.Backend], str | None]:
+    """The backends a ``backends`` test gets, and why it is skipped instead (None: it runs)."""
+    selected = [kv_api.load_backend(n) for n in names]
+    chosen = gates.having(selected, needs)
+    if len(chosen) >= min(2, len(selected)):
+        return chosen, None
+    lack = "; ".join(f"{b.name!r} lacks {', '.join(gates.lacking(b, needs))}" for b in selected if b not in chosen)
+    pair = "two backends" if len(selected) > 1 else "a backend"
+    return chosen, f"needs {pair} with {', '.join(needs)}: {lack}"
+
+
 @pytest.fixture
 def backend(request: pytest.FixtureRequest) -> kv_api.Backend:
     """The backend under test (one per parametrization)."""
     b = kv_api.load_backend(request.param)
-    for marker in request.node.iter_markers("requires"):
-        for cap in marker.args:
-            if not getattr(b.capabilities, cap):
-                pytest.skip(f"backend {b.name!r} lacks capability {cap!r}")
+    for cap in gates.lacking(b, _required(request.node.iter_markers("requires")))[:1]:
+        pytest.skip(f"backend {b.name!r} lacks capability {cap!r}")
     return b
 
 
 @pytest.fixture
 def backends(request: pytest.FixtureRequest) -> list[kv_api.Backend]:
-    """Every backend under test, for differential tests."""
-    return [kv_api.load_backend(n) for n in request.config.stash[_NAMES]]
+    """Every backend under test that has the capabilities the test requires, for differential
+    tests (skipped as the module docstring says)."""
+    chosen, skip = _compared(request.config.stash[_NAMES], _required(request.node.iter_markers("requires")))
+    if skip is not None:
+        pytest.skip(skip)
+    return chosen
 
 
 @pytest.fixture(autouse=True)
@@ -167,18 +205,31 @@ def _no_poison_left(request: pytest.FixtureRequest) -> Iterator[None]:
     pytest.fail(f"the test left a backend poisoned ({detail}); still poisoned: {', '.join(kept) or 'none'}")
 
 
+def _tested(item: pytest.Item, names: list[str]) -> list[str]:
+    """The backends ``item`` tests: its ``backend`` parameter, the backends the ``backends``
+    fixture gives it, or else every backend under test."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "backend" in callspec.params:
+        return [callspec.params["backend"]]
+    if "backends" in getattr(item, "fixturenames", ()):
+        return [b.name for b in _compared(names, _required(item.iter_markers("requires")))[0]]
+    return names
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     used: set[tuple[str, str]] = set()
     for item in items:
-        callspec = getattr(item, "callspec", None)
-        name = callspec.params.get("backend") if callspec else None
-        if name is None:
-            continue
         base = item.nodeid.split("[", 1)[0]
-        for gap in config.stash[_GAPS].get(name, []):
-            if base.endswith(gap["test"]):
-                item.add_marker(pytest.mark.xfail(reason=f"known gap ({name}): {gap['reason']}", strict=True))
-                used.add((name, gap["test"]))
+        # Outside the rootdir (--pyargs from elsewhere) a node id has no file: name it here.
+        bases = (base, "::".join([item.path.name, *base.split("::")[1:]]))
+        reasons = []
+        for name in _tested(item, config.stash[_NAMES]):
+            for gap in config.stash[_GAPS].get(name, []):
+                if any(b.endswith(gap["test"]) for b in bases):
+                    reasons.append(f"known gap ({name}): {gap['reason']}")
+                    used.add((name, gap["test"]))
+        if reasons:  # one marker: strict, so the test must fail while any of these gaps stays
+            item.add_marker(pytest.mark.xfail(reason="; ".join(reasons), strict=True))
     for name, entries in config.stash[_GAPS].items():
         for gap in entries:
             if (name, gap["test"]) not in used:

@@ -20,53 +20,67 @@ nb::object hash_object(const BlockHash& h) {
   return nb::steal(PyLong_FromUnsignedLongLong(std::get<std::uint64_t>(h)));
 }
 
-nb::object event_object(const Event& e, const char* algo) {
+// kv_api.events' classes, looked up once per drain: a drain makes one object per token.
+struct EventClasses {
+  nb::object created = api("events.Created");
+  nb::object stored = api("events.Stored");
+  nb::object stored_block = api("events.StoredBlock");
+  nb::object unique_token = api("events.UniqueToken");
+  nb::object removed = api("events.Removed");
+  nb::object diff = api("events.Diff");
+  nb::object updated = api("events.Updated");
+  nb::object event = api("events.KVCacheEvent");
+};
+
+nb::object stored_object(const Event& e, const EventClasses& cls) {
+  nb::list blocks;
+  for (const StoredBlockEvent& b : e.blocks) {
+    nb::list tokens;
+    std::size_t d = 0;
+    for (std::size_t i = 0; i < b.tokens.size(); ++i) {
+      nb::object id;
+      if (d < b.tokens.digests.size() && b.tokens.digests[d].position == i) {
+        const Digest& digest = b.tokens.digests[d++].digest;
+        id = nb::str(block_hash_v2_sha256(digest).c_str());  // a digest token as its hex
+      } else {
+        id = nb::steal(PyLong_FromUnsignedLongLong(b.tokens.ids[i]));
+      }
+      tokens.append(cls.unique_token(id));
+    }
+    // (block_hash, tokens, cache_level, priority, mm_keys, cache_salt, lora_id)
+    nb::object lora = b.lora_id ? nb::steal(PyLong_FromUnsignedLongLong(*b.lora_id)) : nb::none();
+    blocks.append(cls.stored_block(hash_object(b.block_hash), nb::tuple(tokens), b.cache_level, b.priority, nb::tuple(),
+                                   nb::none(), lora));
+  }
+  return cls.stored(e.parent_hash ? hash_object(*e.parent_hash) : nb::none(), nb::tuple(blocks));
+}
+
+nb::object event_object(const Event& e, const char* algo, const EventClasses& cls) {
   nb::object data;
   switch (e.kind) {
     case Event::Kind::kCreated: {
       nb::list levels;
       for (std::uint64_t n : e.num_blocks_per_cache_level) levels.append(n);
-      data = api("events.Created")(nb::tuple(levels));
+      data = cls.created(nb::tuple(levels));
       break;
     }
-    case Event::Kind::kStored: {
-      nb::list blocks;
-      for (const StoredBlockEvent& b : e.blocks) {
-        nb::list tokens;
-        std::size_t d = 0;
-        for (std::size_t i = 0; i < b.tokens.size(); ++i) {
-          nb::object id;
-          if (d < b.tokens.digests.size() && b.tokens.digests[d].position == i) {
-            const Digest& digest = b.tokens.digests[d++].digest;
-            id = nb::str(block_hash_v2_sha256(digest).c_str());  // a digest token as its hex
-          } else {
-            id = nb::steal(PyLong_FromUnsignedLongLong(b.tokens.ids[i]));
-          }
-          tokens.append(api("events.UniqueToken")(id));
-        }
-        // (block_hash, tokens, cache_level, priority, mm_keys, cache_salt, lora_id)
-        nb::object lora = b.lora_id ? nb::steal(PyLong_FromUnsignedLongLong(*b.lora_id)) : nb::none();
-        blocks.append(api("events.StoredBlock")(hash_object(b.block_hash), nb::tuple(tokens), b.cache_level, b.priority,
-                                                nb::tuple(), nb::none(), lora));
-      }
-      data = api("events.Stored")(e.parent_hash ? hash_object(*e.parent_hash) : nb::none(), nb::tuple(blocks));
+    case Event::Kind::kStored:
+      data = stored_object(e, cls);
       break;
-    }
     case Event::Kind::kRemoved: {
       nb::list hashes;
       for (const BlockHash& h : e.block_hashes) hashes.append(hash_object(h));
-      data = api("events.Removed")(nb::tuple(hashes));
+      data = cls.removed(nb::tuple(hashes));
       break;
     }
     case Event::Kind::kUpdated: {
-      nb::object diff = api("events.Diff")(e.cache_level.first, e.cache_level.second);
-      data = api("events.Updated")(hash_object(e.block_hashes.at(0)), diff);
+      nb::object diff = cls.diff(e.cache_level.first, e.cache_level.second);
+      data = cls.updated(hash_object(e.block_hashes.at(0)), diff);
       break;
     }
   }
-  return api("events.KVCacheEvent")(
-      e.id, data, optional_int(e.window_size), algo, nb::none(),
-      optional_int(e.layer_group_id ? std::optional<std::int64_t>(*e.layer_group_id) : std::nullopt));
+  return cls.event(e.id, data, optional_int(e.window_size), algo, nb::none(),
+                   optional_int(e.layer_group_id ? std::optional<std::int64_t>(*e.layer_group_id) : std::nullopt));
 }
 
 void init(PyEventManager* self, nb::handle max_entries, nb::handle hash_algo) {
@@ -87,7 +101,8 @@ nb::list latest(PyEventManager& self, nb::handle timeout_ms) {
   }
   nb::list out;
   const char* algo = hash_algo_name(self.events->hash_algo());
-  for (const Event& e : events) out.append(event_object(e, algo));
+  const EventClasses classes;
+  for (const Event& e : events) out.append(event_object(e, algo, classes));
   return out;
 }
 

@@ -4,12 +4,15 @@ every backend and every kind of layer."""
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from types import SimpleNamespace
+from typing import Any, cast
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from replay_gates import having, layer_needs, skip_unless, skip_unless_any
 
 import kv_api
 from kv_replay.model import model_config
@@ -84,8 +87,11 @@ def workloads(draw: st.DrawFn) -> tuple[list[Request], int, int, int, str]:
 @given(workloads())
 def test_batched_decode_replays_as_one_call_per_cache(backends: list[kv_api.Backend], workload: Any) -> None:
     requests, tpb, slots, in_flight, layers = workload
+    batching = skip_unless_any(backends, "batched_calls")
+    runnable = having(batching, *layer_needs(layers))  # those without SSM layers skip a model with them
+    assume(runnable)
     outcomes = []
-    for backend in backends:
+    for backend in runnable:
         batched = replayer(backend, tpb, slots, in_flight, layers)
         assert batched.batched
         single = replayer(backend, tpb, slots, in_flight, layers)
@@ -98,8 +104,10 @@ def test_batched_decode_replays_as_one_call_per_cache(backends: list[kv_api.Back
     assert all(o == outcomes[0] for o in outcomes)
 
 
+@pytest.mark.requires("batched_calls")
 @pytest.mark.parametrize("layers", ["1", "1,1x8", "1,1ssm"])
 def test_the_decode_step_is_one_resize_many_and_one_commit_many(backend: kv_api.Backend, layers: str) -> None:
+    skip_unless(backend, *layer_needs(layers))
     # Eight requests decoding 40 tokens each in a pool that holds them all: every step but the
     # last (where they all complete) decodes all eight with one call of each.
     requests = [Request(synthetic_tokens(i, 20), synthetic_tokens(100 + i, 40)) for i in range(8)]
@@ -117,7 +125,7 @@ def test_a_resize_that_finds_no_page_inside_a_batch_is_handled(backends: list[kv
     # completed or rejected, identically on every backend and one cache at a time.
     requests = [Request(synthetic_tokens(i, 7), synthetic_tokens(50 + i, 12)) for i in range(6)]
     outcomes = []
-    for backend in backends:
+    for backend in skip_unless_any(backends, "batched_calls"):
         r = replayer(backend, 4, 10, 6)
         calls = spy(r)
         result = r.run(requests)
@@ -129,3 +137,22 @@ def test_a_resize_that_finds_no_page_inside_a_batch_is_handled(backends: list[kv
         assert outcome(single.run(requests)) == outcome(result)
         outcomes.append(outcome(result))
     assert all(o == outcomes[0] for o in outcomes)
+
+
+def test_a_backend_without_batched_calls_is_replayed_one_cache_at_a_time(backend: kv_api.Backend) -> None:
+    """``batched_calls`` undeclared: the replayer makes the single calls, with the same outcome."""
+    unbatched = cast(
+        kv_api.Backend,
+        SimpleNamespace(
+            name=backend.name,
+            KVCacheManager=backend.KVCacheManager,
+            capabilities=dataclasses.replace(backend.capabilities, batched_calls=False),
+        ),
+    )
+    requests = [Request(synthetic_tokens(i, 7), synthetic_tokens(50 + i, 12)) for i in range(6)]
+    r = replayer(unbatched, 4, 10, 6)
+    calls = spy(r)
+    assert not r.batched
+    result = r.run(requests)
+    assert calls.calls == {"resize_many": 0, "commit_many": 0}
+    assert outcome(result) == outcome(replayer(backend, 4, 10, 6).run(requests))

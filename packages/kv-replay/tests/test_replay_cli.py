@@ -150,7 +150,9 @@ def test_missing_and_empty_traces(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert code == 2 and out == "" and "No such file" in err
     code, out, err = run(capsys, "replay", "mooncake", *SMALL)  # a misspelt built-in trace
     assert (code, out) == (2, "")
-    assert err == "kvcore: error: mooncake: No such file or directory (nor a built-in trace: mooncake-synthetic)\n"
+    # It names the built-in traces, so that the misspelling shows.
+    builtin = "nor a built-in trace (built-in traces: mooncake-synthetic)"
+    assert err == f"kvcore: error: mooncake: No such file or directory, {builtin}\n"
     code, out, err = run(capsys, "replay", "", *SMALL)  # not the embedded workload
     assert (code, out) == (2, "") and err.startswith("kvcore: error: '': No such file")
     code, out, err = run(capsys, "replay", str(tmp_path), *SMALL)
@@ -249,6 +251,7 @@ def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     code, _, err = run(capsys, "replay", "--quiet", "--limit", "20", "--plot", str(path))
     assert code == 0, err
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert err == f"kvcore: wrote the plot to {path}\n"  # where, as an absolute path (on stderr: stdout may be JSON)
 
 
 def test_plot_without_matplotlib_says_how(
@@ -265,3 +268,12 @@ def test_backends_lists_every_backend(capsys: pytest.CaptureFixture[str]) -> Non
     for name in kv_api.available_backends():
         assert f"\n{name} " in out
     assert f"default backend: {kv_api.default_backend_name()}" in out
+
+
+def test_version_names_the_command_the_contract_and_every_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    found = ", ".join(f"{n} {kv_api.load_backend(n).version}" for n in kv_api.available_backends())
+    assert re.fullmatch(rf"kvcore \d+\.\d+\.\d+\S* \(kv-api \d+\.\d+\.\d+\S*; backends: {re.escape(found)}\)\n", out)

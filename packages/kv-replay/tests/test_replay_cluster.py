@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from replay_gates import skip_unless
 
 import kv_api
 from kv_replay.cli import main
@@ -34,8 +35,9 @@ def trace() -> list[Request]:
     return out
 
 
-def replay(router: str) -> ClusterResult:
-    return replay_cluster(kv_api.load_backend(), CONFIG, trace(), instances=3, router=router, max_in_flight=4)
+def replay(router: str, backend: kv_api.Backend | None = None) -> ClusterResult:
+    backend = backend or kv_api.load_backend()
+    return replay_cluster(backend, CONFIG, trace(), instances=3, router=router, max_in_flight=4)
 
 
 def test_kv_oracle_beats_round_robin_and_the_report_adds_up() -> None:
@@ -49,12 +51,13 @@ def test_kv_oracle_beats_round_robin_and_the_report_adds_up() -> None:
     assert rr.routed == [i % 3 for i in range(60)]
 
 
-def test_dynamo_routes_as_the_oracle_once_events_settle() -> None:
+@pytest.mark.requires("wire_events")
+def test_dynamo_routes_as_the_oracle_once_events_settle(backend: kv_api.Backend) -> None:
     from kv_events.indexer import dynamo_missing
 
     if dynamo_missing() is not None:
         pytest.skip(f"{dynamo_missing()}: the real router")
-    kv, dynamo = replay("kv"), replay("dynamo")
+    kv, dynamo = replay("kv", backend), replay("dynamo", backend)
     # Prompts share whole-block prefixes only, so partial blocks (which the oracle counts and the
     # indexer does not) never decide: every pick must match.
     assert dynamo.routed == kv.routed
@@ -87,20 +90,20 @@ def test_bad_flags_are_one_line_errors(capsys: pytest.CaptureFixture[str], flags
     assert err.count("\n") == 1 and message in err, err
 
 
-@pytest.mark.requires("host_tier", "disk_tier")
 @pytest.mark.parametrize(
-    ("flags", "message"),
+    ("flags", "message", "needs"),
     [
-        (["--quota", "1P"], "--quota 1P: cannot map "),
-        (["--host-quota", "1P"], "--host-quota 1P: cannot map "),
-        (["--disk-quota", "1P"], "--disk-quota 1P: disk tier: "),
+        (["--quota", "1P"], "--quota 1P: cannot map ", ()),
+        (["--host-quota", "1P"], "--host-quota 1P: cannot map ", ("host_tier",)),
+        (["--disk-quota", "1P"], "--disk-quota 1P: disk tier: ", ("disk_tier",)),
     ],
 )
 def test_a_quota_the_instances_cannot_have_names_the_flag(
-    capsys: pytest.CaptureFixture[str], backend: kv_api.Backend, flags: list[str], message: str
+    capsys: pytest.CaptureFixture[str], backend: kv_api.Backend, flags: list[str], message: str, needs: tuple[str]
 ) -> None:
     # The regression: a cluster built its managers outside the translation a single replay has,
     # so these were tracebacks (or an errno and the temporary directory's name).
+    skip_unless(backend, *needs)
     code = main(["replay", "--quiet", "--limit", "4", "--backend", backend.name, "--instances", "2", *flags])
     out, err = capsys.readouterr()
     if code == 0 and flags[0] == "--disk-quota":
@@ -120,13 +123,13 @@ def test_dynamo_missing_is_a_one_line_error(
     assert err == "kvcore: error: --router dynamo: dynamo.indexer is not installed (pip ...)\n"
 
 
-def test_events_prints_one_line_per_event(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.requires("wire_events")
+def test_events_prints_one_line_per_event(capsys: pytest.CaptureFixture[str], backend: kv_api.Backend) -> None:
     import threading
 
     from kv_api import ReuseScope, create_manager
     from kv_events import EventPublisher
 
-    backend = kv_api.load_backend()
     events = backend.KVCacheEventManager(1000, "v2_sha256_64")
     manager = create_manager(CONFIG, backend=backend, event_manager=events)
     with EventPublisher(events, CONFIG, "tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*") as pub:
@@ -146,8 +149,12 @@ def test_events_prints_one_line_per_event(capsys: pytest.CaptureFixture[str]) ->
         argv = ["events", "--subscribe", pub.endpoint, "--replay", str(pub.replay_endpoint), "--count", "1", "--json"]
         assert main(argv) == 0
         thread.join()
-    line = json.loads(capsys.readouterr().out)
+    out, err = capsys.readouterr()
+    line = json.loads(out)
     assert line["type"] == "BlockStored" and line["token_ids"] == list(range(2 * TPB)) and line["seq"] >= 0
+    # Said before anything came: what it waits for, and where.
+    where = f"{pub.endpoint} (replay socket {pub.replay_endpoint})"
+    assert err == f"kvcore: waiting for events from {where}; Ctrl-C to stop\n"
 
 
 @pytest.mark.parametrize("endpoint", ["nonsense", "tcp://127.0.0.1:notaport"])

@@ -25,8 +25,10 @@ from kv_replay.plot import (
     plot_capacity,
     plot_replay,
     replay_figure,
+    routers_figure,
     thin,
 )
+from kv_replay.plural import plural
 from kv_replay.replayer import Replayer, ReplayResult, RequestRecord, Sample
 from kv_replay.trace import Request, synthetic_tokens
 
@@ -314,3 +316,54 @@ def test_plot_capacity_writes_a_png(tmp_path: Path) -> None:
     path = tmp_path / "capacity.png"
     plot_capacity({"cpp": [(q, 0.01) for q in SWEEP]}, {"cpp": 0.02}, path, trace="t", tokens_per_block=32)
     assert path.read_bytes()[:8] == PNG
+
+
+# -- the hit rate per router ---------------------------------------------------------------------
+
+
+def router_report(name: str, cluster: float, instances: list[float]) -> dict[str, Any]:
+    per = [{"hit_rate": rate} for rate in instances]
+    return {"backend": "cpp", "router": name, "hit_rate": cluster, "instances": len(per), "per_instance": per}
+
+
+@needs_matplotlib
+@pytest.mark.parametrize(
+    "reports",
+    [
+        # Instances above the cluster's rate (where its value once sat), several alike, one router.
+        [
+            router_report("round-robin", 0.0063, [0.0, 0.018, 0.0035, 0.0]),
+            router_report("kv", 0.0054, [0.0195, 0, 0, 0]),
+        ],
+        [router_report("kv", 0.5, [0.5, 0.5])],
+        [router_report(name, 0.1 * i, [0.1 * i] * 8) for i, name in enumerate(["round-robin", "kv", "dynamo"])],
+    ],
+)
+def test_the_router_figure_labels_overlap_nothing(reports: list[dict[str, Any]]) -> None:
+    fig = routers_figure(reports, trace="mooncake-synthetic", tokens_per_block=32, detail="4 layers  ·  device 32M")
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    (ax,) = fig.axes
+    inside = ax.get_window_extent(renderer)
+    assert [t.get_text() for t in ax.texts] == []  # no value drawn over the bars and dots
+    legend = ax.get_legend()
+    assert legend is not None and not legend.get_window_extent(renderer).overlaps(inside)
+    labels = [t for t in [*ax.get_xticklabels(), *ax.get_yticklabels(), ax.xaxis.label, ax.yaxis.label] if t.get_text()]
+    boxes = [t.get_window_extent(renderer) for t in labels] + [legend.get_window_extent(renderer)]
+    (title_text,) = [t for t in fig.texts if t.get_text() == fig.get_suptitle()]
+    boxes.append(title_text.get_window_extent(renderer))
+    for i, a in enumerate(boxes):
+        assert fig.bbox.contains(a.x0, a.y0) and fig.bbox.contains(a.x1, a.y1)  # not cut off
+        for b in boxes[i + 1 :]:
+            assert not a.overlaps(b), (a, b)
+    # Each router's tick names it and its cluster hit rate; every instance is a dot of its own,
+    # inside the axis.
+    assert [t.get_text() for t in ax.get_xticklabels()] == [f"{r['router']}\n{r['hit_rate']:.2%}" for r in reports]
+    top = ax.get_ylim()[1]
+    for i, (line, report) in enumerate(zip(ax.get_lines(), reports, strict=True)):
+        x, y = np.asarray(line.get_xdata()), np.asarray(line.get_ydata())
+        assert len(set(x.tolist())) == len(report["per_instance"]) and all(abs(x - i) < 0.3)
+        assert y.tolist() == [inst["hit_rate"] for inst in report["per_instance"]] and max(y) < top
+    title = fig.get_suptitle()
+    assert f"\nbackend cpp  ·  {plural(reports[0]['instances'], 'instance')}  ·  32 tokens/block\n" in title
+    assert title.endswith("\n4 layers  ·  device 32M")

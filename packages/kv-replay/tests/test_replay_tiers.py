@@ -12,6 +12,7 @@ from typing import Any, cast
 
 import jsonschema
 import pytest
+from replay_gates import compare_on_capable
 
 import kv_api
 from kv_api.capabilities import Capabilities
@@ -111,6 +112,7 @@ def test_the_text_report_shows_levels_directions_and_onboarding(
     argv = ["replay", str(cycling), *BIG_BLOCKS, "--backend", backend.name, "--max-in-flight", "1"]
     code, out, err = run(capsys, *argv, "--quota", "2M", "--host-quota", "4M")
     assert code == 0, err
+    assert "\nquotas: device 2M; host 4M; no disk tier\n" in out
     assert any(line.startswith("host quota") and line.endswith(" 4M") for line in out.splitlines())
     for row in (
         "reused tokens found on host",
@@ -123,15 +125,17 @@ def test_the_text_report_shows_levels_directions_and_onboarding(
     ):
         assert row in out, row
     code, out, err = run(capsys, *argv, "--quota", "2M")
-    assert code == 0 and "host" not in out and "moved" not in out  # no tiers: the table of before
+    header, table = out.split("\n\n")
+    assert header.endswith("quotas: device 2M; no host or disk tier")
+    assert code == 0 and "host" not in table and "moved" not in table  # no tiers: the table of before
 
 
-@pytest.mark.requires("host_tier")
 def test_the_text_report_shows_every_direction_moved_on_every_backend(
-    capsys: pytest.CaptureFixture[str], cycling: Path, tmp_path: Path
+    capsys: pytest.CaptureFixture[str], cycling: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The regression: a reused partial block copied on the device (``device->device``), next to
     evictions to the host and onboarding, crashed the table (KeyError) while --json worked."""
+    compare_on_capable(monkeypatch, "host_tier")  # --compare: the installed backends with a host tier
     trace = tmp_path / "trace.jsonl"
     # After the cycling documents, a prompt that extends the one before it: its partial last
     # block is reused and copied into the new cache's own page, on the device.
@@ -195,7 +199,9 @@ def test_the_sweep_varies_the_host_quota(
     assert report["unbounded"][0]["host_quota"] is None
     code, out, err = run(capsys, *argv, "--quota", "2M", "--host-quota", "1M,4M")
     assert code == 0, err
-    header, _, first, second, unbounded = out.splitlines()
+    named, table = out.split("\n\n")
+    assert named.endswith("\nquotas: device 2M; host 1M, 4M (swept); no disk tier")
+    header, _, first, second, unbounded = table.splitlines()
     assert "host quota" in header and "reused from below device" in header
     assert first.split()[:3] == ["2M", "1M", backend.name] and second.split()[:3] == ["2M", "4M", backend.name]
     assert unbounded.split()[:2] == ["unbounded", "-"]

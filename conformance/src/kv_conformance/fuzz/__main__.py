@@ -1,6 +1,7 @@
 """``python -m kv_conformance.fuzz [--cases N] [--seed S] [--backends all|py,cpp] [--strict]``:
-a longer fuzz run than the suite's, printing the report; ``--repro '<case>'`` runs one case and
-prints every backend's outcome."""
+a longer fuzz run than the suite's, printing the report (one per set of capabilities the
+backends declare: ``runner.plan``); ``--repro '<case>'`` runs one case, on a fixture of the
+capabilities every backend declares, and prints every backend's outcome."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import random
 import sys
 
 import kv_api
-from kv_conformance.fuzz import Case, generate, run
+from kv_conformance.fuzz import Case, generate, plan, run
 from kv_conformance.fuzz.runner import Worker, classify, outcome_text
 
 
@@ -39,11 +40,16 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(f.format() for f in findings) or "no finding")
         return 1 if findings else 0
     seed = random.randrange(2**32) if args.seed is None else args.seed
-    print(f"fuzz: {args.cases} cases, seed {seed}, backends {', '.join(names)}", flush=True)
-    report = run(names, generate(args.cases, seed), timeout=args.timeout)
-    print(report.format(args.limit))
-    print(json.dumps({"cases": report.cases, "seconds": round(report.seconds, 2), **report.counts()}))
-    return 1 if args.strict and (report.unknown or report.stale) else 0
+    failed = False
+    # One run per set of capabilities the backends declare (runner.plan): all alike, one run.
+    for i, (group, caps) in enumerate(plan(names)):
+        print(f"fuzz: {args.cases} cases, seed {seed}, backends {', '.join(group)}", flush=True)
+        cases = generate(args.cases, seed, caps)
+        report = run(group, cases, timeout=args.timeout, with_pinned=i == 0, capabilities=caps)
+        print(report.format(args.limit))
+        print(json.dumps({"cases": report.cases, "seconds": round(report.seconds, 2), **report.counts()}))
+        failed = failed or bool(report.unknown or report.stale)
+    return 1 if args.strict and failed else 0
 
 
 if __name__ == "__main__":

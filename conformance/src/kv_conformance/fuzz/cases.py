@@ -2,13 +2,15 @@
 over the fixture's names (``worker.build``) and ``values``' helpers, and the hypothesis
 strategies that draw them. Every member ``kv_api.contract`` declares is drawn: the manager's,
 the cache's and the event manager's (constructors, methods, property reads and writes) and the
-``Backend`` module functions."""
+``Backend`` module functions; those of a capability (``NEEDS``) only for backends that declare
+it."""
 
 from __future__ import annotations
 
 import abc
 import inspect
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from hypothesis import HealthCheck, Phase, given, settings
@@ -190,6 +192,16 @@ def argument(name: str) -> st.SearchStrategy[str]:
 # -- members ----------------------------------------------------------------------------------
 
 CONTRACTS: list[type[abc.ABC]] = [kv_api.KVCacheManager, kv_api.KVCache, kv_api.KVCacheEventManager]
+#: Members a backend implements only with these capabilities (``kv_api.Capabilities``); the
+#: others are the core contract (the scratch and SSM members too: without scratch reuse or SSM
+#: layers in the fixture's config, they answer as the contract says every backend does).
+NEEDS: dict[str, tuple[str, ...]] = {
+    f"KVCacheManager.{name}": ("batched_calls",) for name in ("resize_many", "commit_many", "admit_many")
+}
+#: What the fixture (``worker.fixture_config``) uses when the backends declare it.
+FIXTURE_NEEDS = ("host_tier",)
+#: Every capability the fuzzer uses: backends alike in these are fuzzed alike.
+USED = frozenset([*FIXTURE_NEEDS, *(cap for needs in NEEDS.values() for cap in needs)])
 
 
 @dataclass(frozen=True)
@@ -200,8 +212,14 @@ class Member:
     settable: bool = False
 
 
-def members() -> list[Member]:
-    """Every member the contract declares, read off ``kv_api.contract`` (nothing listed twice)."""
+def members(capabilities: Collection[str] | None = None) -> list[Member]:
+    """Every member the contract declares, read off ``kv_api.contract`` (nothing listed twice),
+    but those ``capabilities`` (default: all) leave out."""
+    have = None if capabilities is None else set(capabilities)
+    return [m for m in _members() if have is None or set(NEEDS.get(f"{m.owner}.{m.name}", ())) <= have]
+
+
+def _members() -> list[Member]:
     out = []
     for contract in CONTRACTS:
         for name in sorted(contract.__abstractmethods__):
@@ -250,11 +268,17 @@ def call_of(draw: st.DrawFn, member: Member) -> Case:
                 f"{obj}.{member.name}({', '.join(args)})", exact)  # fmt: skip
 
 
-CASES = st.sampled_from(members()).flatmap(call_of)
+def cases(capabilities: Collection[str] | None = None) -> st.SearchStrategy[Case]:
+    """Cases of the members backends with ``capabilities`` (default: all) implement."""
+    return st.sampled_from(members(capabilities)).flatmap(call_of)
 
 
-def generate(count: int, seed: int) -> list[Case]:
-    """``count`` cases drawn by hypothesis from ``seed`` (the same cases for the same seed)."""
+CASES = cases()
+
+
+def generate(count: int, seed: int, capabilities: Collection[str] | None = None) -> list[Case]:
+    """``count`` cases drawn by hypothesis from ``seed`` (the same cases for the same seed and
+    capabilities) for backends with ``capabilities`` (default: all)."""
     out: list[Case] = []
 
     @hypothesis_seed(seed)
@@ -265,7 +289,7 @@ def generate(count: int, seed: int) -> list[Case]:
         phases=[Phase.generate],
         suppress_health_check=list(HealthCheck),
     )
-    @given(CASES)
+    @given(CASES if capabilities is None else cases(capabilities))
     def collect(case: Case) -> None:
         out.append(case)
 

@@ -6,6 +6,10 @@ the time limit), ``class`` (the backends disagree on whether a call raises, or o
 ``value`` (same success, different result or a different state afterwards) and ``state`` (a
 call that raised left the fixture's observable state changed). The first backend is the
 reference the others are compared with.
+
+Capabilities: a run uses only those it is given (the fixture's host tier, the batched calls);
+``plan`` splits backends that differ in them into runs, so each capability is fuzzed on every
+backend that has it.
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from kv_conformance.fuzz.cases import OPAQUE, Case
+import kv_api
+from kv_conformance import gates
+from kv_conformance.fuzz.cases import OPAQUE, USED, Case
 from kv_conformance.fuzz.known import KNOWN, Known, pinned
 
 KINDS = ("crash", "hang", "class", "message", "value", "state")
@@ -103,6 +109,8 @@ class Finding:
 @dataclass
 class Report:
     backends: list[str]
+    #: The capabilities the run used (None: those every backend declares).
+    capabilities: frozenset[str] | None = None
     cases: int = 0
     seconds: float = 0.0
     findings: list[Finding] = field(default_factory=list)
@@ -121,8 +129,10 @@ class Report:
         per_1000 = 1000 * self.seconds / max(self.cases, 1)
         counts = ", ".join(f"{k} {n}" for k, n in self.counts().items())
         known = len(self.findings) - len(self.unknown)
+        left_out = sorted(USED - self.capabilities) if self.capabilities is not None else []
+        without = f" (without {', '.join(left_out)})" if left_out else ""
         return (
-            f"fuzz on {', '.join(self.backends)}: {self.cases} cases in {self.seconds:.1f} s "
+            f"fuzz on {', '.join(self.backends)}{without}: {self.cases} cases in {self.seconds:.1f} s "
             f"({per_1000:.2f} s per 1000); findings: {counts} ({known} known, {len(self.unknown)} new)"
         )
 
@@ -142,14 +152,16 @@ class Report:
 
 
 class Worker:
-    """A ``kv_conformance.fuzz.worker`` subprocess for ``backends``."""
+    """A ``kv_conformance.fuzz.worker`` subprocess for ``backends``, its fixture using
+    ``capabilities`` (default: those every backend declares)."""
 
-    def __init__(self, backends: list[str]) -> None:
+    def __init__(self, backends: list[str], capabilities: Collection[str] | None = None) -> None:
         self.backends = backends
         # Append mode: the worker writes at the end whatever offset the tail was read at (one shared offset).
         self.stderr: IO[bytes] = tempfile.TemporaryFile(mode="a+b")
+        flags = [] if capabilities is None else [f"--capabilities={','.join(sorted(capabilities))}"]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "kv_conformance.fuzz.worker", *backends],
+            [sys.executable, "-m", "kv_conformance.fuzz.worker", *flags, *backends],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.stderr,
@@ -234,11 +246,11 @@ def classify(case: Case, outcomes: list[dict[str, Any]], baselines: dict[str, st
     return findings
 
 
-def attribute(backends: list[str], case: Case, timeout: float) -> str:
-    """Which backends crash or hang on ``case`` alone (each in a fresh worker)."""
+def attribute(backends: list[str], case: Case, timeout: float, capabilities: Collection[str] | None = None) -> str:
+    """Which backends crash or hang on ``case`` alone (each in a fresh worker, on the run's fixture)."""
     culprits = []
     for name in backends:
-        worker = Worker([name])
+        worker = Worker([name], capabilities)
         result = worker.run(case, timeout)
         worker.close()
         if isinstance(result, str):
@@ -253,12 +265,16 @@ def run(
     timeout: float = 5.0,
     known: list[Known] = KNOWN,
     with_pinned: bool = True,
+    capabilities: Collection[str] | None = None,
 ) -> Report:
-    """Run ``cases`` (and each known divergence's example, if ``with_pinned``) on ``backends``."""
-    report = Report(list(backends))
+    """Run ``cases`` (and each known divergence's example, if ``with_pinned``) on ``backends``,
+    the fixture using ``capabilities`` (default: those every backend declares; the cases should
+    be ``generate``'s for the same)."""
+    caps = None if capabilities is None else frozenset(capabilities)
+    report = Report(list(backends), caps)
     examples = pinned(known, backends) if with_pinned else []
     start = time.perf_counter()
-    worker = Worker(report.backends)
+    worker = Worker(report.backends, caps)
     try:
         for case in [*examples, *cases]:
             result = worker.run(case, timeout)
@@ -266,13 +282,13 @@ def run(
                 kind, why = result.split(": ", 1)
                 worker.close()
                 found = [Finding(kind, case, [why])]
-                worker = Worker(report.backends)
+                worker = Worker(report.backends, caps)
             else:
                 found = classify(case, result, worker.baselines)
             for f in found:
                 f.known = next((k for k in known if k.matches(f.kind, f.case)), None)
                 if f.kind in ("crash", "hang") and f.known is None:
-                    f.extra = attribute(report.backends, case, timeout)
+                    f.extra = attribute(report.backends, case, timeout, caps)
             report.findings += found
             report.cases += 1
     finally:
@@ -284,3 +300,14 @@ def run(
             k for k in known if k.applies(backends) and not any((k.example, kind) in shown for kind in k.kinds)
         ]
     return report
+
+
+def plan(backends: Sequence[str]) -> list[tuple[list[str], frozenset[str]]]:
+    """The runs that fuzz ``backends`` (names, the first the reference), each with the
+    capabilities it uses: one per set of the fuzzer's capabilities (``cases.USED``) that a backend
+    declares, the largest first, on every backend that declares it all. Backends alike in those
+    are one run; a backend with fewer is fuzzed with the others on what it has, and the others
+    still among themselves on the rest."""
+    loaded = [kv_api.load_backend(name) for name in backends]
+    sets = sorted({gates.declared(b) & USED for b in loaded}, key=lambda caps: (-len(caps), sorted(caps)))
+    return [([b.name for b in gates.having(loaded, caps)], caps) for caps in sets]

@@ -4,6 +4,9 @@ backend and reports their outcomes, so that a crash in native code kills only th
 Protocol (one JSON document per line): the worker first writes each backend's baseline state
 (the fixture's observable state, taken on a fixture no case touched); then, for each case read
 from stdin (``{"source": ..., "op": "eval" | "exec"}``), one list of outcomes, one per backend.
+
+Command line: ``[--capabilities=a,b,...] BACKEND...``: the capabilities the fixture may use
+(``fixture_config``; default: those every backend declares).
 """
 
 from __future__ import annotations
@@ -16,21 +19,31 @@ import os
 import re
 import sys
 from array import array
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import kv_api
 from kv_api import ReuseScope
+from kv_conformance import gates
 from kv_conformance.fuzz import values
 from kv_conformance.tests._manager import active, committed, hybrid_config, snapshot
 
 P0 = list(range(100, 112))
 P1 = list(range(200, 206))
 SCOPE1 = ReuseScope(1, None)
-# A host tier below the device, so that calls meet pages on both levels.
-CONFIG = dataclasses.replace(
-    hybrid_config(), cache_tiers=[*hybrid_config().cache_tiers, kv_api.HostCacheTierConfig(1 << 20)]
-)
+
+
+def fixture_config(capabilities: Collection[str]) -> kv_api.KVCacheManagerConfig:
+    """The fixture's manager config: a host tier below the device where ``capabilities`` has
+    one, so that calls meet pages on both levels."""
+    config = hybrid_config()
+    if "host_tier" not in capabilities:
+        return config
+    return dataclasses.replace(config, cache_tiers=[*config.cache_tiers, kv_api.HostCacheTierConfig(1 << 20)])
+
+
+#: The fixture's config with every capability.
+CONFIG = fixture_config(gates.CAPABILITIES)
 #: What ``probe_reuse`` must keep answering alike after a failing call: both prompts, a prefix.
 PROBES = [(None, P0), (SCOPE1, P1), (None, P0[:6]), (SCOPE1, P0)]
 #: Items of an iterator a call returns that are read (the key iterators are lazy).
@@ -38,14 +51,16 @@ MAX_ITEMS = 64
 ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
-def build(backend: kv_api.Backend, other: kv_api.Backend, source: str) -> dict[str, Any]:
+def build(
+    backend: kv_api.Backend, other: kv_api.Backend, source: str, config: kv_api.KVCacheManagerConfig = CONFIG
+) -> dict[str, Any]:
     """The fixture, built alike on every backend, and the names a case's source may use:
     ``m`` (a manager with both prompts committed), ``c0`` (ACTIVE, 14 committed tokens of 16),
     ``c1`` (SUSPENDED, reusing P1 in SCOPE1), ``c2`` (CLOSED), ``em`` (``m``'s event manager,
     its ring holding the events so far, so that ``get_latest_events`` never waits), ``b`` (the
     backend), ``other_em`` (another backend's event manager), ``ms`` (a shut-down manager)."""
     em = backend.KVCacheEventManager(64, "v2_sha256")
-    m = backend.KVCacheManager(CONFIG, em)
+    m = backend.KVCacheManager(config, em)
     committed(m, P0)
     committed(m, P1, scope=SCOPE1)
     c2 = active(m, 4, [1, 2, 3])
@@ -54,10 +69,10 @@ def build(backend: kv_api.Backend, other: kv_api.Backend, source: str) -> dict[s
     c1 = m.create_kv_cache(SCOPE1, [*P1, 9])
     em.flush_iteration_events()
     ns = values.namespace()
-    ns.update(b=backend, m=m, em=em, c0=c0, c1=c1, c2=c2, P0=list(P0), P1=list(P1), CONFIG=CONFIG)
+    ns.update(b=backend, m=m, em=em, c0=c0, c1=c1, c2=c2, P0=list(P0), P1=list(P1), CONFIG=config)
     # Built only when used: they cost a manager each.
     if re.search(r"\bms\b", source):
-        ms = backend.KVCacheManager(CONFIG)
+        ms = backend.KVCacheManager(config)
         ms.shutdown()
         ns["ms"] = ms
     if "other_em" in source:
@@ -133,10 +148,12 @@ def message(exc: BaseException) -> str:
     return ADDRESS.sub(" at 0x?", text)[:400]
 
 
-def run(backend: kv_api.Backend, other: kv_api.Backend, source: str, op: str) -> dict[str, Any]:
+def run(
+    backend: kv_api.Backend, other: kv_api.Backend, source: str, op: str, config: kv_api.KVCacheManagerConfig = CONFIG
+) -> dict[str, Any]:
     """One case on a fresh fixture: its value or exception, and the state it leaves."""
     print(f"[{backend.name}] {source}", file=sys.stderr, flush=True)  # the last line names a crash's case
-    ns = build(backend, other, source)
+    ns = build(backend, other, source, config)
     out: dict[str, Any] = {"backend": backend.name}
     try:
         if op == "exec":
@@ -159,18 +176,21 @@ def main(argv: list[str]) -> None:
     proto = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     faulthandler.enable()
-    backends = [kv_api.load_backend(name) for name in argv]
+    flag = "--capabilities="
+    backends = [kv_api.load_backend(name) for name in argv if not name.startswith(flag)]
+    given = [a[len(flag) :].split(",") for a in argv if a.startswith(flag)]
+    config = fixture_config(given[-1] if given else gates.common(backends))
     others = backends[1:] + backends[:1]
     baselines = {}
     for backend, other in zip(backends, others, strict=True):
-        ns = build(backend, other, "")
+        ns = build(backend, other, "", config)
         baselines[backend.name] = state(ns)
         ns.clear()
     proto.write(json.dumps(baselines) + "\n")
     proto.flush()
     for line in sys.stdin:
         case = json.loads(line)
-        outcomes = [run(b, o, case["source"], case["op"]) for b, o in zip(backends, others, strict=True)]
+        outcomes = [run(b, o, case["source"], case["op"], config) for b, o in zip(backends, others, strict=True)]
         proto.write(json.dumps(outcomes) + "\n")
         proto.flush()
 

@@ -19,6 +19,8 @@ from kv_api.errors import InvalidStateError, LogicError
 
 from ._manager import GRAIN, cache_state, make_config, make_manager, raises_exactly, snapshot
 
+pytestmark = pytest.mark.requires("batched_calls")
+
 TPB = 4
 
 

@@ -19,6 +19,8 @@ from kv_api.events import KVCacheEvent, Stored
 from ._manager import make_config
 from .test_manager_events import drain, setup
 
+pytestmark = pytest.mark.requires("batched_calls")
+
 TPB = 4
 DIGEST = bytes(range(32))
 

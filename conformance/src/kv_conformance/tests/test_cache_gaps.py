@@ -58,6 +58,7 @@ def scratch_config(rewind: int) -> KVCacheManagerConfig:
     )
 
 
+@pytest.mark.requires("swa_scratch")
 def test_capacity_setter_is_refused_with_scratch_reuse_even_where_resize_would_do(backend: kv_api.Backend) -> None:
     """``cache.capacity = n`` with scratch reuse on is a ValueError naming the rule, even where
     ``resize(n, history)`` is allowed; ``cache.history_length = n`` is not affected."""

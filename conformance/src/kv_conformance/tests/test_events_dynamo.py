@@ -14,6 +14,9 @@ import pytest
 
 import kv_api
 from kv_api import KVCacheManager
+
+# The suite's optional extra (kv-conformance[events]): without it these tests are skipped.
+pytest.importorskip("kv_events", reason="kv-events is not installed (pip install 'kv-conformance[events]')")
 from kv_events import EventPublisher
 from kv_events.indexer import DynamoIndexer, dynamo_missing
 
@@ -22,7 +25,10 @@ from ._manager import make_config
 from ._tiers import tier_config, tier_params
 
 TPB = 4
-pytestmark = pytest.mark.skipif(dynamo_missing() is not None, reason=f"{dynamo_missing()}: the real consumer")
+pytestmark = [
+    pytest.mark.requires("wire_events"),
+    pytest.mark.skipif(dynamo_missing() is not None, reason=f"{dynamo_missing()}: the real consumer"),
+]
 
 Instance = tuple[KVCacheManager, EventPublisher]
 

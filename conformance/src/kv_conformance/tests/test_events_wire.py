@@ -9,11 +9,16 @@ import time
 import pytest
 
 import kv_api
+
+# The suite's optional extra (kv-conformance[events]): without it these tests are skipped.
+pytest.importorskip("kv_events", reason="kv-events is not installed (pip install 'kv-conformance[events]')")
 from kv_events import EventPublisher, EventSubscriber
 from kv_events.wire import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, WireEvent
 
 from ._events import published, settle, wire_hashes
 from ._manager import committed, hybrid_config, make_config, toks
+
+pytestmark = pytest.mark.requires("wire_events")
 
 TPB = 4
 

@@ -2,7 +2,14 @@
 manager and cache calls under memory pressure, with one to three cache levels, must agree on
 every observable after every step: results and exceptions, lengths, page indices and levels,
 reuse, storage statistics of every level, stats, bytes moved and events. Invariants are checked
-on each backend after every step as well."""
+on each backend after every step as well.
+
+Capabilities: a configuration option (a cold tier, SSM layers or ``commit_min_snapshot``,
+scratch reuse) is drawn only if two backends under test have what it needs, and each sequence
+compares the backends that have everything its configuration needs; so a backend without
+tiers compares with the others on device-only configurations, and the others still compare
+with tiers among themselves. A backend without ``batched_calls`` takes the batched rules' single
+calls."""
 
 from __future__ import annotations
 
@@ -13,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, seed, settings
+from hypothesis import HealthCheck, assume, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -39,6 +46,7 @@ from kv_api import (
     SwaScratchReuseConfig,
 )
 from kv_api.errors import CorruptedError
+from kv_conformance import gates
 
 from ._manager import check_indices, check_lengths, check_page_levels
 
@@ -67,7 +75,21 @@ PRIORITIES: dict[str, Callable[[int, Any], int] | None] = {
 TIERS = ["device", "device", "host", "host+disk", "disk"]
 #: Layer mixes (config_for's ``hybrid``): attention alone most often.
 HYBRID = ["attention", "attention", "cms", "ssm"]
+#: ``max_rewind_len`` of sliding-window scratch reuse (None: off).
+REWINDS: list[int | None] = [None, None, 0, 2, 5]
 SLOT = 128 << 10  # bytes of a slot with one life cycle (key + value)
+
+
+def tier_needs(tiers: str) -> list[str]:
+    return [f"{kind}_tier" for kind in ("host", "disk") if kind in tiers]
+
+
+def hybrid_needs(hybrid: str) -> list[str]:
+    return [] if hybrid == "attention" else ["ssm_layers"]  # commit_min_snapshot needs it too
+
+
+def rewind_needs(rewind: int | None) -> list[str]:
+    return [] if rewind is None else ["swa_scratch"]
 
 
 def tiers_for(tiers: str, host_slots: int, path: str) -> list[CacheTierConfig]:
@@ -130,7 +152,11 @@ def config_for(
 
 def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBasedStateMachine]:
     """The machine class; ``ran[0]`` counts the machines (sequences) it builds."""
-    n = len(backends)
+    # The options two backends share; with every backend capable, the lists themselves, so the
+    # draws are what they were before capabilities gated them.
+    tier_options = gates.shared_options(TIERS, tier_needs, backends)
+    hybrid_options = gates.shared_options(HYBRID, hybrid_needs, backends)
+    rewind_options = gates.shared_options(REWINDS, rewind_needs, backends)
 
     class Differential(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -148,11 +174,11 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
             partial=st.booleans(),
             hash_algo=st.sampled_from(["v1_block_key", "v2_sha256", "v2_sha256_64"]),
             ring=st.sampled_from([100_000, 8]),
-            tiers=st.sampled_from(TIERS),
+            tiers=st.sampled_from(tier_options),
             host_slots=st.sampled_from([2, 4, 8]),
-            hybrid=st.sampled_from(HYBRID),
+            hybrid=st.sampled_from(hybrid_options),
             tuned=st.sampled_from([False, False, True]),
-            rewind=st.sampled_from([None, None, 0, 2, 5]),
+            rewind=st.sampled_from(rewind_options),
         )
         def build(
             self,
@@ -170,7 +196,15 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
             tuned: bool,
             rewind: int | None,
         ) -> None:
-            self.dirs = [tempfile.mkdtemp(prefix="kv-differential-") for _ in backends]
+            # The backends this configuration runs on: two share each option, but maybe not all
+            # of the options at once (then the draw is rejected, and not counted as a sequence).
+            needs = [*tier_needs(tiers), *hybrid_needs(hybrid), *rewind_needs(rewind)]
+            self.compared = gates.having(backends, needs)
+            if len(self.compared) < 2:
+                ran[0] -= 1
+            assume(len(self.compared) >= 2)
+            self.batches = ["batched_calls" in gates.declared(b) for b in self.compared]
+            self.dirs = [tempfile.mkdtemp(prefix="kv-differential-") for _ in self.compared]
             self.configs = [
                 config_for(
                     tpb, window, sinks, full, backoff, partial, tiers_for(tiers, host_slots, d), hybrid, tuned, rewind
@@ -179,9 +213,10 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
             ]
             self.levels = len(self.configs[0].cache_tiers)
             self.tpb = tpb
-            self.events = [b.KVCacheEventManager(ring, hash_algo) for b in backends]
+            self.events = [b.KVCacheEventManager(ring, hash_algo) for b in self.compared]
             self.managers = [
-                b.KVCacheManager(config, em) for b, em, config in zip(backends, self.events, self.configs, strict=True)
+                b.KVCacheManager(config, em)
+                for b, em, config in zip(self.compared, self.events, self.configs, strict=True)
             ]
             self.groups = len(self.managers[0].life_cycles)
             self.rewind = rewind
@@ -192,15 +227,15 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
             the call raised (everywhere)."""
             kept: list[Any] = []
             seen: list[tuple[Any, ...]] = []
-            for i in range(n):
+            for i in range(len(self.compared)):
                 try:
                     value, compared = call(i)
                     kept.append(value)
                     seen.append(("ok", compared))
                 except Exception as exc:  # noqa: BLE001 - the class and message are compared
                     seen.append(("raised", type(exc), str(exc)))
-            for b, s in zip(backends[1:], seen[1:], strict=True):
-                assert s == seen[0], f"{backends[0].name}: {seen[0]!r}\n{b.name}: {s!r}"
+            for b, s in zip(self.compared[1:], seen[1:], strict=True):
+                assert s == seen[0], f"{self.compared[0].name}: {seen[0]!r}\n{b.name}: {s!r}"
             # A broken internal rule is a bug even when every backend breaks it alike.
             assert seen[0][:2] != ("raised", CorruptedError), f"every backend: {seen[0]!r}"
             return kept if seen[0][0] == "ok" else None
@@ -307,8 +342,9 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
             self.on_cache(index, lambda c: c.commit(tokens, is_end))
 
         # Batched calls: on each backend either the batch or the same single calls one by one
-        # (``batched`` picks which backends batch), so the backends' agreement checks one against
-        # the other, partial failures included (a failing call ends both).
+        # (``batched`` picks which backends batch, of those with batched calls), so the backends'
+        # agreement checks one against the other, partial failures included (a failing call ends
+        # both).
 
         @precondition(lambda self: self.caches)
         @rule(
@@ -322,7 +358,7 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
             def call(i: int) -> tuple[None, Any]:
                 caches = [c[i] for c in picked]
                 caps = [max(0, c.capacity + g) for c, g in zip(caches, grows, strict=False)]
-                if (batched >> (i % 2)) & 1:
+                if (batched >> (i % 2)) & 1 and self.batches[i]:
                     return None, self.managers[i].resize_many(caches, caps)
                 return None, [c.resize(cap) for c, cap in zip(caches, caps, strict=True)]
 
@@ -341,7 +377,7 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
 
             def call(i: int) -> tuple[None, Any]:
                 caches = [c[i] for c in picked]
-                if (batched >> (i % 2)) & 1:
+                if (batched >> (i % 2)) & 1 and self.batches[i]:
                     flat = [t for part in parts for t in part]
                     self.managers[i].commit_many(caches, flat, [len(p) for p in parts], is_end)
                 else:

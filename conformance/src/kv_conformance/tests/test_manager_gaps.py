@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 import kv_api
 from kv_api import (
     AttentionLayerConfig,
@@ -23,6 +25,7 @@ from .test_cache_gaps import scratch_config
 TPB = 4
 
 
+@pytest.mark.requires("swa_scratch")
 def test_base_address_needs_an_index_mode_with_scratch_reuse(backend: kv_api.Backend) -> None:
     m = backend.KVCacheManager(scratch_config(0), None)
     err = raises_exactly(ValueError, lambda: m.get_mem_pool_base_address(0, "key"))
@@ -153,6 +156,7 @@ def test_a_refused_adjust_leaves_the_initial_split_for_later_resizes(backend: kv
     assert m.adjust() and slots(m) == SHORT  # the target is still there to apply
 
 
+@pytest.mark.requires("ssm_layers")
 def test_a_match_cut_to_nothing_holds_no_block(backend: kv_api.Backend) -> None:
     """tpb 32, window 64, commit_min_snapshot, 96 then 32 more tokens committed: a prompt of the first 32 or 64
     tokens finds no window page for the block it ends in, so the match is cut to nothing and

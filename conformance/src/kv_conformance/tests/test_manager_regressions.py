@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import kv_api
 
 from ._manager import GRAIN, active, attention, check_accounting, check_page_levels, committed, make_config, toks
@@ -32,6 +34,7 @@ def test_evicting_a_partial_tail_another_open_cache_also_committed(backend: kv_a
     assert manager.probe_reuse(None, [1, 2, 3, 4, 5, 6]) == 4  # the second cache's private tail was freed
 
 
+@pytest.mark.requires("host_tier", "disk_tier")
 def test_committing_a_block_another_cache_holds_on_a_colder_level(backend: kv_api.Backend, tmp_path: Path) -> None:
     """The differential machine's find (shown once the poison latch made a broken rule stick): a
     cache committing a full block whose tree page sat on the disk, held by a suspended cache that
@@ -65,6 +68,7 @@ def test_committing_a_block_another_cache_holds_on_a_colder_level(backend: kv_ap
     check_accounting(m, open_caches=False)
 
 
+@pytest.mark.requires("host_tier")
 def test_a_private_window_page_is_released_once_stale(backend: kv_api.Backend) -> None:
     """The lock-step walk's find (issue 22, item 1): a cache committing a block whose tree page
     sits on the host, held by a suspended cache, keeps its own device page private; once the block

@@ -113,6 +113,7 @@ def test_clamp_counts_the_window_peak_not_the_end(backend: kv_api.Backend) -> No
         assert m.clamp_max_seq_len_for_mem(1, 10**6 if slots == 6 else 128) == expected
 
 
+@pytest.mark.requires("ssm_layers")
 def test_clamp_ssm_needs_a_slot_per_request(backend: kv_api.Backend) -> None:
     m = backend.KVCacheManager(ssm_hybrid())
     ssm_slots = next(pg.num_slots for pg in m.pool_group_descs if 2 in pg.life_cycles)
@@ -427,6 +428,7 @@ def ssm_scenario(backend: kv_api.Backend) -> list[Any]:
     return out
 
 
+@pytest.mark.requires("ssm_layers")
 def test_ssm_snapshot_stats(backend: kv_api.Backend) -> None:
     out = ssm_scenario(backend)
     assert out[0] == SsmSnapshotStats(1, 0, 0)
@@ -438,6 +440,7 @@ def test_ssm_snapshot_stats(backend: kv_api.Backend) -> None:
     assert out[4] == {0: LifeCycleStats(3, 3), 1: LifeCycleStats(3, 3), 2: LifeCycleStats(1, 2)}
 
 
+@pytest.mark.requires("ssm_layers")
 def test_ssm_snapshot_stats_same_on_both_backends(backends: list[kv_api.Backend]) -> None:
     results = [ssm_scenario(b) for b in backends]
     assert all(r == results[0] for r in results)
@@ -454,6 +457,7 @@ def ssm_slots_all_live(backend: kv_api.Backend) -> tuple[Any, list[Any]]:
     return m, caches
 
 
+@pytest.mark.requires("ssm_layers")
 def test_ssm_snapshot_skipped_without_room(backend: kv_api.Backend) -> None:
     """Every SSM slot holds a live state (no resume headroom): a commit's snapshot copy finds no
     room, the tokens are committed and the snapshot is counted as skipped."""
@@ -506,6 +510,7 @@ def test_peak_block_stats_bad_level(
 # -- probe_reuse_match -----------------------------------------------------------------------------
 
 
+@pytest.mark.requires("ssm_layers")
 def test_reuse_match_diagnostics_hybrid(backend: kv_api.Backend) -> None:
     """Snapshots in block 1 (after 8 tokens) and in the partial tail [8, 9]: a prompt diverging
     after token 8 walks 9 tokens, attention keeps 9 (the tail's pages cover 2), the SSM state is
@@ -546,6 +551,7 @@ def test_reuse_match_bad_arguments(backends: list[kv_api.Backend]) -> None:
 PROMPTS = st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=18), min_size=1, max_size=5)
 
 
+@pytest.mark.requires("ssm_layers")
 @given(
     prompts=PROMPTS,
     chunks=st.lists(st.integers(1, 7), min_size=1, max_size=6),

@@ -132,6 +132,7 @@ def test_window_pages_past_the_stale_range_are_dropped(backend: kv_api.Backend) 
     check_accounting(m, open_caches=False)
 
 
+@pytest.mark.requires("ssm_layers")
 def test_commit_min_snapshot_window_spec_vector(backend: kv_api.Backend) -> None:
     """The spec's vector (tpb 32, window 64, 128 tokens: window tree pages [None, None, p, p]):
     both window pages are planned, and once they go 128 tokens reuse nothing."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 import kv_api
 from kv_api import BufferConfig, KVCacheManager, KVCacheManagerConfig, SwaScratchReuseConfig
 
@@ -86,6 +88,7 @@ def test_the_plan_is_at_the_current_quota(backend: kv_api.Backend) -> None:
     assert m.adjust() is False and slots(m) == [2752, 2688]
 
 
+@pytest.mark.requires("swa_scratch")
 def test_the_target_counts_scratch_blocks_at_their_scratch_cost(backends: list[kv_api.Backend]) -> None:
     """Full attention (32 KiB slots) and two window layers of 8 tokens sharing 16 KiB slots (each
     half a slot), with scratch reuse (rewind 0). The sampled request, capacity 64 and history 0,

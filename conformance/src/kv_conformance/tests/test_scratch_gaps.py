@@ -22,6 +22,9 @@ from kv_api import (
 from ._manager import GRAIN, fails_atomically, raises_exactly, toks
 from .test_swa_scratch import stepped
 
+# Every test here configures scratch reuse.
+pytestmark = pytest.mark.requires("swa_scratch")
+
 
 def kv(size: int, tokens_per_block_override: int | None = None) -> list[BufferConfig]:
     return [

@@ -28,6 +28,9 @@ from kv_api.constants import ceil_div
 
 from ._manager import GRAIN, MIB, check_accounting, fails_atomically, raises_exactly, toks
 
+# Every test here configures scratch reuse.
+pytestmark = pytest.mark.requires("swa_scratch")
+
 FULL, WINDOW = 0, 1  # layer groups
 TPB, W = 4, 8
 SLOT = GRAIN // 32  # each life cycle's slot: one pool group of 32 slots per grain

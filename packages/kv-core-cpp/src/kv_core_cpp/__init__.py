@@ -44,6 +44,9 @@ capabilities = Capabilities(
     host_tier=True,
     disk_tier=True,
     ssm_layers=True,
+    swa_scratch=True,
+    batched_calls=True,
+    wire_events=True,
     sha256_transforms=tuple(sha256_transforms()),
 )
 

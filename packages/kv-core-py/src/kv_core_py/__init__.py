@@ -21,7 +21,9 @@ from kv_core_py.tokens import gen_multimodal_cache_key_tokens
 name = "py"
 version = "0.1.0"
 priority = 10  # below the native backend: the reference is the fallback, not the default
-capabilities = Capabilities(host_tier=True, disk_tier=True, ssm_layers=True)
+capabilities = Capabilities(
+    host_tier=True, disk_tier=True, ssm_layers=True, swa_scratch=True, batched_calls=True, wire_events=True
+)
 
 
 def build_info() -> dict[str, str]:

@@ -13,6 +13,7 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import fields
+from importlib import metadata
 from typing import Any, NoReturn
 
 import kv_api
@@ -20,6 +21,7 @@ from kv_api.errors import BackendError
 from kv_replay.events_command import EventsError, events
 from kv_replay.model import MAX_LAYERS, ModelError, parse_layers
 from kv_replay.plot import PlotError
+from kv_replay.publish import PublishError, endpoint
 from kv_replay.replay_command import replay
 from kv_replay.routers import ROUTERS
 from kv_replay.signals import Terminated, terminate_as_interrupt
@@ -43,7 +45,8 @@ class _Parser(argparse.ArgumentParser):
         self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(message.removeprefix("argument "))
+        # "argument --progress: not allowed with argument --quiet" as the other errors read.
+        raise UsageError(message.removeprefix("argument ").replace("not allowed with argument ", "not with "))
 
 
 def error(message: str) -> None:
@@ -72,7 +75,7 @@ def quotas(text: str) -> list[int]:
     """``--quota``: one size, or a comma-separated list of them for a capacity sweep."""
     sizes = []
     for part in text.split(","):
-        if part.strip().startswith("-"):
+        if part.strip().startswith("-") and _is_size(part.strip()[1:]):
             raise argparse.ArgumentTypeError(f"{part.strip()[:40]!r}: a size cannot be negative")
         try:
             size = parse_size(part)
@@ -82,6 +85,14 @@ def quotas(text: str) -> list[int]:
             raise argparse.ArgumentTypeError(f"{part.strip()!r} must be at least 1 byte and below 2**63 bytes")
         sizes.append(size)
     return sorted(set(sizes))
+
+
+def _is_size(text: str) -> bool:
+    try:
+        parse_size(text)
+    except ValueError:
+        return False
+    return True
 
 
 def size(text: str) -> int:
@@ -117,6 +128,24 @@ def check_replay_flags(args: argparse.Namespace) -> None:
             raise UsageError("--host-quota: not a list with --instances/--router (a cluster replays one config)")
     if len(args.quota) > 1 and args.host_quota is not None and len(args.host_quota) > 1:
         raise UsageError("--host-quota: a sweep varies one quota: give a list to --quota or to --host-quota, not both")
+    check_publish_flags(args)
+
+
+def check_publish_flags(args: argparse.Namespace) -> None:
+    """``--publish`` streams one manager's events: one replay, on one backend."""
+    if args.wait_subscribers and args.publish is None:
+        raise UsageError("--wait-subscribers: needs --publish (there is nothing to subscribe to without it)")
+    if args.publish is None:
+        return
+    for what, given in (
+        ("--compare", args.compare),
+        ("a --quota list", len(args.quota) > 1),
+        ("a --host-quota list", args.host_quota is not None and len(args.host_quota) > 1),
+        ("--instances", args.instances > 1),
+        ("--router", args.router is not None),
+    ):
+        if given:  # one manager's events on one endpoint: a sequence of managers would restart it
+            raise UsageError(f"--publish: not with {what} (it publishes the events of one replay on one backend)")
 
 
 def routers(text: str) -> list[str]:
@@ -136,9 +165,34 @@ def layers(text: str) -> str:
     return text
 
 
+class _Version(argparse.Action):
+    """``--version``: the command's, the contract's and each loadable backend's versions; the
+    backends are loaded only when asked for."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the versions and exit")
+
+    def __call__(self, p: argparse.ArgumentParser, *_: object) -> None:
+        found = ", ".join(f"{n} {kv_api.load_backend(n).version}" for n in kv_api.available_backends())
+        print(
+            f"kvcore {metadata.version('kv-replay')} (kv-api {metadata.version('kv-api')}; backends: {found or 'none'})"
+        )
+        p.exit()
+
+
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="kvcore", description="kvcore: a KV-cache manager for LLM inference")
+    p.add_argument("--version", action=_Version)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _replay_parser(sub)
+    _events_parser(sub)
+    sub.add_parser(
+        "backends", help="list installed backends and their build info", description="List installed backends."
+    )
+    return p
+
+
+def _replay_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
     r = sub.add_parser(
         "replay",
         help="replay a workload through the manager and report reuse, memory and latency",
@@ -155,6 +209,13 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--backend", help="the backend to replay on (default: $KV_BACKEND, else the highest-priority installed one)"
     )
+    _model_flags(r)
+    _run_flags(r)
+    _output_flags(r)
+
+
+def _model_flags(r: argparse.ArgumentParser) -> None:
+    """The model and its memory: block size, quotas, tiers, layers."""
     r.add_argument(
         "--tokens-per-block", type=integer(1, 4096), default=32, metavar="N", help="block size (default: 32)"
     )
@@ -190,8 +251,9 @@ def parser() -> argparse.ArgumentParser:
         type=layers,
         default="4",
         metavar="SPEC",
-        help="COUNT[xWINDOW][+SINKS],...: e.g. 24,8x4096+4 is 24 full-attention and 8 sliding-window layers "
-        f"(window 4096, 4 sink tokens); at most {MAX_LAYERS} layers (default: 4)",
+        help="groups of COUNT[xWINDOW][+SINKS] or COUNTssm, comma-separated: e.g. 24,8x4096+4,2ssm is 24 "
+        "full-attention layers, 8 sliding-window layers (window 4096, 4 sink tokens) and 2 state-space (SSM) "
+        f"layers; at most {MAX_LAYERS} layers (default: 4)",
     )
     r.add_argument(
         "--bytes-per-token",
@@ -200,6 +262,10 @@ def parser() -> argparse.ArgumentParser:
         metavar="N",
         help="bytes of K, and of V, per token and layer (default: 256)",
     )
+
+
+def _run_flags(r: argparse.ArgumentParser) -> None:
+    """How the workload runs: in flight, seed, limit, instances."""
     r.add_argument(
         "--max-in-flight", type=integer(1, 1 << 16), default=16, metavar="N", help="requests run at once (default: 16)"
     )
@@ -229,6 +295,10 @@ def parser() -> argparse.ArgumentParser:
         "(default: round-robin when --instances > 1)",
     )
     r.add_argument("--no-partial-reuse", action="store_true", help="reuse whole blocks only (default: partial too)")
+
+
+def _output_flags(r: argparse.ArgumentParser) -> None:
+    """What comes out: the report, the plot, the comparison, the events, the progress bar."""
     r.add_argument("--json", action="store_true", help="print the summary as JSON (schema: docs/replay.md)")
     r.add_argument(
         "--plot",
@@ -237,7 +307,30 @@ def parser() -> argparse.ArgumentParser:
         "(needs matplotlib; checked before the replay starts) (default: none)",
     )
     r.add_argument("--compare", action="store_true", help="replay on every installed backend; exit 1 if reuse differs")
-    r.add_argument("--quiet", action="store_true", help="no progress bar (there is none when stderr is not a terminal)")
+    r.add_argument(
+        "--publish",
+        type=endpoint,
+        metavar="tcp://HOST:PORT",
+        help="publish the replay's KV-cache events there as it runs (vLLM's ZeroMQ format, docs/events.md; "
+        "watch with kvcore events --subscribe); port * picks a free one (default: none)",
+    )
+    r.add_argument(
+        "--wait-subscribers",
+        type=integer(0, 1 << 16),
+        default=0,
+        metavar="N",
+        help="with --publish, start the replay only once N subscribers listen (default: 0, start at once)",
+    )
+    bar = r.add_mutually_exclusive_group()
+    bar.add_argument("--quiet", action="store_true", help="no progress bar (default: a bar when stderr is a terminal)")
+    bar.add_argument(
+        "--progress",
+        action="store_true",
+        help="draw the progress bar on stderr even when it is not a terminal (default: only on a terminal)",
+    )
+
+
+def _events_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
     e = sub.add_parser(
         "events",
         help="print the KV-cache events a publisher sends (docs/events.md)",
@@ -247,10 +340,6 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--replay", metavar="tcp://HOST:PORT", help="its replay socket, to fetch missed batches")
     e.add_argument("--json", action="store_true", help="one JSON object per event")
     e.add_argument("--count", type=integer(1, 2**62), metavar="N", help="stop after N events (default: never)")
-    sub.add_parser(
-        "backends", help="list installed backends and their build info", description="List installed backends."
-    )
-    return p
 
 
 def _default_chosen_by() -> str:
@@ -306,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         check_replay_flags(args)
         with terminate_as_interrupt():  # SIGTERM cleans up as Ctrl-C does, below
             return replay(args, chosen_backends(args))
-    except (UsageError, TraceError, PlotError, ModelError, EventsError) as exc:
+    except (UsageError, TraceError, PlotError, ModelError, EventsError, PublishError) as exc:
         message = str(exc)
     except BrokenPipeError:
         raise

@@ -17,12 +17,48 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kv_api import Backend, KVCacheManagerConfig
+from kv_replay.header import Setup
+from kv_replay.plural import plural
 from kv_replay.replayer import Replayer, ReplayResult
-from kv_replay.report import latency_us, summary
+from kv_replay.report import SUMMARY_SCHEMA, latency_us, summary
 from kv_replay.routers import DynamoRouter, KvOracle, RoundRobin
 from kv_replay.trace import Request
 
-__all__ = ["ClusterResult", "cluster_report", "cluster_table", "replay_cluster"]
+__all__ = ["CLUSTER_SCHEMA", "ClusterResult", "cluster_report", "cluster_table", "replay_cluster"]
+
+_SUMMARY = SUMMARY_SCHEMA["properties"]
+_NAMED = ["trace", "backend", "layers", "num_layers", "tokens_per_block", "bytes_per_token"]
+_QUOTAS = ["quota", "host_quota", "disk_quota"]  # each instance's
+_INSTANCE = ["requests", "hit_rate", "reused_tokens", "peak_pool_utilization", "evictions"]
+#: JSON Schema of one router's report (``--json`` prints one, or a list of them for a router list).
+CLUSTER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": [
+        *(_NAMED + _QUOTAS),
+        *("router", "instances", "requests", "hit_rate", "prompt_tokens", "reused_tokens"),
+        *("routing_latency_us", "per_instance"),
+    ],
+    "properties": {
+        **{key: _SUMMARY[key] for key in [*_NAMED, *_QUOTAS]},
+        "router": {"type": "string"},
+        "instances": {"type": "integer", "minimum": 1},
+        "requests": {"type": "integer", "minimum": 0},
+        "hit_rate": {"type": "number", "minimum": 0, "maximum": 1},
+        "prompt_tokens": {"type": "integer", "minimum": 0},
+        "reused_tokens": {"type": "integer", "minimum": 0},
+        "routing_latency_us": _SUMMARY["resume_latency_us"]["properties"]["other"],  # count, mean, p50, p99
+        "per_instance": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": _INSTANCE,
+                "properties": {key: _SUMMARY[key] for key in _INSTANCE},
+                "additionalProperties": False,
+            },
+        },
+    },
+    "additionalProperties": False,
+}
 
 
 @dataclass
@@ -96,11 +132,15 @@ def replay_cluster(
     return result
 
 
-def cluster_report(result: ClusterResult) -> dict[str, Any]:
-    per = [summary(r) for r in result.instances]
+def cluster_report(result: ClusterResult, setup: Setup | None = None) -> dict[str, Any]:
+    """The cluster's numbers and each instance's; with ``setup`` (as the command prints it, and
+    the schema asks) also what was replayed: trace, backend, layout and each instance's quotas."""
+    per = [summary(r, setup) for r in result.instances]
     prompt = sum(s["prompt_tokens"] for s in per)
     reused = sum(s["reused_tokens"] for s in per)
+    named = {key: per[0][key] for key in [*_NAMED, *_QUOTAS] if key in per[0]} if per else {}
     return {
+        **named,
         "router": result.router,
         "instances": len(per),
         "requests": len(result.routed),
@@ -127,12 +167,12 @@ def cluster_table(reports: list[dict[str, Any]]) -> str:
     for rep in reports:
         lat = rep["routing_latency_us"]
         lines.append(
-            f"router {rep['router']}: cluster hit rate {rep['hit_rate']:.2%} over {rep['requests']:,} requests "
-            f"on {rep['instances']} instances; routing p50 {lat['p50']:,.1f} us, p99 {lat['p99']:,.1f} us"
+            f"router {rep['router']}: cluster hit rate {rep['hit_rate']:.2%} over {plural(rep['requests'], 'request')} "
+            f"on {plural(rep['instances'], 'instance')}; routing p50 {lat['p50']:,.1f} us, p99 {lat['p99']:,.1f} us"
         )
         for i, inst in enumerate(rep["per_instance"]):
             lines.append(
-                f"  instance {i}: {inst['requests']:,} requests, hit rate {inst['hit_rate']:.2%}, "
+                f"  instance {i}: {plural(inst['requests'], 'request')}, hit rate {inst['hit_rate']:.2%}, "
                 f"peak pool utilisation {inst['peak_pool_utilization']:.1%}, evictions {inst['evictions']:,}"
             )
     return "\n".join(lines)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from kv_api.constants import ceil_div
+from kv_replay.plural import plural
 from kv_replay.replayer import ReplayResult
 from kv_replay.sizes import format_size
 
@@ -183,7 +184,9 @@ def _colours(names: Sequence[str]) -> dict[str, str]:
     return {name: f"C{i}" for i, name in enumerate(names)}
 
 
-def replay_figure(results: list[ReplayResult], *, trace: str, quota: int, tokens_per_block: int) -> Figure:
+def replay_figure(
+    results: list[ReplayResult], *, trace: str, quota: int, tokens_per_block: int, detail: str = ""
+) -> Figure:
     """The figure ``plot_replay`` saves."""
     _require_matplotlib()
     from matplotlib.ticker import PercentFormatter, StrMethodFormatter
@@ -247,17 +250,20 @@ def replay_figure(results: list[ReplayResult], *, trace: str, quota: int, tokens
 
     fig.suptitle(
         f"kvcore replay: {trace}\n{_backends(names)}  ·  quota {format_size(quota)}"
-        f"  ·  {tokens_per_block} tokens/block  ·  hit rate {_per_backend(final, _percent)}"
+        f"  ·  {plural(tokens_per_block, 'token')}/block  ·  hit rate {_per_backend(final, _percent)}"
+        + (f"\n{detail}" if detail else "")
     )
     return fig
 
 
 def plot_replay(
-    results: list[ReplayResult], path: str | Path, *, trace: str, quota: int, tokens_per_block: int
+    results: list[ReplayResult], path: str | Path, *, trace: str, quota: int, tokens_per_block: int, detail: str = ""
 ) -> None:
     """Cumulative hit rate and pool utilisation (in use, and in use + cached) per engine step,
-    one ``ReplayResult`` per backend; identical backends are drawn once, as ``cpp = py``."""
-    _save(replay_figure(results, trace=trace, quota=quota, tokens_per_block=tokens_per_block), path)
+    one ``ReplayResult`` per backend; identical backends are drawn once, as ``cpp = py``.
+    ``detail`` (the model and quotas) is the title's last line."""
+    fig = replay_figure(results, trace=trace, quota=quota, tokens_per_block=tokens_per_block, detail=detail)
+    _save(fig, path)
 
 
 def capacity_figure(
@@ -267,6 +273,7 @@ def capacity_figure(
     trace: str,
     tokens_per_block: int,
     xlabel: str = "device quota",
+    detail: str = "",
 ) -> Figure:
     """The figure ``plot_capacity`` saves."""
     _require_matplotlib()
@@ -316,8 +323,8 @@ def capacity_figure(
     _legend_outside(ax)
 
     fig.suptitle(
-        f"kvcore replay capacity curve: {trace}\n{_backends(list(points))}  ·  {tokens_per_block} tokens/block"
-        f"  ·  unbounded hit rate {_per_backend(unbounded, _percent)}"
+        f"kvcore replay capacity curve: {trace}\n{_backends(list(points))}  ·  {plural(tokens_per_block, 'token')}/block"
+        f"  ·  unbounded hit rate {_per_backend(unbounded, _percent)}" + (f"\n{detail}" if detail else "")
     )
     return fig
 
@@ -330,31 +337,65 @@ def plot_capacity(
     trace: str,
     tokens_per_block: int,
     xlabel: str = "device quota",
+    detail: str = "",
 ) -> None:
     """Hit rate against the swept quota (log axis labelled in sizes; ``xlabel`` names it), one
     series per backend (``points``: backend -> [(quota bytes, hit rate)], sorted by quota), with
     each backend's unbounded-cache hit rate as a horizontal reference line."""
-    _save(capacity_figure(points, unbounded, trace=trace, tokens_per_block=tokens_per_block, xlabel=xlabel), path)
+    fig = capacity_figure(
+        points, unbounded, trace=trace, tokens_per_block=tokens_per_block, xlabel=xlabel, detail=detail
+    )
+    _save(fig, path)
 
 
-def routers_figure(reports: Sequence[Mapping[str, Any]], *, trace: str, tokens_per_block: int) -> Figure:
-    """The cluster hit rate per router (bars), each instance's as dots on its bar."""
+def _spread(count: int, width: float) -> np.ndarray[Any, np.dtype[np.float64]]:
+    """``count`` offsets across a bar of ``width`` (its middle for one): instances of equal hit
+    rate stay apart instead of drawing one dot."""
+    half = width * 0.4
+    return np.linspace(-half, half, count) if count > 1 else np.zeros(count)
+
+
+def routers_figure(
+    reports: Sequence[Mapping[str, Any]], *, trace: str, tokens_per_block: int, detail: str = ""
+) -> Figure:
+    """The cluster hit rate per router (bars; the value in the router's tick label), each
+    instance's as a dot across its bar. No label lies over the data: the values sit under the
+    axis, the legend right of it, and the axis reaches the highest instance too."""
+    _require_matplotlib()
     fig = _new_figure(4.5)
     ax = fig.add_subplot()
     names = [str(r["router"]) for r in reports]
     rates = [float(r["hit_rate"]) for r in reports]
-    ax.bar(names, rates, color=[f"C{i}" for i in range(len(names))])
-    for i, r in enumerate(reports):
-        per = [float(inst["hit_rate"]) for inst in r["per_instance"]]
-        ax.plot([i] * len(per), per, "k.", label="one instance" if i == 0 else None)
-        ax.annotate(_percent(rates[i]), (i, rates[i]), ha="center", va="bottom")
+    per = [[float(inst["hit_rate"]) for inst in r["per_instance"]] for r in reports]
+    width = 0.6
+    positions = np.arange(len(names), dtype=np.float64)
+    ax.bar(positions, rates, width=width, color=[f"C{i}" for i in range(len(names))], label="the cluster (bar)")
+    for i, rates_i in enumerate(per):
+        # Not clipped: a dot at 0 would show half, under the axis line.
+        ax.plot(
+            i + _spread(len(rates_i), width),
+            rates_i,
+            "k.",
+            clip_on=False,
+            zorder=3,
+            label="one instance" if i == 0 else None,
+        )
+    ax.set_xticks(positions, [f"{name}\n{_percent(rate)}" for name, rate in zip(names, rates, strict=True)])
+    ax.set_xlim(-0.5, len(names) - 0.5)
     ax.set_ylabel("hit rate (reused / prompt tokens)")
-    _hit_rate_limits(ax, max([*rates, 0.0]))
-    ax.legend(loc="lower right")
-    instances = reports[0]["instances"] if reports else 0
-    ax.set_title(f"{trace}: {instances} instances, {tokens_per_block} tokens per block")
+    _hit_rate_limits(ax, max([*rates, *(rate for rates_i in per for rate in rates_i), 0.0]))
+    ax.grid(axis="y", alpha=0.3)
+    _legend_outside(ax)
+    instances = plural(int(reports[0]["instances"]), "instance") if reports else "no instances"
+    backend = f"backend {reports[0]['backend']}  ·  " if reports and "backend" in reports[0] else ""
+    fig.suptitle(
+        f"kvcore replay, hit rate by router: {trace}\n{backend}{instances}  ·  {plural(tokens_per_block, 'token')}/block"
+        + (f"\n{detail}" if detail else "")
+    )
     return fig
 
 
-def plot_routers(reports: Sequence[Mapping[str, Any]], path: str | Path, *, trace: str, tokens_per_block: int) -> None:
-    _save(routers_figure(reports, trace=trace, tokens_per_block=tokens_per_block), path)
+def plot_routers(
+    reports: Sequence[Mapping[str, Any]], path: str | Path, *, trace: str, tokens_per_block: int, detail: str = ""
+) -> None:
+    _save(routers_figure(reports, trace=trace, tokens_per_block=tokens_per_block, detail=detail), path)

@@ -4,6 +4,10 @@ Everything that can be checked (the trace, every flag, the backends, the plot's 
 before the first replay starts; a plot that fails to draw after the replays still leaves their
 summary printed.
 
+Every text report starts with what was replayed (``kv_replay.header``: trace, backend, model
+layout, quotas), and the JSON has it as fields; ``--plot`` says on stderr where it wrote, as
+stdout may be JSON. ``--publish`` puts the one replay's events on the wire (``kv_replay.publish``).
+
 Host and disk tiers (``--host-quota``, ``--disk-quota``) sit below the device level; the disk
 tier's files go to ``--disk-path`` or a temporary directory that is removed after the run.
 """
@@ -15,16 +19,20 @@ import dataclasses
 import errno
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from kv_api import Backend, HostCacheTierConfig, KVCacheManagerConfig, create_manager
+from kv_api import Backend, HostCacheTierConfig, KVCacheEventManager, KVCacheManagerConfig, create_manager
 from kv_api.errors import DiskOOMError, HostOOMError
 from kv_replay.cluster import cluster_report, cluster_table, replay_cluster
+from kv_replay.header import Setup, layout, quotas
 from kv_replay.model import ModelError, model_config, unbounded_quota
 from kv_replay.plot import check_output, plot_capacity, plot_replay, plot_routers
+from kv_replay.plural import plural
 from kv_replay.progress import ProgressBar
+from kv_replay.publish import check_backend, publishing
 from kv_replay.replayer import Replayer, ReplayResult, level_name
 from kv_replay.report import comparison, summary, sweep, sweep_table, table, verdict
 from kv_replay.sizes import format_size
@@ -93,11 +101,15 @@ def _manager_errors(args: argparse.Namespace, backend: Backend, config: KVCacheM
 
 
 def _run(
-    args: argparse.Namespace, backend: Backend, config: KVCacheManagerConfig, requests: list[Request]
+    args: argparse.Namespace,
+    backend: Backend,
+    config: KVCacheManagerConfig,
+    requests: list[Request],
+    events: KVCacheEventManager | None = None,
 ) -> ReplayResult:
     label = f"replay ({backend.name}, {_quotas(config)})"
-    with _manager_errors(args, backend, config):
-        replayer = Replayer(backend, config, args.max_in_flight, None if args.quiet else ProgressBar(label))
+    with _manager_errors(args, backend, config), ProgressBar(label, quiet=args.quiet, forced=args.progress) as bar:
+        replayer = Replayer(backend, config, args.max_in_flight, bar.callback, event_manager=events)
         result = replayer.run(requests)
     replayer.manager.shutdown()  # every cache is closed; the disk tier's files go now
     return result
@@ -148,6 +160,8 @@ def replay(args: argparse.Namespace, backends: list[Backend]) -> int:
     if args.plot:
         check_output(args.plot)
     check_tiers(args, backends)
+    if args.publish is not None:
+        check_backend(backends[0])
     if args.disk_quota is None or args.disk_path is not None:
         args.disk_dir = args.disk_path
         return _replay(args, backends)
@@ -156,7 +170,23 @@ def replay(args: argparse.Namespace, backends: list[Backend]) -> int:
         return _replay(args, backends)
 
 
-def _cluster(args: argparse.Namespace, backend: Backend, config: KVCacheManagerConfig, requests: list[Request]) -> int:
+def _wrote(path: str) -> None:
+    """Where ``--plot`` wrote, on stderr (stdout may be JSON read by a program)."""
+    print(f"kvcore: wrote the plot to {os.path.abspath(path)}", file=sys.stderr)
+
+
+def _quotas_asked(args: argparse.Namespace) -> str:
+    return quotas(args.quota, args.host_quota, args.disk_quota)
+
+
+def _detail(args: argparse.Namespace, setup: Setup) -> str:
+    """A plot title's last line: the model and the quotas (the title has the block size)."""
+    return f"{layout(setup.layers)}, {plural(setup.bytes_per_token, 'byte')} per token  ·  {_quotas_asked(args)}"
+
+
+def _cluster(
+    args: argparse.Namespace, backend: Backend, config: KVCacheManagerConfig, requests: list[Request], setup: Setup
+) -> int:
     """``--instances`` / ``--router``: one cluster replay per router, then their reports."""
     names = args.router or ["round-robin"]
     if "dynamo" in names:
@@ -169,10 +199,12 @@ def _cluster(args: argparse.Namespace, backend: Backend, config: KVCacheManagerC
             raise ModelError(f"--router dynamo: {missing}")
     reports = []
     for name in names:
-        label = f"replay ({backend.name}, {args.instances} instances, router {name})"
-        progress = None if args.quiet else ProgressBar(label)
+        label = f"replay ({backend.name}, {plural(args.instances, 'instance')}, router {name})"
         try:
-            with _manager_errors(args, backend, config):
+            with (
+                _manager_errors(args, backend, config),
+                ProgressBar(label, quiet=args.quiet, forced=args.progress) as bar,
+            ):
                 result = replay_cluster(
                     backend,
                     config,
@@ -180,47 +212,79 @@ def _cluster(args: argparse.Namespace, backend: Backend, config: KVCacheManagerC
                     instances=args.instances,
                     router=name,
                     max_in_flight=args.max_in_flight,
-                    progress=progress,
+                    progress=bar.callback,
                 )
         except RuntimeError as exc:  # the indexer failed to start or to follow
             raise ModelError(f"--router {name}: {exc}") from None
-        reports.append(cluster_report(result))
-    print(json.dumps(reports if len(reports) > 1 else reports[0], indent=2) if args.json else cluster_table(reports))
+        reports.append(cluster_report(result, setup))
+    if args.json:
+        print(json.dumps(reports if len(reports) > 1 else reports[0], indent=2))
+    else:
+        routers = f"{'router' if len(names) == 1 else 'routers'} {', '.join(names)}"
+        who = f"backend: {backend.name}, {plural(args.instances, 'instance')}, {routers}"
+        print(setup.header(who, f"{_quotas_asked(args)} (each instance)") + "\n")
+        print(cluster_table(reports))
     if args.plot:
-        plot_routers(
-            reports, args.plot, trace=args.trace or "embedded workload", tokens_per_block=args.tokens_per_block
-        )
+        detail = _detail(args, setup)
+        plot_routers(reports, args.plot, trace=setup.trace, tokens_per_block=args.tokens_per_block, detail=detail)
+        _wrote(args.plot)
     return 0
 
 
 def _replay(args: argparse.Namespace, backends: list[Backend]) -> int:
     # Every quota is valid before anything runs; one of --quota and --host-quota is a single size.
     configs = [_config(args, quota, host_quota=host) for quota in args.quota for host in args.host_quota or [None]]
-    trace = args.trace or "embedded workload"
     requests: list[Request] = (
         load_trace(args.trace, args.limit) if args.trace is not None else default_workload(args.seed)[: args.limit]
     )
+    setup = Setup.from_args(args, len(requests))
     if args.router is not None or args.instances > 1:
-        return _cluster(args, backends[0], configs[0], requests)
+        return _cluster(args, backends[0], configs[0], requests, setup)
     if len(configs) > 1:
-        return _sweep(args, backends, configs, requests, trace)
-    results = [_run(args, backend, configs[0], requests) for backend in backends]
+        return _sweep(args, backends, configs, requests, setup)
+    return _single(args, backends, configs[0], requests, setup)
+
+
+def _single(
+    args: argparse.Namespace,
+    backends: list[Backend],
+    config: KVCacheManagerConfig,
+    requests: list[Request],
+    setup: Setup,
+) -> int:
+    """One replay, or with ``--compare`` one per backend; published with ``--publish``."""
+    if args.publish is not None:  # on one backend: the flags allow nothing else
+        with publishing(args.publish, backends[0], config, args.wait_subscribers) as events:
+            results = [_run(args, backends[0], config, requests, events)]
+    else:
+        results = [_run(args, backend, config, requests) for backend in backends]
+    status = 0
     if args.compare:
-        report = comparison(results)
+        report = comparison(results, setup)
         if args.json:
             print(json.dumps(report, indent=2))
         else:
+            print(setup.header(f"backends: {', '.join(b.name for b in backends)}", _quotas_asked(args)) + "\n")
             print(table(report["backends"]))
             ratios = ", ".join(f"{name} {ratio:.1f}x" for name, ratio in report["speed_ratio"].items())
             print(f"\ntime in the manager relative to the fastest: {ratios}")
             print(verdict(report["reuse_identical"]))
         status = 0 if report["reuse_identical"] else 1
+    elif args.json:
+        print(json.dumps(summary(results[0], setup), indent=2))
     else:
-        s = summary(results[0])
-        print(json.dumps(s, indent=2) if args.json else table([s]))
-        status = 0
+        print(setup.header(f"backend: {backends[0].name}", _quotas_asked(args)) + "\n")
+        print(table([summary(results[0], setup)]))
     if args.plot:
-        plot_replay(results, args.plot, trace=trace, quota=args.quota[0], tokens_per_block=args.tokens_per_block)
+        plot_replay(
+            results,
+            args.plot,
+            trace=setup.trace,
+            quota=args.quota[0],
+            tokens_per_block=args.tokens_per_block,
+            detail=_detail(args, setup),
+        )
+        _wrote(args.plot)
     return status
 
 
@@ -229,13 +293,18 @@ def _sweep(
     backends: list[Backend],
     configs: list[KVCacheManagerConfig],
     requests: list[Request],
-    trace: str,
+    setup: Setup,
 ) -> int:
     """One replay per quota and backend, plus the unbounded reference per backend."""
     rows = [_run(args, backend, config, requests) for config in configs for backend in backends]
     unbounded = [_unbounded(args, backend, requests) for backend in backends]
-    report = sweep(rows, unbounded)
-    print(json.dumps(report, indent=2) if args.json else sweep_table(report))
+    report = sweep(rows, unbounded, setup)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        who = f"{'backend' if len(backends) == 1 else 'backends'}: {', '.join(b.name for b in backends)}"
+        print(setup.header(who, _quotas_asked(args)) + "\n")
+        print(sweep_table(report))
     if args.plot:
         host_sweep = len(args.host_quota or []) > 1
         points = {
@@ -248,5 +317,14 @@ def _sweep(
         }
         ceiling = {r.backend: summary(r)["hit_rate"] for r in unbounded}
         xlabel = f"host quota (device {format_size(args.quota[0])})" if host_sweep else "device quota"
-        plot_capacity(points, ceiling, args.plot, trace=trace, tokens_per_block=args.tokens_per_block, xlabel=xlabel)
+        plot_capacity(
+            points,
+            ceiling,
+            args.plot,
+            trace=setup.trace,
+            tokens_per_block=args.tokens_per_block,
+            xlabel=xlabel,
+            detail=_detail(args, setup),
+        )
+        _wrote(args.plot)
     return 0 if report["reuse_identical"] else 1

@@ -14,7 +14,11 @@ replay identically.
 
 Batched decode: the resizes go as one ``resize_many`` and the commits as one ``commit_many`` (one
 crossing each into a native backend); ``batched = False`` issues the same calls one cache at a
-time, in the same order, with the same results.
+time, in the same order, with the same results (what a backend that does not declare
+``batched_calls`` gets).
+
+Events: with an event manager, every step ends with ``flush_iteration_events()``, as an engine's
+iteration does, so a publisher sends each step's events (removals are buffered until then).
 
 Termination: every step decodes a token, completes a request or rejects one (the oldest running
 request either decodes or is left alone with the whole pool and then rejected), so a
@@ -145,11 +149,13 @@ class Replayer:
         self.backend = backend
         resident.reset_peak()  # this replay's peak, not an earlier one's
         self.manager = create_manager(config, backend=backend, event_manager=event_manager)
+        self.events = event_manager
         self.config = config
         self.tiered = len(config.cache_tiers) > 1  # the tier APIs are only asked for with tiers
         self.max_in_flight = max_in_flight
         self.progress = progress
-        self.batched = True  # the decode step's resizes and commits as one call each
+        # The decode step's resizes and commits as one call each, where the backend has them.
+        self.batched = backend.capabilities.batched_calls
 
     # -- timed manager calls --------------------------------------------------------------------------
 
@@ -376,6 +382,8 @@ class Replayer:
         decoded = self._decode() if running else 0
         if self.done == done_before and not decoded:
             raise RuntimeError(f"replay made no progress at step {self.steps} (a bug in the replayer)")
+        if self.events is not None:  # the step's events, removals too, go out as an engine's do
+            self._timed(self.events.flush_iteration_events)
         self._sample(self.steps)
         self.steps += 1
         if self.progress is not None:

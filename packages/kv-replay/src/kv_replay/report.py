@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from kv_api.constants import ceil_div
+from kv_replay.header import Setup
 from kv_replay.replayer import ReplayResult
 from kv_replay.sizes import format_size, human_size
 
@@ -26,9 +27,13 @@ _LEVELS = ["device", "host", "disk"]
 SUMMARY_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": [
+        "trace",
         "backend",
-        "quota",
+        "layers",
+        "num_layers",
         "tokens_per_block",
+        "bytes_per_token",
+        "quota",
         "requests",
         "completed",
         "rejected",
@@ -53,9 +58,13 @@ SUMMARY_SCHEMA: dict[str, Any] = {
         "level_utilization",
     ],
     "properties": {
+        "trace": {"type": "string"},
         "backend": {"type": "string"},
-        "quota": {"type": "integer", "minimum": 1},
+        "layers": {"type": "string"},
+        "num_layers": {"type": "integer", "minimum": 1},
         "tokens_per_block": {"type": "integer", "minimum": 1},
+        "bytes_per_token": {"type": "integer", "minimum": 1},
+        "quota": {"type": "integer", "minimum": 1},
         "requests": {"type": "integer", "minimum": 0},
         "completed": {"type": "integer", "minimum": 0},
         "rejected": {"type": "integer", "minimum": 0},
@@ -150,15 +159,19 @@ def _tier_quota(result: ReplayResult, level: str) -> int | None:
     return result.level_quotas[result.levels.index(level)] if level in result.levels else None
 
 
-def summary(result: ReplayResult) -> dict[str, Any]:
+def summary(result: ReplayResult, setup: Setup | None = None) -> dict[str, Any]:
+    """The numbers of one replay; with ``setup`` (as the command prints it, and the schema asks)
+    also what was replayed: the trace and the model's layout."""
     records = result.records
     prompt = sum(r.prompt_tokens for r in records)
     reused = sum(r.reused_tokens for r in records)
     latencies = [r.admission_seconds * 1e6 for r in records if r.admission_seconds is not None]
+    named: dict[str, Any] = {"backend": result.backend, "tokens_per_block": result.tokens_per_block}
+    if setup is not None:
+        named = {"trace": setup.trace, "backend": result.backend, **setup.layout_fields()}
     return {
-        "backend": result.backend,
+        **named,
         "quota": result.quota,
-        "tokens_per_block": result.tokens_per_block,
         "requests": len(records),
         "completed": sum(not r.rejected for r in records),
         "rejected": sum(r.rejected for r in records),
@@ -295,9 +308,9 @@ def identical(results: list[ReplayResult]) -> bool:
     return all(x == reuse[0] for x in reuse[1:]) and len(moves) == 1
 
 
-def comparison(results: list[ReplayResult]) -> dict[str, Any]:
+def comparison(results: list[ReplayResult], setup: Setup | None = None) -> dict[str, Any]:
     """Summaries side by side, whether reuse is identical, and the time ratios."""
-    summaries = [summary(r) for r in results]
+    summaries = [summary(r, setup) for r in results]
     base = min(s["manager_seconds"] for s in summaries)
     return {
         "backends": summaries,
@@ -307,15 +320,15 @@ def comparison(results: list[ReplayResult]) -> dict[str, Any]:
     }
 
 
-def sweep(rows: list[ReplayResult], unbounded: list[ReplayResult]) -> dict[str, Any]:
+def sweep(rows: list[ReplayResult], unbounded: list[ReplayResult], setup: Setup | None = None) -> dict[str, Any]:
     """A capacity sweep: one summary per (quotas, backend), the unbounded reference per backend,
     and whether every backend replayed every quota identically."""
     by_quota: dict[tuple[int, ...], list[ReplayResult]] = {}
     for r in rows:
         by_quota.setdefault(tuple(r.level_quotas) or (r.quota,), []).append(r)
     return {
-        "rows": [summary(r) for r in rows],
-        "unbounded": [summary(r) for r in unbounded],
+        "rows": [summary(r, setup) for r in rows],
+        "unbounded": [summary(r, setup) for r in unbounded],
         "reuse_identical": all(identical(group) for group in [*by_quota.values(), unbounded]),
     }
 

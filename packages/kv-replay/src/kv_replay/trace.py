@@ -23,6 +23,7 @@ import numpy as np
 
 from kv_api import ReuseScope
 from kv_api.keys import cache_salt_to_id
+from kv_replay.plural import plural
 
 MOONCAKE_BLOCK = 512
 VOCAB = 1 << 17
@@ -150,9 +151,9 @@ def parse_record(where: str, record: Any, index: int) -> Request:
             raise TraceError(f"{where}: field 'hash_ids': must be a list of integers in [0, 2**64)")
         length = _int(where, record, "input_length", 1)
         if length > MOONCAKE_BLOCK * len(hash_ids):
-            blocks = f"{len(hash_ids)} block{'s' if len(hash_ids) != 1 else ''}"
+            tokens = plural(length, "token") + (" exceeds" if length == 1 else " exceed")
             raise TraceError(
-                f"{where}: field 'input_length': {length} tokens exceed its {blocks} "
+                f"{where}: field 'input_length': {tokens} its {plural(len(hash_ids), 'block')} "
                 f"('hash_ids') of {MOONCAKE_BLOCK} tokens"
             )
         output = synthetic_tokens(index, _int(where, record, "output_length"), stream=2)
@@ -232,7 +233,9 @@ def _open(path: str | Path) -> Iterator[tuple[Iterable[bytes], str]]:
         f = open(path, "rb")
     except FileNotFoundError:
         builtin = ", ".join(BUILTIN_TRACES)
-        raise TraceError(f"{name or repr(name)}: No such file or directory (nor a built-in trace: {builtin})") from None
+        raise TraceError(
+            f"{name or repr(name)}: No such file or directory, nor a built-in trace (built-in traces: {builtin})"
+        ) from None
     with f:
         yield (gzip.GzipFile(fileobj=f) if name.endswith(".gz") else f), name
 
