@@ -33,6 +33,9 @@ BUILD_DEPS = ["scikit-build-core>=0.10", "nanobind>=2.4", "cmake>=3.18", "ninja"
 TEST_DEPS = ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "numpy>=1.26", "jsonschema>=4.17"]
 # The real consumer of kvcore's wire events (docs/events.md): Dynamo's standalone KV indexer.
 DYNAMO = "ai-dynamo-runtime>=1.6"
+# The reference engine's (packages/kv-engine): torch 2.13.0 is the CPU build these machines carry
+# (a plain `pip install torch` brings a CUDA build of several GB), transformers the API it targets.
+ENGINE_DEPS = ["torch==2.13.0", "transformers==5.24.0"]
 PY_SOURCES = [
     "packages/kv-api/src",
     "packages/kv-api/tests",
@@ -45,6 +48,8 @@ PY_SOURCES = [
     "packages/kv-events/src",
     "packages/kv-events/tests",
     "conformance/src",
+    "packages/kv-engine/src",
+    "packages/kv-engine/tests",
     "examples/kv-delegate/src",
     "tests",
     "bench",
@@ -96,26 +101,32 @@ def _sources_stamp(*args: str) -> str:
     return digest.hexdigest()
 
 
-def install(session: nox.Session, *extra: str) -> None:
-    """The packages, every backend under packages/, the conformance suite and ``extra``; native
-    builds are incremental (one build directory per session inside the package). A reused
-    environment whose sources have not changed since its last install is used as it is."""
+def install(session: nox.Session, *extra: str, engine: bool = False) -> None:
+    """The packages, every backend under packages/, the conformance suite and ``extra`` (and the
+    reference engine with torch and transformers if ``engine``); native builds are incremental
+    (one build directory per session inside the package). A reused environment whose sources
+    have not changed since its last install is used as it is."""
     stamp_file = session.env_dir / "kvcore-sources.stamp"
-    stamp = _sources_stamp(session.name, *extra)
+    stamp = _sources_stamp(session.name, *extra, f"engine={engine}")
     if stamp_file.is_file() and stamp_file.read_text() == stamp:
         session.log("sources unchanged since this environment's last install: reusing it")
         return
     stamp_file.unlink(missing_ok=True)
-    _install(session, *extra)
+    _install(session, *extra, engine=engine)
     stamp_file.write_text(stamp)
 
 
-def _install(session: nox.Session, *extra: str) -> None:
-    session.install(*BUILD_DEPS, *TEST_DEPS, *extra)
+def _install(session: nox.Session, *extra: str, engine: bool) -> None:
+    session.install(*BUILD_DEPS, *TEST_DEPS, *extra, *(ENGINE_DEPS if engine else ()))
     packages = sorted(set(BACKENDS.values()))
     pure = [f"./{p.relative_to(ROOT)}" for p in packages if not _is_native(p)]
     session.install(
-        "./packages/kv-api", "./packages/kv-events", "./packages/kv-replay[plot]", *pure, "./conformance[events]"
+        "./packages/kv-api",
+        "./packages/kv-events",
+        "./packages/kv-replay[plot]",
+        *(["./packages/kv-engine"] if engine else []),
+        *pure,
+        "./conformance[events]",
     )
     for package in filter(_is_native, packages):
         build_dir = package / _build_dir(session)
@@ -137,6 +148,20 @@ def run_conformance(session: nox.Session, backends: str) -> None:
     env = {"KV_BACKEND": backends, "KV_DIFFERENTIAL_EXAMPLES": os.environ.get("KV_DIFFERENTIAL_EXAMPLES", "10000")}
     session.run("pytest", "--pyargs", "kv_conformance.tests", "-n", workers, *session.posargs, env=env)
     session.run("pytest", "packages/kv-replay/tests", "-n", workers, *session.posargs, env=env)
+
+
+def run_engine_tests(session: nox.Session, backends: str) -> None:
+    """The reference engine's proof: real forward passes over kvcore's pages (docs/engine.md)."""
+    workers = os.environ.get("KV_TEST_WORKERS", "auto")
+    env = {"KV_BACKEND": backends}
+    session.run("pytest", "packages/kv-engine/tests", "-n", workers, *session.posargs, env=env)
+
+
+@nox.session
+def engine(session: nox.Session) -> None:
+    """The reference engine's tests on ``$KV_BACKEND`` (default: every backend)."""
+    install(session, engine=True)
+    run_engine_tests(session, os.environ.get("KV_BACKEND", "").strip() or "all")
 
 
 @nox.session
@@ -215,7 +240,7 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy over every Python package, the suite and the benchmarks."""
     if session.name == "typecheck":
-        install(session, "mypy>=1.10", "nox>=2024.4", "types-jsonschema", "types-tqdm", DYNAMO)
+        install(session, "mypy>=1.10", "nox>=2024.4", "types-jsonschema", "types-tqdm", DYNAMO, engine=True)
     session.run("mypy", *PY_SOURCES)
 
 

@@ -1,0 +1,247 @@
+"""The reference engine: continuous batching over kvcore, one forward per request per step.
+
+Each step admits waiting requests (``create_kv_cache`` matches what is not recomputed, then
+``resume``), then runs every running request once: a prefill chunk (block-aligned) or one decode
+token, after ``resize`` made room (preempting the youngest request when pages run out), and
+commits the requests whose block filled. A finished request commits what it computed and
+closes. Decoding is greedy. docs/engine.md walks through the calls.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+import torch
+
+import kv_api
+from kv_engine.layout import ModelLayout, PageViews, model_layout
+from kv_engine.paged_cache import PagedCache
+from kv_engine.sequence import Output, Sequence
+
+DEFAULT_DEVICE_QUOTA = 64 << 20
+
+
+@dataclass
+class EngineStats:
+    """Counters since the engine was built. ``computed_tokens``: tokens forwarded (prefill and
+    decode); ``reused_tokens``: prompt tokens taken from kvcore at admission; ``peak_blocks``:
+    per attention layer group, the most pages one request had locked at a forward."""
+
+    steps: int = 0
+    forwards: int = 0
+    computed_tokens: int = 0
+    reused_tokens: int = 0
+    preemptions: int = 0
+    peak_blocks: dict[int, int] = field(default_factory=dict)
+
+
+def _backend(backend: kv_api.Backend | str | None) -> kv_api.Backend:
+    if backend is None:
+        return kv_api.load_backend(kv_api.default_backend_name())
+    return kv_api.load_backend(backend) if isinstance(backend, str) else backend
+
+
+def _tiers(
+    device_quota: int, host_quota: int | None, disk_quota: int | None, disk_path: str | os.PathLike[str] | None
+) -> list[kv_api.CacheTierConfig]:
+    tiers: list[kv_api.CacheTierConfig] = [kv_api.GpuCacheTierConfig(device_quota)]
+    if host_quota is not None:
+        tiers.append(kv_api.HostCacheTierConfig(host_quota))
+    if (disk_quota is None) != (disk_path is None):
+        raise ValueError("disk_quota and disk_path go together")
+    if disk_quota is not None and disk_path is not None:
+        tiers.append(kv_api.DiskCacheTierConfig(disk_quota, os.fspath(disk_path)))
+    return tiers
+
+
+class Engine:
+    """A causal LM whose K/V (and Mamba states) live in a kvcore manager's pages.
+
+    ``prefill_chunk`` (a multiple of ``tokens_per_block``; default one block for models with
+    Mamba layers, so every block end gets a state snapshot, else 4 blocks) caps the tokens one
+    prefill forward computes; ``max_running`` caps the requests in flight; ``keep_logits`` keeps
+    each sampled token's logits in ``Output.logits``.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        backend: kv_api.Backend | str | None = None,
+        tokens_per_block: int = 16,
+        device_quota: int = DEFAULT_DEVICE_QUOTA,
+        host_quota: int | None = None,
+        disk_quota: int | None = None,
+        disk_path: str | os.PathLike[str] | None = None,
+        *,
+        max_running: int = 8,
+        prefill_chunk: int | None = None,
+        keep_logits: bool = False,
+    ) -> None:
+        self.model = model
+        self.backend = _backend(backend)
+        self.layout: ModelLayout = model_layout(model, tokens_per_block)
+        tiers = _tiers(device_quota, host_quota, disk_quota, disk_path)
+        self.manager = self.backend.KVCacheManager(self.layout.manager_config(tiers))
+        self.views = PageViews(self.manager, self.layout)
+        self.max_running = max_running
+        self.prefill_chunk = prefill_chunk or tokens_per_block * (1 if self.layout.has_ssm else 4)
+        if self.prefill_chunk % tokens_per_block:
+            raise ValueError(f"prefill_chunk {self.prefill_chunk} is not a multiple of {tokens_per_block}")
+        self.keep_logits = keep_logits
+        self.stats = EngineStats()
+        self._suspend_to_lower_level = len(tiers) > 1
+        attention = [i for i in range(len(self.layout.kinds)) if self.layout.has_attention(i)]
+        self._attention_groups = sorted({self.views.group_of[i] for i in attention})
+
+    # -- public -------------------------------------------------------------------------------------
+
+    def generate(
+        self, prompts: Seq[Seq[int]], max_new_tokens: int = 16, scopes: Seq[kv_api.ReuseScope | None] | None = None
+    ) -> list[Output]:
+        """Greedy continuations of ``prompts`` (token-id lists), ``max_new_tokens`` each, under
+        ``scopes`` (one per prompt; None: the default scope)."""
+        if scopes is not None and len(scopes) != len(prompts):
+            raise ValueError(f"scopes: {len(scopes)} for {len(prompts)} prompts")
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("prompts must not be empty")
+        seqs = [
+            Sequence(i, len(p), list(p), scopes[i] if scopes else None, max_new_tokens) for i, p in enumerate(prompts)
+        ]
+        waiting = deque(s for s in seqs if not s.finished)
+        running: list[Sequence] = []
+        while waiting or running:
+            self._admit(waiting, running)
+            self._step(waiting, running)
+        return [s.output() for s in seqs]
+
+    def resize_device(self, quota: int, best_efforts: bool = False) -> bool:
+        """``manager.resize(GPU_LEVEL, quota)``, then the page views again (the pools moved)."""
+        ok = self.manager.resize(kv_api.GPU_LEVEL, quota, best_efforts)
+        self.views.rebuild()
+        return ok
+
+    def close(self) -> None:
+        self.manager.shutdown()
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def _admit(self, waiting: deque[Sequence], running: list[Sequence]) -> None:
+        while waiting and len(running) < self.max_running:
+            seq = waiting[0]
+            if seq.cache is None:
+                # Match all but the last token: its forward gives the logits of the next one.
+                seq.cache = self.manager.create_kv_cache(seq.scope, seq.tokens[:-1])
+                seq.computed = seq.committed = seq.cache.num_committed_tokens
+                if seq.reused_tokens is None:
+                    seq.reused_tokens = seq.computed
+                    seq.reused_by_level = tuple(seq.cache.cached_tokens_by_level)
+                    self.stats.reused_tokens += seq.computed
+            if not seq.cache.resume():
+                if not running:
+                    raise RuntimeError(f"request {seq.index}: the device level cannot hold it (resume failed)")
+                return
+            running.append(waiting.popleft())
+
+    def _step(self, waiting: deque[Sequence], running: list[Sequence]) -> None:
+        self.stats.steps += 1
+        due: list[Sequence] = []
+        for seq in list(running):
+            if seq not in running:  # preempted earlier in this step
+                continue
+            n = self._chunk(seq)
+            if not self._reserve(seq, seq.computed + n, waiting, running):
+                continue
+            logits = self._forward(seq, n)
+            seq.computed += n
+            if seq.computed == len(seq.tokens):
+                seq.tokens.append(int(logits.argmax()))
+                if self.keep_logits:
+                    seq.logits.append(logits.clone())
+            if seq.finished or n > 1 or seq.computed % self.layout.tokens_per_block == 0:
+                due.append(seq)
+        self._commit([s for s in due if s in running])
+        for seq in [s for s in running if s.finished]:
+            running.remove(seq)
+            self._finish(seq)
+
+    def _chunk(self, seq: Sequence) -> int:
+        """Tokens of the next forward: up to the next multiple of ``prefill_chunk``."""
+        boundary = (seq.computed // self.prefill_chunk + 1) * self.prefill_chunk
+        return min(len(seq.tokens), boundary) - seq.computed
+
+    def _reserve(self, seq: Sequence, capacity: int, waiting: deque[Sequence], running: list[Sequence]) -> bool:
+        """Room for ``capacity`` tokens, preempting the youngest running requests; False when
+        ``seq`` itself was preempted."""
+        assert seq.cache is not None
+        while not seq.cache.resize(capacity):
+            victim = running[-1]
+            if victim is seq and len(running) == 1:
+                raise RuntimeError(f"request {seq.index}: the device level cannot hold {capacity} tokens")
+            self._preempt(victim, waiting, running)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence, waiting: deque[Sequence], running: list[Sequence]) -> None:
+        """Suspend (its pages may fall to a lower level, coming back on resume), or, with the
+        device level alone (where held pages are never evicted), close it: it is matched
+        again, recomputing what was evicted meanwhile, when admitted again."""
+        assert seq.cache is not None
+        running.remove(seq)
+        seq.preemptions += 1
+        self.stats.preemptions += 1
+        self._commit([seq])
+        if self._suspend_to_lower_level:
+            seq.cache.suspend()
+        else:
+            seq.cache.close()
+            seq.cache = None
+        waiting.appendleft(seq)
+
+    def _forward(self, seq: Sequence, n: int) -> torch.Tensor:
+        """One forward of ``tokens[H:H+n]`` at explicit positions; the last position's logits."""
+        assert seq.cache is not None
+        h = seq.computed
+        cache = PagedCache(self.views, seq.cache, h)
+        with torch.no_grad():
+            out = self.model(
+                input_ids=torch.tensor([seq.tokens[h : h + n]]),
+                cache=cache,
+                use_cache=True,
+                position_ids=torch.arange(h, h + n)[None],
+                logits_to_keep=1,
+            )
+        self.stats.forwards += 1
+        self.stats.computed_tokens += n
+        self._note_blocks(seq.cache)
+        logits: torch.Tensor = out.logits[0, -1]
+        return logits
+
+    def _note_blocks(self, cache: kv_api.KVCache) -> None:
+        for g in self._attention_groups:
+            locked = sum(1 for slot in cache.get_base_page_indices(g) if slot >= 0)
+            self.stats.peak_blocks[g] = max(self.stats.peak_blocks.get(g, 0), locked)
+
+    def _commit(self, seqs: list[Sequence]) -> None:
+        """Commit the computed, uncommitted tokens of ``seqs`` (one batched call if it fits)."""
+        seqs = [s for s in seqs if s.uncommitted]
+        caches = [s.cache for s in seqs if s.cache is not None]
+        if len(caches) != len(seqs):
+            raise RuntimeError("a request to commit has no cache")
+        if len(seqs) > 1 and self.backend.capabilities.batched_calls:
+            tokens = [t for s in seqs for t in s.uncommitted]
+            self.manager.commit_many(caches, tokens, [len(s.uncommitted) for s in seqs])
+        else:
+            for seq, cache in zip(seqs, caches, strict=True):
+                cache.commit(seq.uncommitted)
+        for seq in seqs:
+            seq.committed = seq.computed
+
+    def _finish(self, seq: Sequence) -> None:
+        assert seq.cache is not None
+        self._commit([seq])
+        seq.cache.close()
+        seq.cache = None
