@@ -166,13 +166,16 @@ def engine(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Everything CI runs: each package's tests, conformance on every backend, lint, types, stubs,
-    the SHA-256 known-answer test (host and arm64)."""
+    """Everything CI runs: each package's tests, conformance on every backend, the reference
+    engine's proof, lint, types, stubs, the SHA-256 known-answer test (host and arm64)."""
     install(
-        session, "ruff>=0.6", "mypy>=1.10", "clang-format>=17", "nox>=2024.4", "types-jsonschema", "types-tqdm", DYNAMO
+        session,
+        *("ruff>=0.6", "mypy>=1.10", "clang-format>=17", "nox>=2024.4", "types-jsonschema", "types-tqdm", DYNAMO),
+        engine=True,
     )
     run_unit_tests(session)
     run_conformance(session, "all")
+    run_engine_tests(session, "all")
     # The repository's own tests: the docs' and the README's commands in fresh environments.
     session.run("pytest", "tests", "-n", os.environ.get("KV_TEST_WORKERS", "auto"), *session.posargs)
     lint(session)
