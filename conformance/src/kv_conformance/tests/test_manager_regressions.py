@@ -34,6 +34,16 @@ def test_evicting_a_partial_tail_another_open_cache_also_committed(backend: kv_a
     assert manager.probe_reuse(None, [1, 2, 3, 4, 5, 6]) == 4  # the second cache's private tail was freed
 
 
+def press_until_held_page_is_on(m: kv_api.KVCacheManager, holder: kv_api.KVCache, level: int, rounds: int) -> None:
+    """Commits other prompts until ``holder``'s first page has fallen to ``level`` (at most
+    ``rounds`` of them); fails if it has not."""
+    for k in range(1, rounds):
+        if holder.get_page_levels(0)[0] == level:
+            break
+        committed(m, toks(8, 100 * k))
+    assert list(holder.get_page_levels(0)) == [level]
+
+
 @pytest.mark.requires("host_tier", "disk_tier")
 def test_committing_a_block_another_cache_holds_on_a_colder_level(backend: kv_api.Backend, tmp_path: Path) -> None:
     """The differential machine's find (shown once the poison latch made a broken rule stick): a
@@ -51,11 +61,7 @@ def test_committing_a_block_another_cache_holds_on_a_colder_level(backend: kv_ap
     committed(m, toks(4))
     holder = m.create_kv_cache(None, toks(4))  # suspended, holding and pinning block 0
     assert holder.num_reused_tokens == 4
-    for k in range(1, 200):  # pressure until the held page has fallen to the disk
-        if holder.get_page_levels(0)[0] == 2:
-            break
-        committed(m, toks(8, 100 * k))
-    assert list(holder.get_page_levels(0)) == [2]
+    press_until_held_page_is_on(m, holder, 2, rounds=200)  # the disk
     writer = active(m, 4, toks(2))  # too short to reuse block 0: it computes it again
     writer.commit(toks(2, 2))
     writer.close()
@@ -83,11 +89,7 @@ def test_a_private_window_page_is_released_once_stale(backend: kv_api.Backend) -
     committed(m, toks(4))
     holder = m.create_kv_cache(None, toks(4))  # suspended, holding block 0's window page
     assert holder.num_reused_tokens == 4
-    for k in range(1, 100):  # pressure until the held page has fallen to the host
-        if holder.get_page_levels(0)[0] == 1:
-            break
-        committed(m, toks(8, 100 * k))
-    assert list(holder.get_page_levels(0)) == [1]
+    press_until_held_page_is_on(m, holder, 1, rounds=100)  # the host
     writer = active(m, 12, toks(2))  # too short to reuse block 0: it computes it again
     writer.commit(toks(10, 2))  # block 0 is in the tree already, and now stale
     check_page_levels(m, writer)
