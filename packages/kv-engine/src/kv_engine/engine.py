@@ -10,8 +10,11 @@ closes. Decoding is greedy. docs/engine.md walks through the calls.
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
+from collections.abc import Iterator
 from collections.abc import Sequence as Seq
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -28,7 +31,9 @@ DEFAULT_DEVICE_QUOTA = 64 << 20
 class EngineStats:
     """Counters since the engine was built. ``computed_tokens``: tokens forwarded (prefill and
     decode); ``reused_tokens``: prompt tokens taken from kvcore at admission; ``peak_blocks``:
-    per attention layer group, the most pages one request had locked at a forward."""
+    per attention layer group, the most pages one request had locked at a forward;
+    ``forward_s``: seconds in the model's forwards; ``manager_s``: seconds in kvcore's calls
+    (admission, resume, resize, commit, suspend, close, reading page indices)."""
 
     steps: int = 0
     forwards: int = 0
@@ -36,6 +41,8 @@ class EngineStats:
     reused_tokens: int = 0
     preemptions: int = 0
     peak_blocks: dict[int, int] = field(default_factory=dict)
+    forward_s: float = 0.0
+    manager_s: float = 0.0
 
 
 def _backend(backend: kv_api.Backend | str | None) -> kv_api.Backend:
@@ -63,7 +70,8 @@ class Engine:
     ``prefill_chunk`` (a multiple of ``tokens_per_block``; default one block for models with
     Mamba layers, so every block end gets a state snapshot, else 4 blocks) caps the tokens one
     prefill forward computes; ``max_running`` caps the requests in flight; ``keep_logits`` keeps
-    each sampled token's logits in ``Output.logits``.
+    each sampled token's logits in ``Output.logits``; ``reuse=False`` admits every request with
+    nothing reused (the baseline reuse is measured against; blocks are still committed).
     """
 
     def __init__(
@@ -79,6 +87,7 @@ class Engine:
         max_running: int = 8,
         prefill_chunk: int | None = None,
         keep_logits: bool = False,
+        reuse: bool = True,
     ) -> None:
         self.model = model
         self.backend = _backend(backend)
@@ -91,10 +100,9 @@ class Engine:
         if self.prefill_chunk % tokens_per_block:
             raise ValueError(f"prefill_chunk {self.prefill_chunk} is not a multiple of {tokens_per_block}")
         self.keep_logits = keep_logits
+        self.reuse = reuse
         self.stats = EngineStats()
         self._suspend_to_lower_level = len(tiers) > 1
-        attention = [i for i in range(len(self.layout.kinds)) if self.layout.has_attention(i)]
-        self._attention_groups = sorted({self.views.group_of[i] for i in attention})
 
     # -- public -------------------------------------------------------------------------------------
 
@@ -112,6 +120,7 @@ class Engine:
         ]
         waiting = deque(s for s in seqs if not s.finished)
         running: list[Sequence] = []
+        self._start = time.perf_counter()
         while waiting or running:
             self._admit(waiting, running)
             self._step(waiting, running)
@@ -126,24 +135,41 @@ class Engine:
     def close(self) -> None:
         self.manager.shutdown()
 
+    @contextmanager
+    def _kvcore(self) -> Iterator[None]:
+        """Times kvcore's calls (``stats.manager_s``)."""
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stats.manager_s += time.perf_counter() - t
+
     # -- the loop ---------------------------------------------------------------------------------
 
     def _admit(self, waiting: deque[Sequence], running: list[Sequence]) -> None:
         while waiting and len(running) < self.max_running:
             seq = waiting[0]
             if seq.cache is None:
-                # Match all but the last token: its forward gives the logits of the next one.
-                seq.cache = self.manager.create_kv_cache(seq.scope, seq.tokens[:-1])
-                seq.computed = seq.committed = seq.cache.num_committed_tokens
-                if seq.reused_tokens is None:
-                    seq.reused_tokens = seq.computed
-                    seq.reused_by_level = tuple(seq.cache.cached_tokens_by_level)
-                    self.stats.reused_tokens += seq.computed
-            if not seq.cache.resume():
+                self._admit_one(seq)
+            assert seq.cache is not None
+            with self._kvcore():
+                resumed = seq.cache.resume()
+            if not resumed:
                 if not running:
                     raise RuntimeError(f"request {seq.index}: the device level cannot hold it (resume failed)")
                 return
             running.append(waiting.popleft())
+
+    def _admit_one(self, seq: Sequence) -> None:
+        with self._kvcore():
+            # Match all but the last token: its forward gives the logits of the next one.
+            seq.cache = self.manager.create_kv_cache(seq.scope, seq.tokens[:-1] if self.reuse else None)
+            seq.computed = seq.committed = seq.cache.num_committed_tokens
+            by_level = tuple(seq.cache.cached_tokens_by_level)
+        if seq.reused_tokens is None:
+            seq.reused_tokens = seq.computed
+            seq.reused_by_level = by_level
+            self.stats.reused_tokens += seq.computed
 
     def _step(self, waiting: deque[Sequence], running: list[Sequence]) -> None:
         self.stats.steps += 1
@@ -158,6 +184,9 @@ class Engine:
             seq.computed += n
             if seq.computed == len(seq.tokens):
                 seq.tokens.append(int(logits.argmax()))
+                seq.latency_s = time.perf_counter() - self._start
+                if len(seq.generated) == 1:
+                    seq.ttft_s = seq.latency_s
                 if self.keep_logits:
                     seq.logits.append(logits.clone())
             if seq.finished or n > 1 or seq.computed % self.layout.tokens_per_block == 0:
@@ -176,7 +205,7 @@ class Engine:
         """Room for ``capacity`` tokens, preempting the youngest running requests; False when
         ``seq`` itself was preempted."""
         assert seq.cache is not None
-        while not seq.cache.resize(capacity):
+        while not self._resize(seq.cache, capacity):
             victim = running[-1]
             if victim is seq and len(running) == 1:
                 raise RuntimeError(f"request {seq.index}: the device level cannot hold {capacity} tokens")
@@ -184,6 +213,10 @@ class Engine:
             if victim is seq:
                 return False
         return True
+
+    def _resize(self, cache: kv_api.KVCache, capacity: int) -> bool:
+        with self._kvcore():
+            return cache.resize(capacity)
 
     def _preempt(self, seq: Sequence, waiting: deque[Sequence], running: list[Sequence]) -> None:
         """Suspend (its pages may fall to a lower level, coming back on resume), or, with the
@@ -194,18 +227,21 @@ class Engine:
         seq.preemptions += 1
         self.stats.preemptions += 1
         self._commit([seq])
-        if self._suspend_to_lower_level:
-            seq.cache.suspend()
-        else:
-            seq.cache.close()
-            seq.cache = None
+        with self._kvcore():
+            if self._suspend_to_lower_level:
+                seq.cache.suspend()
+            else:
+                seq.cache.close()
+                seq.cache = None
         waiting.appendleft(seq)
 
     def _forward(self, seq: Sequence, n: int) -> torch.Tensor:
         """One forward of ``tokens[H:H+n]`` at explicit positions; the last position's logits."""
         assert seq.cache is not None
         h = seq.computed
-        cache = PagedCache(self.views, seq.cache, h)
+        with self._kvcore():
+            cache = PagedCache(self.views, seq.cache, h)
+        t = time.perf_counter()
         with torch.no_grad():
             out = self.model(
                 input_ids=torch.tensor([seq.tokens[h : h + n]]),
@@ -214,15 +250,16 @@ class Engine:
                 position_ids=torch.arange(h, h + n)[None],
                 logits_to_keep=1,
             )
+        self.stats.forward_s += time.perf_counter() - t
         self.stats.forwards += 1
         self.stats.computed_tokens += n
-        self._note_blocks(seq.cache)
+        self._note_blocks(cache)
         logits: torch.Tensor = out.logits[0, -1]
         return logits
 
-    def _note_blocks(self, cache: kv_api.KVCache) -> None:
-        for g in self._attention_groups:
-            locked = sum(1 for slot in cache.get_base_page_indices(g) if slot >= 0)
+    def _note_blocks(self, cache: PagedCache) -> None:
+        for g in self.views.attention_groups:
+            locked = int((cache.slots(g) >= 0).sum())
             self.stats.peak_blocks[g] = max(self.stats.peak_blocks.get(g, 0), locked)
 
     def _commit(self, seqs: list[Sequence]) -> None:
@@ -231,17 +268,19 @@ class Engine:
         caches = [s.cache for s in seqs if s.cache is not None]
         if len(caches) != len(seqs):
             raise RuntimeError("a request to commit has no cache")
-        if len(seqs) > 1 and self.backend.capabilities.batched_calls:
-            tokens = [t for s in seqs for t in s.uncommitted]
-            self.manager.commit_many(caches, tokens, [len(s.uncommitted) for s in seqs])
-        else:
-            for seq, cache in zip(seqs, caches, strict=True):
-                cache.commit(seq.uncommitted)
+        with self._kvcore():
+            if len(seqs) > 1 and self.backend.capabilities.batched_calls:
+                tokens = [t for s in seqs for t in s.uncommitted]
+                self.manager.commit_many(caches, tokens, [len(s.uncommitted) for s in seqs])
+            else:
+                for seq, cache in zip(seqs, caches, strict=True):
+                    cache.commit(seq.uncommitted)
         for seq in seqs:
             seq.committed = seq.computed
 
     def _finish(self, seq: Sequence) -> None:
         assert seq.cache is not None
         self._commit([seq])
-        seq.cache.close()
+        with self._kvcore():
+            seq.cache.close()
         seq.cache = None

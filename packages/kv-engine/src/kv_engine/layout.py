@@ -204,6 +204,10 @@ class PageViews:
         self.manager = manager
         self.layout = layout
         self.group_of = {lid: manager.get_layer_group_id(lid) for lid in manager.layer_ids}
+        ssm = {layout.ssm_layer_id(i) for i in range(len(layout.kinds)) if layout.has_state(i)}
+        #: Layer groups of attention layers and of SSM layers.
+        self.attention_groups = sorted({g for lid, g in self.group_of.items() if lid not in ssm})
+        self.ssm_groups = sorted({g for lid, g in self.group_of.items() if lid in ssm})
         self._views: dict[tuple[int, str], BufferView] = {}
         self.rebuild()
 

@@ -2,7 +2,7 @@
 
 One ``PagedCache`` serves one request for one forward: it is built with the request's
 ``KVCache`` and ``history`` (H, the tokens computed before this forward) and reads the page
-indices once, at first use, so that they are fresh for every forward (a commit may rebase a
+indices once, when built, so that they are fresh for every forward (a commit may rebase a
 block, a resume may onboard pages into other slots, a resize slides the window).
 
 - ``update`` writes the forward's new K/V for positions ``[H, H+q)`` into the pages and returns
@@ -36,7 +36,9 @@ class PagedCache(Cache):
         self.layers = cast(Any, [None] * len(self.layout.kinds))
         self.offloading = False
         self.layer_class_to_replicate = None
-        self._slots: dict[int, torch.Tensor] = {}
+        groups = views.attention_groups
+        self._slots = {g: torch.tensor(kv_cache.get_base_page_indices(g), dtype=torch.int64) for g in groups}
+        self._state_slots = {g: kv_cache.get_ssm_block_base_index(g) for g in views.ssm_groups}
 
     # -- what transformers asks of a cache --------------------------------------------------------
 
@@ -109,13 +111,12 @@ class PagedCache(Cache):
             raise RuntimeError("a page the forward needs is not locked (page index -1)")
         return ids * tpb + positions % tpb
 
+    def slots(self, group: int) -> torch.Tensor:
+        """The base page indices (slots) of an attention layer group, int64; -1: no page."""
+        return self._slots[group]
+
     def _layer_slots(self, layer_id: int) -> torch.Tensor:
-        group = self.views.group_of[layer_id]
-        slots = self._slots.get(group)
-        if slots is None:
-            slots = torch.tensor(list(self.kv_cache.get_base_page_indices(group)), dtype=torch.int64)
-            self._slots[group] = slots
-        return slots
+        return self._slots[self.views.group_of[layer_id]]
 
     def _first_block(self, layer_idx: int) -> int:
         """The first block a layer reads: 0, or for a window layer the first one holding a page
@@ -135,7 +136,7 @@ class PagedCache(Cache):
     def _state(self, layer_idx: int, role: str) -> torch.Tensor:
         """A zero-copy ``[1, *state_shape]`` view of the request's state slot."""
         lid = self.layout.ssm_layer_id(layer_idx)
-        slot = self.kv_cache.get_ssm_block_base_index(self.views.group_of[lid])
+        slot = self._state_slots[self.views.group_of[lid]]
         if slot < 0:
             raise RuntimeError(f"layer {layer_idx}: no SSM state slot (is the cache suspended?)")
         view = self.views[(lid, role)]

@@ -14,13 +14,16 @@ class Output:
     """A finished request: ``tokens`` generated (greedy); ``reused_tokens``, prompt tokens kvcore
     held when the request was admitted (not recomputed); ``preemptions``, times it was preempted;
     ``reused_by_level``, those reused tokens per cache level they were found on (0: device);
-    ``logits``, the logits each token was sampled from (kept only with ``keep_logits``)."""
+    ``logits``, the logits each token was sampled from (kept only with ``keep_logits``);
+    ``ttft_s`` and ``latency_s``, seconds from the ``generate`` call to its first and last token."""
 
     tokens: list[int]
     reused_tokens: int
     preemptions: int = 0
     reused_by_level: tuple[int, ...] = ()
     logits: tuple[torch.Tensor, ...] = ()
+    ttft_s: float = 0.0
+    latency_s: float = 0.0
 
 
 @dataclass
@@ -44,6 +47,8 @@ class Sequence:
     reused_by_level: tuple[int, ...] = ()
     preemptions: int = 0
     logits: list[torch.Tensor] = field(default_factory=list)
+    ttft_s: float = 0.0
+    latency_s: float = 0.0
 
     @property
     def generated(self) -> list[int]:
@@ -60,5 +65,11 @@ class Sequence:
 
     def output(self) -> Output:
         return Output(
-            self.generated, self.reused_tokens or 0, self.preemptions, self.reused_by_level, tuple(self.logits)
+            self.generated,
+            self.reused_tokens or 0,
+            self.preemptions,
+            self.reused_by_level,
+            tuple(self.logits),
+            self.ttft_s,
+            self.latency_s,
         )
