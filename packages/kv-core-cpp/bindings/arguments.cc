@@ -267,7 +267,10 @@ Py_buffer index_buffer(nb::handle buf) {
   Py_buffer view;
   if (PyObject_GetBuffer(buf.ptr(), &view, PyBUF_FULL_RO) != 0) {
     PyErr_Clear();
-    fail(PyExc_TypeError, msg::kExpectedIndexBuffer, {py_type_name(buf)});
+    // A DLPack tensor (torch has no buffer protocol): kv_api views it, as kv_core_py does.
+    nb::object tensor = api("dlpack.as_buffer")(buf, "buf");
+    if (tensor.is_none()) fail(PyExc_TypeError, msg::kExpectedIndexBuffer, {py_type_name(buf)});
+    if (PyObject_GetBuffer(tensor.ptr(), &view, PyBUF_FULL_RO) != 0) throw nb::python_error();
   }
   const char* fmt = view.format ? view.format : "B";
   const bool int32 =

@@ -172,7 +172,7 @@ void commit_many(nb::handle self_handle, nb::handle caches_arg_, nb::handle toke
 }
 
 nb::list admit_many(nb::handle self_handle, nb::handle scopes_arg, nb::handle prompts_arg, nb::handle ids_arg,
-                    nb::handle callbacks_arg) {
+                    nb::handle callbacks_arg, nb::handle max_reused_arg) {
   PyManager& self = nb::cast<PyManager&>(self_handle);
   const ManagerLock lock(self.manager->context());
   self.manager->require_live();
@@ -180,7 +180,7 @@ nb::list admit_many(nb::handle self_handle, nb::handle scopes_arg, nb::handle pr
   const nb::tuple prompts = items("prompts", prompts_arg);
   same_length("prompts", prompts.size(), "reuse_scopes", scopes.size());
   const std::size_t n = scopes.size();
-  nb::tuple ids, callbacks;
+  nb::tuple ids, callbacks, caps;
   if (!ids_arg.is_none()) {
     ids = items("ids", ids_arg);
     same_length("ids", ids.size(), "reuse_scopes", n);
@@ -189,7 +189,11 @@ nb::list admit_many(nb::handle self_handle, nb::handle scopes_arg, nb::handle pr
     callbacks = items("priority_callbacks", callbacks_arg);
     same_length("priority_callbacks", callbacks.size(), "reuse_scopes", n);
   }
-  // create_kv_cache's order for each prompt: the callback, the scope, the tokens, the id.
+  if (!max_reused_arg.is_none()) {
+    caps = items("max_reused_tokens", max_reused_arg);
+    same_length("max_reused_tokens", caps.size(), "reuse_scopes", n);
+  }
+  // create_kv_cache's order for each prompt: the callback, the scope, the tokens, the id, the cap.
   std::vector<std::unique_ptr<TokenInput>> inputs;
   std::vector<Admission> admissions;
   const KeyFormat format = self.manager->config().key_format;
@@ -204,7 +208,11 @@ nb::list admit_many(nb::handle self_handle, nb::handle scopes_arg, nb::handle pr
     const std::optional<std::int64_t> id = ids_arg.is_none() ? std::nullopt : item("admit_many", "ids", i, [&] {
       return arg::optional_count("id", ids[i], kCacheIdLimit);
     });
-    admissions.push_back({scope, &inputs.back()->tokens(), id, priority_callback(callback, self)});
+    const std::optional<std::int64_t> cap =
+        max_reused_arg.is_none() ? std::nullopt : item("admit_many", "max_reused_tokens", i, [&] {
+          return arg::optional_count("max_reused_tokens", caps[i], kTokenLimit);
+        });
+    admissions.push_back({scope, &inputs.back()->tokens(), id, priority_callback(callback, self), cap});
   }
   std::vector<std::unique_ptr<KVCache>> created;
   std::optional<BatchFailure> failure;
@@ -233,7 +241,8 @@ void bind_batch(nb::module_& m) {
                        nb::arg("tokens").none(), nb::arg("counts").none(), nb::arg("is_end").none() = false);
   nb::cpp_function_def(&admit_many, nb::scope(cls), nb::name("admit_many"), nb::is_method(),
                        nb::arg("reuse_scopes").none(), nb::arg("prompts").none(), nb::arg("ids").none() = nb::none(),
-                       nb::arg("priority_callbacks").none() = nb::none());
+                       nb::arg("priority_callbacks").none() = nb::none(),
+                       nb::arg("max_reused_tokens").none() = nb::none());
 }
 
 }  // namespace kvcore::py

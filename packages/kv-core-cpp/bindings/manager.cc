@@ -208,7 +208,7 @@ namespace {
 
 nb::object create_kv_cache(nb::handle self_handle, nb::handle reuse_scope_arg, nb::handle input_tokens, nb::handle id,
                            nb::handle callback, nb::handle expected_prompt_length, nb::handle text_only,
-                           nb::handle enable_request_stats) {
+                           nb::handle enable_request_stats, nb::handle max_reused_tokens) {
   PyManager& self = nb::cast<PyManager&>(self_handle);
   const ManagerLock lock(self.manager->context());
   self.manager->require_live();
@@ -220,49 +220,59 @@ nb::object create_kv_cache(nb::handle self_handle, nb::handle reuse_scope_arg, n
       arg::optional_count("expected_prompt_length", expected_prompt_length, kTokenLimit);
   const std::optional<bool> text = arg::optional_bool("text_only", text_only);
   const bool request_stats = arg::strict_bool("enable_request_stats", enable_request_stats);
+  const std::optional<std::int64_t> max_reused =
+      arg::optional_count("max_reused_tokens", max_reused_tokens, kTokenLimit);
   PriorityCallback priority = priority_callback(callback, self);
   std::unique_ptr<KVCache> cache;
   {
     nb::gil_scoped_release release;
     cache = self.manager->create_kv_cache(scope, input->tokens(), cache_id, std::move(priority), expected, text,
-                                          request_stats);
+                                          request_stats, max_reused);
   }
   auto* py_cache = new PyKVCache{nb::borrow(self_handle), nb::borrow(callback), std::move(cache), {}};
   return nb::cast(py_cache, nb::rv_policy::take_ownership);
 }
 
-std::int64_t probe_reuse(PyManager& self, nb::handle reuse_scope_arg, nb::handle tokens) {
+std::int64_t probe_reuse(PyManager& self, nb::handle reuse_scope_arg, nb::handle tokens, nb::handle max_reused_tokens) {
   const ManagerLock lock(self.manager->context());
   self.manager->require_live();
   const ReuseScope scope = arg::reuse_scope(reuse_scope_arg);
   const auto input = tokens_arg(self, tokens);
+  const std::optional<std::int64_t> max_reused =
+      arg::optional_count("max_reused_tokens", max_reused_tokens, kTokenLimit);
   nb::gil_scoped_release release;
-  return self.manager->probe_reuse(scope, input->tokens());
+  return self.manager->probe_reuse(scope, input->tokens(), max_reused);
 }
 
-nb::object probe_first_new_block_key(PyManager& self, nb::handle reuse_scope_arg, nb::handle tokens) {
+nb::object probe_first_new_block_key(PyManager& self, nb::handle reuse_scope_arg, nb::handle tokens,
+                                     nb::handle max_reused_tokens) {
   const ManagerLock lock(self.manager->context());
   self.manager->require_live();
   const ReuseScope scope = arg::reuse_scope(reuse_scope_arg);
   const auto input = tokens_arg(self, tokens);
+  const std::optional<std::int64_t> max_reused =
+      arg::optional_count("max_reused_tokens", max_reused_tokens, kTokenLimit);
   std::optional<Digest> key;
   {
     nb::gil_scoped_release release;
-    key = self.manager->probe_first_new_block_key(scope, input->tokens());
+    key = self.manager->probe_first_new_block_key(scope, input->tokens(), max_reused);
   }
   if (!key) return nb::none();
   return nb::bytes(reinterpret_cast<const char*>(key->data()), key->size());
 }
 
-nb::object probe_reuse_match(PyManager& self, nb::handle reuse_scope_arg, nb::handle tokens) {
+nb::object probe_reuse_match(PyManager& self, nb::handle reuse_scope_arg, nb::handle tokens,
+                             nb::handle max_reused_tokens) {
   const ManagerLock lock(self.manager->context());
   self.manager->require_live();
   const ReuseScope scope = arg::reuse_scope(reuse_scope_arg);
   const auto input = tokens_arg(self, tokens);
+  const std::optional<std::int64_t> max_reused =
+      arg::optional_count("max_reused_tokens", max_reused_tokens, kTokenLimit);
   KVCacheManager::ReuseMatch m{};
   {
     nb::gil_scoped_release release;
-    m = self.manager->probe_reuse_match(scope, input->tokens());
+    m = self.manager->probe_reuse_match(scope, input->tokens(), max_reused);
   }
   return api("stats.ReuseMatch")(m.num_lookup_tokens, m.num_divergence_tokens, m.num_attention_tokens,
                                  m.num_reused_tokens);
@@ -413,6 +423,15 @@ void bind_manager(nb::module_& m) {
             return (p.scale * slots - p.position) * p.expansion;
           },
           nb::arg("layer_id").none(), nb::arg("role").none())
+      .def(
+          "get_buffer_location",
+          [](PyManager& self, nb::handle layer_id, nb::handle role) {
+            const ManagerLock lock(self.manager->context());
+            const BufferPlacement& p = placement(self, layer_id, role);
+            return api("BufferLocation")(self.manager->storage_config().pool_group_of(p.life_cycle), p.pool,
+                                         p.page_size);
+          },
+          nb::arg("layer_id").none(), nb::arg("role").none())
       .def_prop_ro("pool_group_descs", &pool_group_descs)
       .def("pool_memory", &pool_memory, nb::arg("pool_group").none(), nb::arg("pool").none())
       .def(
@@ -551,16 +570,16 @@ void bind_manager(nb::module_& m) {
           },
           nb::arg("batch_size").none(), nb::arg("token_upper_bound").none())
       .def("probe_reuse_match", &probe_reuse_match, nb::arg("reuse_scope").none() = nb::none(),
-           nb::arg("tokens").none() = nb::none())
+           nb::arg("tokens").none() = nb::none(), nb::arg("max_reused_tokens").none() = nb::none())
       .def("probe_reuse", &probe_reuse, nb::arg("reuse_scope").none() = nb::none(),
-           nb::arg("tokens").none() = nb::none())
+           nb::arg("tokens").none() = nb::none(), nb::arg("max_reused_tokens").none() = nb::none())
       .def("probe_first_new_block_key", &probe_first_new_block_key, nb::arg("reuse_scope").none(),
-           nb::arg("tokens").none())
+           nb::arg("tokens").none(), nb::arg("max_reused_tokens").none() = nb::none())
       .def("create_kv_cache", &create_kv_cache, nb::arg("reuse_scope").none() = nb::none(),
            nb::arg("input_tokens").none() = nb::none(), nb::arg("id").none() = nb::none(),
            nb::arg("custom_priority_callback").none() = nb::none(),
            nb::arg("expected_prompt_length").none() = nb::none(), nb::arg("text_only").none() = nb::none(),
-           nb::arg("enable_request_stats").none() = false)
+           nb::arg("enable_request_stats").none() = false, nb::arg("max_reused_tokens").none() = nb::none())
       .def_prop_ro("num_open_kv_caches",
                    [](PyManager& self) {
                      const ManagerLock lock(self.manager->context());

@@ -114,7 +114,8 @@ std::optional<BatchFailure> admit_many(KVCacheManager& manager, std::vector<Admi
   created.reserve(admissions.size());
   return in_order(admissions.size(), [&](std::size_t i) {
     Admission& a = admissions[i];
-    created.push_back(manager.create_kv_cache(a.scope, *a.prompt, a.id, std::move(a.priority)));
+    created.push_back(manager.create_kv_cache(a.scope, *a.prompt, a.id, std::move(a.priority), std::nullopt,
+                                              std::nullopt, false, a.max_reused_tokens));
   });
 }
 

@@ -55,18 +55,25 @@ void KVCacheManager::require_live() const {
   if (context_.is_shut_down) throw Error(ErrorKind::kInvalidState, "the manager is shut down");
 }
 
-MatchPath KVCacheManager::match(const Digest& root_key, const Tokens& tokens, bool with_backoff) {
-  // The reusable prefix: walk, back off (unless not `with_backoff`), then cut until the endpoint
+MatchPath KVCacheManager::match(const Digest& root_key, const Tokens& tokens, bool with_backoff,
+                                std::optional<std::int64_t> max_reused) {
+  // The reusable prefix: walk, back off and cap (unless not `with_backoff`), then cut until the endpoint
   // has an SSM snapshot taken exactly there and every attention life cycle has, for each block it
   // needs at the endpoint, a page covering the matched tokens.
   MatchPath path =
       tree_.walk(root_key, tokens, config_.tokens_per_block, config_.key_format, config_.enable_partial_reuse);
-  return prune(with_backoff ? back_off(std::move(path)) : std::move(path));
+  return prune(with_backoff ? back_off(std::move(path), max_reused) : std::move(path));
 }
 
-MatchPath KVCacheManager::back_off(MatchPath path) const {
+MatchPath KVCacheManager::back_off(MatchPath path, std::optional<std::int64_t> max_reused) const {
   std::int64_t backoff = config_.reuse_match_backoff;
-  while (backoff && !path.empty()) {
+  if (max_reused) {
+    // The cap applies after the config's backoff: whichever leaves fewer tokens wins.
+    std::int64_t total = 0;
+    for (const auto& step : path) total += step.second;
+    backoff = std::max(backoff, total - *max_reused);
+  }
+  while (backoff > 0 && !path.empty()) {
     auto& [block, n] = path.back();
     if (n > backoff) {
       n -= backoff;
@@ -131,15 +138,17 @@ bool KVCacheManager::prune_ssm(MatchPath& path) const {
   return false;
 }
 
-std::int64_t KVCacheManager::probe_reuse(const ReuseScope& scope, const Tokens& tokens) {
+std::int64_t KVCacheManager::probe_reuse(const ReuseScope& scope, const Tokens& tokens,
+                                         std::optional<std::int64_t> max_reused) {
   const auto lock = context_.lock();
   require_live();
   std::int64_t total = 0;
-  for (const auto& step : match(root_key(scope), tokens)) total += step.second;
+  for (const auto& step : match(root_key(scope), tokens, true, max_reused)) total += step.second;
   return total;
 }
 
-KVCacheManager::ReuseMatch KVCacheManager::probe_reuse_match(const ReuseScope& scope, const Tokens& tokens) {
+KVCacheManager::ReuseMatch KVCacheManager::probe_reuse_match(const ReuseScope& scope, const Tokens& tokens,
+                                                             std::optional<std::int64_t> max_reused) {
   const auto lock = context_.lock();
   require_live();
   const auto sum = [](const MatchPath& path) {
@@ -150,18 +159,19 @@ KVCacheManager::ReuseMatch KVCacheManager::probe_reuse_match(const ReuseScope& s
   MatchPath walked =
       tree_.walk(root_key(scope), tokens, config_.tokens_per_block, config_.key_format, config_.enable_partial_reuse);
   const std::int64_t divergence = sum(walked);
-  MatchPath backed = back_off(std::move(walked));
+  MatchPath backed = back_off(std::move(walked), max_reused);
   const std::int64_t attention = sum(prune(backed, false));
   return {static_cast<std::int64_t>(tokens.count), divergence, attention, sum(prune(std::move(backed)))};
 }
 
-std::optional<Digest> KVCacheManager::probe_first_new_block_key(const ReuseScope& scope, const Tokens& tokens) {
+std::optional<Digest> KVCacheManager::probe_first_new_block_key(const ReuseScope& scope, const Tokens& tokens,
+                                                                std::optional<std::int64_t> max_reused) {
   const auto lock = context_.lock();
   require_live();
   const Digest root = root_key(scope);
   const std::int64_t tpb = config_.tokens_per_block;
   std::int64_t reusable = 0;
-  for (const auto& step : match(root, tokens)) reusable += step.second;
+  for (const auto& step : match(root, tokens, true, max_reused)) reusable += step.second;
   const std::int64_t k = reusable / tpb;
   const auto n = static_cast<std::int64_t>(tokens.count);
   if (reusable >= n || (k + 1) * tpb > n) return std::nullopt;
@@ -176,7 +186,8 @@ std::optional<Digest> KVCacheManager::probe_first_new_block_key(const ReuseScope
 std::unique_ptr<KVCache> KVCacheManager::create_kv_cache(const ReuseScope& scope, const Tokens& tokens,
                                                          std::optional<std::int64_t> id, PriorityCallback priority,
                                                          std::optional<std::int64_t> expected_prompt_length,
-                                                         std::optional<bool> text_only, bool enable_request_stats) {
+                                                         std::optional<bool> text_only, bool enable_request_stats,
+                                                         std::optional<std::int64_t> max_reused_tokens) {
   const auto lock = context_.lock();
   require_live();
   const std::int64_t cache_id = id.value_or(next_id_);
@@ -187,7 +198,7 @@ std::unique_ptr<KVCache> KVCacheManager::create_kv_cache(const ReuseScope& scope
   RequestStats stats(stats_, cache_id, enable_request_stats,
                      expected_prompt_length.value_or(static_cast<std::int64_t>(tokens.count)), text);
   const Digest root = root_key(scope);
-  const MatchPath path = match(root, tokens);
+  const MatchPath path = match(root, tokens, true, max_reused_tokens);
   std::int64_t reused = 0;
   for (const auto& step : path) reused += step.second;
   auto cache = std::make_unique<KVCache>(context_, cache_id, scope, root,

@@ -41,7 +41,15 @@ from kv_api.contract import (
     PriorityCallback,
     TokenInput,
 )
-from kv_api.descriptors import BufferId, LifeCycle, PageIndexConverter, PoolDesc, PoolGroupDesc, ScratchDesc
+from kv_api.descriptors import (
+    BufferId,
+    BufferLocation,
+    LifeCycle,
+    PageIndexConverter,
+    PoolDesc,
+    PoolGroupDesc,
+    ScratchDesc,
+)
 from kv_api.page_copier import CopyRun, HostMemoryCopier, PageCopier
 from kv_api.registry import (
     ENTRY_POINT_GROUP,
@@ -77,6 +85,7 @@ __all__ = [
     "BatchDesc",
     "BufferConfig",
     "BufferId",
+    "BufferLocation",
     "CacheStats",
     "CacheTier",
     "CacheTierConfig",

@@ -19,7 +19,7 @@ from typing import Protocol, SupportsIndex, TypeAlias, runtime_checkable
 from kv_api.capabilities import Capabilities
 from kv_api.config import KVCacheManagerConfig
 from kv_api.constants import GPU_LEVEL, KVCacheStatus, PageIndexMode
-from kv_api.descriptors import LifeCycle, PageIndexConverter, PoolGroupDesc, ScratchDesc
+from kv_api.descriptors import BufferLocation, LifeCycle, PageIndexConverter, PoolGroupDesc, ScratchDesc
 from kv_api.events import KVCacheEvent
 from kv_api.keys import Token
 from kv_api.page_copier import PageCopier
@@ -37,6 +37,7 @@ __all__ = [
     "BACKEND_ATTRIBUTES",
     "Backend",
     "Buffer",
+    "DLPackTensor",
     "KVCache",
     "KVCacheEventManager",
     "KVCacheManager",
@@ -50,6 +51,13 @@ class Buffer(Protocol):
     """An object exporting the buffer protocol (Python 3.12's ``collections.abc.Buffer``)."""
 
     def __buffer__(self, flags: int, /) -> memoryview: ...
+
+
+class DLPackTensor(Protocol):
+    """An object exporting DLPack (a torch tensor), accepted where an index buffer is
+    (``kv_api.dlpack``)."""
+
+    def __dlpack__(self) -> object: ...
 
 
 #: Tokens as every call taking them accepts them (docs/key-format.md, "Token input"): an
@@ -177,6 +185,12 @@ class KVCacheManager(abc.ABC):
     def get_page_index_upper_bound(self, layer_id: int, role: str) -> int:
         """Exclusive bound of the buffer's page indices."""
 
+    @abc.abstractmethod
+    def get_buffer_location(self, layer_id: int, role: str) -> BufferLocation:
+        """The device pool holding the buffer and its page stride: its PER_LAYER page ``p`` is
+        bytes ``[p * page_stride, (p + 1) * page_stride)`` of ``pool_memory(pool_group, pool)``
+        (docs/manager.md, "Page addresses"). Errors as ``get_page_stride``'s."""
+
     @property
     @abc.abstractmethod
     def pool_group_descs(self) -> list[PoolGroupDesc]:
@@ -279,16 +293,29 @@ class KVCacheManager(abc.ABC):
     # -- reuse and caches -------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def probe_reuse(self, reuse_scope: ReuseScope | None = None, tokens: TokenInput | None = None) -> int:
-        """What ``create_kv_cache`` would reuse now, without changing anything."""
+    def probe_reuse(
+        self,
+        reuse_scope: ReuseScope | None = None,
+        tokens: TokenInput | None = None,
+        max_reused_tokens: int | None = None,
+    ) -> int:
+        """What ``create_kv_cache`` would reuse now (with the same ``max_reused_tokens``),
+        without changing anything."""
 
     @abc.abstractmethod
-    def probe_first_new_block_key(self, reuse_scope: ReuseScope | None, tokens: TokenInput | None) -> bytes | None:
+    def probe_first_new_block_key(
+        self, reuse_scope: ReuseScope | None, tokens: TokenInput | None, max_reused_tokens: int | None = None
+    ) -> bytes | None:
         """Key of block ``probe_reuse // tokens_per_block`` over ``tokens``; None if that block
         would be partial or everything is reusable."""
 
     @abc.abstractmethod
-    def probe_reuse_match(self, reuse_scope: ReuseScope | None = None, tokens: TokenInput | None = None) -> ReuseMatch:
+    def probe_reuse_match(
+        self,
+        reuse_scope: ReuseScope | None = None,
+        tokens: TokenInput | None = None,
+        max_reused_tokens: int | None = None,
+    ) -> ReuseMatch:
         """The match ``probe_reuse`` makes, with its diagnostics; changes nothing."""
 
     @abc.abstractmethod
@@ -301,6 +328,7 @@ class KVCacheManager(abc.ABC):
         expected_prompt_length: int | None = None,
         text_only: bool | None = None,
         enable_request_stats: bool = False,
+        max_reused_tokens: int | None = None,
     ) -> KVCache:
         """A SUSPENDED cache whose committed tokens are the reusable prefix of ``input_tokens``
         (held, not yet locked). ``custom_priority_callback`` sets each new page's eviction
@@ -308,7 +336,11 @@ class KVCacheManager(abc.ABC):
         tokens: ``ValueError``/``TypeError`` as ``kv_api.keys``. ``expected_prompt_length``
         (default ``len(input_tokens)``) splits its allocations into prompt and generation ones
         in its per-request stats; ``text_only`` (default the config's) refuses digest tokens;
-        ``enable_request_stats`` keeps per-request stats (``commit_pending_stats``)."""
+        ``enable_request_stats`` keeps per-request stats (``commit_pending_stats``).
+        ``max_reused_tokens`` (an int >= 0) reuses at most that many tokens: the match is cut to
+        it after the config's ``reuse_match_backoff``, then to what the pages allow (a hybrid's
+        SSM snapshot, a window's pages). An engine passes ``len(prompt) - 1`` so that one
+        prompt token is left to compute the first output token's logits from."""
 
     # Batched calls (docs/manager.md, "Batched calls"): exactly the single calls, in the given
     # order, in one call (one crossing into a native backend, which runs the batch without the
@@ -342,11 +374,13 @@ class KVCacheManager(abc.ABC):
         prompts: Sequence[TokenInput | None],
         ids: Sequence[int | None] | None = None,
         priority_callbacks: Sequence[PriorityCallback | None] | None = None,
+        max_reused_tokens: Sequence[int | None] | None = None,
     ) -> list[KVCache]:
-        """``create_kv_cache(reuse_scopes[i], prompts[i], ids[i], priority_callbacks[i])`` for
-        each i in order: SUSPENDED caches holding their reusable prefixes, not resumed (the
-        caller resumes each when it schedules it). ``ids`` and ``priority_callbacks``, when
-        given, have one item per prompt (None: the default for every prompt)."""
+        """``create_kv_cache(reuse_scopes[i], prompts[i], ids[i], priority_callbacks[i],
+        max_reused_tokens=max_reused_tokens[i])`` for each i in order: SUSPENDED caches holding
+        their reusable prefixes, not resumed (the caller resumes each when it schedules it).
+        ``ids``, ``priority_callbacks`` and ``max_reused_tokens``, when given, have one item per
+        prompt (None: the default for every prompt)."""
 
     @property
     @abc.abstractmethod
@@ -508,7 +542,11 @@ class KVCache(abc.ABC):
 
     @abc.abstractmethod
     def commit(self, tokens: TokenInput, is_end: bool = False) -> None:
-        """ACTIVE only: record computed tokens; full blocks enter the radix tree. ``ValueError``
+        """ACTIVE only: record computed tokens; full blocks enter the radix tree. A block the
+        tree already holds (another request committed the same tokens) **rebases** the cache
+        onto the tree's page and frees its own: the block's base page index changes, so an
+        engine re-reads the indices after every commit (or keeps a ``set_base_page_index_buf``
+        buffer, which kvcore updates). ``ValueError``
         beyond capacity; ``LogicError`` after ``stop_committing()``. ``is_end`` then stops
         committing. With ``commit_min_snapshot`` the history must equal the committed count
         before or after the call (else ``LogicError``, nothing changed), and the state reusable
@@ -576,8 +614,9 @@ class KVCache(abc.ABC):
         """The same indices; ``valid_only`` leaves out ``BAD_PAGE_INDEX``."""
 
     @abc.abstractmethod
-    def set_base_page_index_buf(self, beam: int, layer_group: int, buf: Buffer | None) -> None:
-        """Keep ``buf`` (writable, 1-D, contiguous int32, at least ``num_blocks`` long) equal to
+    def set_base_page_index_buf(self, beam: int, layer_group: int, buf: Buffer | DLPackTensor | None) -> None:
+        """Keep ``buf`` (writable, 1-D, contiguous int32, at least ``num_blocks`` long: a buffer
+        or a CPU DLPack tensor such as a torch ``int32`` tensor, viewed in place) equal to
         the layer group's page indices, its tail past ``num_blocks`` set to -1; a resize that
         would outgrow it raises ``ValueError``. ``None`` detaches."""
 

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import builtins
+from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any, cast
 
 from kv_api.constants import BAD_PAGE_INDEX, PageIndexMode, ceil_div
+from kv_api.dlpack import as_buffer
 
-__all__ = ["BufferId", "LifeCycle", "PageIndexConverter", "PoolDesc", "PoolGroupDesc", "ScratchDesc"]
+__all__ = [
+    "BufferId",
+    "BufferLocation",
+    "LifeCycle",
+    "PageIndexConverter",
+    "PoolDesc",
+    "PoolGroupDesc",
+    "ScratchDesc",
+]
 
 
 @dataclass(frozen=True, order=True)
@@ -76,6 +87,48 @@ class PageIndexConverter:
                 first = (base * self.scale + offset) * self.expansion
                 out.extend(range(first, first + self.expansion))
         return out
+
+    def convert_into(self, base_indices: Any, out: Any, mode: PageIndexMode = PageIndexMode.PER_LAYER) -> int:
+        """``self(base_indices, mode)`` written into ``out`` instead of a new list; returns how
+        many indices it wrote (``expansion`` per base index). Both are 1-D integer buffers or
+        DLPack tensors (a torch tensor: int32 or int64), viewed in place; ``out`` must be
+        writable and hold them all (``ValueError``), its tail is left as it was."""
+        src = _index_view("base_indices", base_indices)
+        dst = _index_view("out", out)
+        if dst.readonly:
+            raise ValueError("out: must be writable")
+        n = len(src) * self.expansion
+        if len(dst) < n:
+            raise ValueError(f"out: too short ({len(dst)} < {n} page indices)")
+        dst[:n] = array(dst.format, self(src.tolist(), mode))
+        return n
+
+
+def _index_view(name: str, obj: Any) -> memoryview:
+    """``obj`` as a 1-D contiguous memoryview of native int32 or int64."""
+    view = as_buffer(obj, name)
+    if view is None:
+        raise TypeError(f"{name}: expected an integer buffer or tensor, got {type(obj).__name__}")
+    fmt = view.format.lstrip("@=")
+    if view.ndim != 1 or fmt not in ("i", "l", "q") or view.itemsize not in (4, 8):
+        raise ValueError(f"{name}: must be a 1-D int32 or int64 buffer (got format {view.format!r})")
+    if not view.c_contiguous:
+        raise ValueError(f"{name}: must be contiguous")
+    native: memoryview = view.cast("B").cast(cast(Any, fmt))
+    return native
+
+
+@dataclass(frozen=True)
+class BufferLocation:
+    """Where one (layer, role) buffer's pages are (``KVCacheManager.get_buffer_location``): in
+    pool ``pool`` of pool group ``pool_group``. Its page ``p`` (a PER_LAYER page index, from
+    ``get_page_index_converter``) is bytes ``[p * page_stride, (p + 1) * page_stride)`` of
+    ``pool_memory(pool_group, pool)``, i.e. at ``get_mem_pool_base_address(layer, role) + p *
+    page_stride`` (docs/manager.md, "Page addresses")."""
+
+    pool_group: int
+    pool: int
+    page_stride: int
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ struct Admission {
   const Tokens* prompt;
   std::optional<std::int64_t> id;
   PriorityCallback priority;
+  std::optional<std::int64_t> max_reused_tokens;
 };
 std::optional<BatchFailure> admit_many(KVCacheManager& manager, std::vector<Admission>& admissions,
                                        std::vector<std::unique_ptr<KVCache>>& created);

@@ -41,13 +41,16 @@ class KVCacheManager {
   void require_live() const;  // Error(kInvalidState) after shutdown
 
   // `expected_prompt_length` nullopt: the tokens; `text_only` nullopt: the config's (Error(kValue)
-  // for a digest token when set).
+  // for a digest token when set); `max_reused_tokens`: at most that many tokens reused (the
+  // probes take it too), cut off the match's tail after the config's backoff.
   std::unique_ptr<KVCache> create_kv_cache(const ReuseScope& scope, const Tokens& tokens,
                                            std::optional<std::int64_t> id, PriorityCallback priority,
                                            std::optional<std::int64_t> expected_prompt_length = std::nullopt,
                                            std::optional<bool> text_only = std::nullopt,
-                                           bool enable_request_stats = false);
-  std::int64_t probe_reuse(const ReuseScope& scope, const Tokens& tokens);
+                                           bool enable_request_stats = false,
+                                           std::optional<std::int64_t> max_reused_tokens = std::nullopt);
+  std::int64_t probe_reuse(const ReuseScope& scope, const Tokens& tokens,
+                           std::optional<std::int64_t> max_reused = std::nullopt);
   // The match with its diagnostics (see kv_api.stats.ReuseMatch).
   struct ReuseMatch {
     std::int64_t num_lookup_tokens;
@@ -55,8 +58,10 @@ class KVCacheManager {
     std::int64_t num_attention_tokens;
     std::int64_t num_reused_tokens;
   };
-  ReuseMatch probe_reuse_match(const ReuseScope& scope, const Tokens& tokens);
-  std::optional<Digest> probe_first_new_block_key(const ReuseScope& scope, const Tokens& tokens);
+  ReuseMatch probe_reuse_match(const ReuseScope& scope, const Tokens& tokens,
+                               std::optional<std::int64_t> max_reused = std::nullopt);
+  std::optional<Digest> probe_first_new_block_key(const ReuseScope& scope, const Tokens& tokens,
+                                                  std::optional<std::int64_t> max_reused = std::nullopt);
   std::vector<StorageStatistics> get_storage_statistics(int level = 0);
   // Changes a level's quota with every cache suspended (the binding checks the state and the
   // arguments): false, nothing changed, below the minimum quota or when the pages that must stay
@@ -88,8 +93,10 @@ class KVCacheManager {
   std::int64_t clamp_max_seq_len_for_mem(std::int64_t batch_size, std::int64_t token_upper_bound);
 
  private:
-  MatchPath match(const Digest& root_key, const Tokens& tokens, bool with_backoff = true);
-  MatchPath back_off(MatchPath path) const;  // reuse_match_backoff tokens off the tail
+  MatchPath match(const Digest& root_key, const Tokens& tokens, bool with_backoff = true,
+                  std::optional<std::int64_t> max_reused = std::nullopt);
+  // reuse_match_backoff tokens off the tail, then down to `max_reused` tokens
+  MatchPath back_off(MatchPath path, std::optional<std::int64_t> max_reused) const;
   // Cut until the path ends on an SSM snapshot taken there (unless `ssm` is false: the
   // attention-only length) and every attention life cycle's needed pages cover the match.
   MatchPath prune(MatchPath path, bool ssm = true) const;

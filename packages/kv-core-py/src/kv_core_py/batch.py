@@ -109,7 +109,7 @@ def commit_many(manager: KVCacheManager, caches: Any, tokens: Any, counts: Any, 
 
 
 def admit_many(
-    manager: KVCacheManager, reuse_scopes: Any, prompts: Any, ids: Any, priority_callbacks: Any
+    manager: KVCacheManager, reuse_scopes: Any, prompts: Any, ids: Any, priority_callbacks: Any, max_reused: Any
 ) -> list[kv_api.KVCache]:
     scopes = items("reuse_scopes", reuse_scopes)
     ps = items("prompts", prompts)
@@ -123,7 +123,11 @@ def admit_many(
     if priority_callbacks is not None:
         callbacks = items("priority_callbacks", priority_callbacks)
         same_length("priority_callbacks", len(callbacks), "reuse_scopes", n)
-    # create_kv_cache's order for each prompt: the callback, the scope, the tokens, the id.
+    caps: tuple[Any, ...] = (None,) * n
+    if max_reused is not None:
+        caps = items("max_reused_tokens", max_reused)
+        same_length("max_reused_tokens", len(caps), "reuse_scopes", n)
+    # create_kv_cache's order for each prompt: the callback, the scope, the tokens, the id, the cap.
     calls: list[tuple[Any, ...]] = []
     for i in range(n):
         prompt = ps[i]
@@ -133,11 +137,13 @@ def admit_many(
             "admit_many", "prompts", i, Tokens, [] if prompt is None else prompt, manager.init_config.key_format
         )
         cache_id = item("admit_many", "ids", i, _optional_count, "id", id_items[i], CACHE_ID_LIMIT)
-        calls.append((scope, toks.to_list(), cache_id, callbacks[i]))  # converted once, as kv_core_cpp reads them
+        cap = item("admit_many", "max_reused_tokens", i, _optional_count, "max_reused_tokens", caps[i], TOKEN_LIMIT)
+        # converted once, as kv_core_cpp reads them
+        calls.append((scope, toks.to_list(), cache_id, callbacks[i], cap))
     created: list[kv_api.KVCache] = []
     with in_order("admit_many", n, created):
-        for scope, prompt, cache_id, cb in calls:
-            created.append(manager.create_kv_cache(scope, prompt, cache_id, cb))
+        for scope, prompt, cache_id, cb, cap in calls:
+            created.append(manager.create_kv_cache(scope, prompt, cache_id, cb, max_reused_tokens=cap))
     return created
 
 

@@ -22,6 +22,7 @@ from kv_api.constants import (
 )
 from kv_api.contract import PriorityCallback
 from kv_api.descriptors import ScratchDesc
+from kv_api.dlpack import as_buffer
 from kv_api.errors import HostOOMError, InvalidStateError, LogicError, OutOfPagesError
 from kv_api.keys import Token
 from kv_api.scope import ReuseScope
@@ -1011,18 +1012,18 @@ class KVCache(kv_api.KVCache):
             return array("i", [i for i in idx if i != BAD_PAGE_INDEX] if valid_only else idx)
 
     def set_base_page_index_buf(self, beam: int, layer_group: int, buf: Any) -> None:
-        """Keep ``buf`` (1-D, writable, format 'i', at least ``num_blocks`` long) updated with the
-        layer group's page indices; the tail past ``num_blocks`` is -1. ``None`` detaches."""
+        """Keep ``buf`` (1-D, writable, format 'i', at least ``num_blocks`` long; a buffer or a
+        DLPack tensor such as a torch int32 tensor) updated with the layer group's page indices;
+        the tail past ``num_blocks`` is -1. ``None`` detaches."""
         poison.check()
         with self._context.lock:
             lg = self._check_group(layer_group, beam)
             if buf is None:
                 self._user_buffers.pop(lg, None)
                 return
-            try:
-                view = memoryview(buf)
-            except TypeError:
-                raise TypeError(f"buf: expected a writable int32 buffer, got {type(buf).__name__}") from None
+            view = as_buffer(buf, "buf")
+            if view is None:
+                raise TypeError(f"buf: expected a writable int32 buffer, got {type(buf).__name__}")
             if view.readonly or view.ndim != 1 or view.format not in ("i", "@i", "=i", "<i"):
                 raise ValueError(f"buf: must be a writable 1-D buffer of format 'i' (got format {view.format!r})")
             if not view.c_contiguous:

@@ -12,7 +12,7 @@ from kv_api._check import as_int, as_str, int_in_range
 from kv_api.config import QUOTA_LIMIT, KVCacheManagerConfig
 from kv_api.constants import CACHE_ID_LIMIT, GPU_LEVEL, TOKEN_LIMIT, PageIndexMode
 from kv_api.contract import PriorityCallback
-from kv_api.descriptors import LifeCycle, PageIndexConverter, PoolDesc, PoolGroupDesc
+from kv_api.descriptors import BufferLocation, LifeCycle, PageIndexConverter, PoolDesc, PoolGroupDesc
 from kv_api.errors import InvalidStateError, LogicError, OutOfPagesError
 from kv_api.keys import check_reuse_scope
 from kv_api.page_copier import HostMemoryCopier, PageCopier
@@ -197,6 +197,12 @@ class KVCacheManager(kv_api.KVCacheManager):
             p = self._placement(layer_id, role)
             num_slots = self._counts.slots[self._storage_config.pool_group_of(p.life_cycle)]
             return (p.scale * num_slots - p.position) * p.expansion
+
+    def get_buffer_location(self, layer_id: int, role: str) -> BufferLocation:
+        poison.check()
+        with self._context.lock:
+            p = self._placement(layer_id, role)
+            return BufferLocation(self._storage_config.pool_group_of(p.life_cycle), p.pool, p.page_size)
 
     @property
     def pool_group_descs(self) -> list[PoolGroupDesc]:
@@ -431,18 +437,23 @@ class KVCacheManager(kv_api.KVCacheManager):
         scope = check_reuse_scope(reuse_scope)
         return scope, root_key(scope), Tokens([] if tokens is None else tokens, self._config.key_format)
 
-    def _match(self, root_key: bytes, tokens: Tokens, with_backoff: bool = True) -> list[tuple[Block, int]]:
-        """The reusable prefix: walk, back off (unless not ``with_backoff``), then cut until the
-        endpoint has an SSM snapshot taken exactly there and every attention life cycle has, for
-        each block it needs at the endpoint, a page covering the matched tokens."""
+    def _match(
+        self, root_key: bytes, tokens: Tokens, with_backoff: bool = True, max_reused: int | None = None
+    ) -> list[tuple[Block, int]]:
+        """The reusable prefix: walk, back off and cap (unless not ``with_backoff``), then cut
+        until the endpoint has an SSM snapshot taken exactly there and every attention life cycle
+        has, for each block it needs at the endpoint, a page covering the matched tokens."""
         config = self._config
         path = self._tree.walk(root_key, tokens, config.tokens_per_block, config.enable_partial_reuse)
-        return self._prune(self._back_off(path) if with_backoff else path)
+        return self._prune(self._back_off(path, max_reused) if with_backoff else path)
 
-    def _back_off(self, path: list[tuple[Block, int]]) -> list[tuple[Block, int]]:
-        """``reuse_match_backoff`` tokens off the walked path's tail."""
+    def _back_off(self, path: list[tuple[Block, int]], max_reused: int | None) -> list[tuple[Block, int]]:
+        """``reuse_match_backoff`` tokens off the walked path's tail, then down to ``max_reused``
+        tokens (whichever leaves fewer)."""
         backoff = self._config.reuse_match_backoff
-        while backoff and path:
+        if max_reused is not None:
+            backoff = max(backoff, sum(n for _, n in path) - max_reused)
+        while backoff > 0 and path:
             block, n = path[-1]
             if n > backoff:
                 path[-1] = (block, n - backoff)
@@ -497,37 +508,46 @@ class KVCacheManager(kv_api.KVCacheManager):
                 return True
         return False
 
-    def probe_reuse(self, reuse_scope: ReuseScope | None = None, tokens: Any = None) -> int:
+    def probe_reuse(
+        self, reuse_scope: ReuseScope | None = None, tokens: Any = None, max_reused_tokens: int | None = None
+    ) -> int:
         """Tokens ``create_kv_cache`` would reuse now; changes nothing."""
         poison.check()
         with self._context.lock:
             self._require_live()
             _, root_key, toks = self._scope_and_tokens(reuse_scope, tokens)
-            return sum(n for _, n in self._match(root_key, toks))
+            cap = _max_reused(max_reused_tokens)
+            return sum(n for _, n in self._match(root_key, toks, max_reused=cap))
 
-    def probe_reuse_match(self, reuse_scope: ReuseScope | None = None, tokens: Any = None) -> ReuseMatch:
+    def probe_reuse_match(
+        self, reuse_scope: ReuseScope | None = None, tokens: Any = None, max_reused_tokens: int | None = None
+    ) -> ReuseMatch:
         """``probe_reuse``'s match, with how deep the walk went and what attention alone keeps."""
         poison.check()
         with self._context.lock:
             self._require_live()
             _, root_key, toks = self._scope_and_tokens(reuse_scope, tokens)
+            cap = _max_reused(max_reused_tokens)
             config = self._config
             walked = self._tree.walk(root_key, toks, config.tokens_per_block, config.enable_partial_reuse)
             divergence = sum(n for _, n in walked)
-            backed = self._back_off(walked)
+            backed = self._back_off(walked, cap)
             attention = sum(n for _, n in self._prune(list(backed), ssm=False))
             reused = sum(n for _, n in self._prune(backed))
             return ReuseMatch(len(toks), divergence, attention, reused)
 
-    def probe_first_new_block_key(self, reuse_scope: ReuseScope | None, tokens: Any) -> bytes | None:
+    def probe_first_new_block_key(
+        self, reuse_scope: ReuseScope | None, tokens: Any, max_reused_tokens: int | None = None
+    ) -> bytes | None:
         """The key of the first block not reusable now, chained over ``tokens``; None when that
         block would be partial or everything is reusable."""
         poison.check()
         with self._context.lock:
             self._require_live()
             _, root_key, toks = self._scope_and_tokens(reuse_scope, tokens)
+            cap = _max_reused(max_reused_tokens)
             tpb = self._config.tokens_per_block
-            reusable = sum(n for _, n in self._match(root_key, toks))
+            reusable = sum(n for _, n in self._match(root_key, toks, max_reused=cap))
             k = reusable // tpb
             if reusable >= len(toks) or (k + 1) * tpb > len(toks):
                 return None
@@ -542,6 +562,7 @@ class KVCacheManager(kv_api.KVCacheManager):
         expected_prompt_length: int | None = None,
         text_only: bool | None = None,
         enable_request_stats: bool = False,
+        max_reused_tokens: int | None = None,
     ) -> KVCache:
         """A SUSPENDED cache holding the reusable prefix of ``input_tokens``; arguments checked
         left to right."""
@@ -561,11 +582,12 @@ class KVCacheManager(kv_api.KVCacheManager):
                 raise TypeError(f"text_only: expected a bool or None, got {type(text_only).__name__}")
             if not isinstance(enable_request_stats, bool):
                 raise TypeError(f"enable_request_stats: expected a bool, got {type(enable_request_stats).__name__}")
+            cap = _max_reused(max_reused_tokens)
             text = self._config.text_only if text_only is None else text_only
             if text and toks.packed is None and (digest := first_digest(toks.to_list())) is not None:
                 raise text_only_error("input_tokens", digest)
             stats = RequestStats(self._stats, cache_id, enable_request_stats, expected, text)
-            path = self._match(root_key, toks)
+            path = self._match(root_key, toks, max_reused=cap)
             reused = sum(n for _, n in path)
             cache = KVCache(
                 self,
@@ -598,12 +620,17 @@ class KVCacheManager(kv_api.KVCacheManager):
             batch.commit_many(self, caches, tokens, counts, is_end)
 
     def admit_many(
-        self, reuse_scopes: Any, prompts: Any, ids: Any = None, priority_callbacks: Any = None
+        self,
+        reuse_scopes: Any,
+        prompts: Any,
+        ids: Any = None,
+        priority_callbacks: Any = None,
+        max_reused_tokens: Any = None,
     ) -> list[kv_api.KVCache]:
         poison.check()
         with self._context.lock:
             self._require_live()
-            return batch.admit_many(self, reuse_scopes, prompts, ids, priority_callbacks)
+            return batch.admit_many(self, reuse_scopes, prompts, ids, priority_callbacks, max_reused_tokens)
 
     @property
     def num_open_kv_caches(self) -> int:
@@ -635,3 +662,8 @@ class KVCacheManager(kv_api.KVCacheManager):
             self._storage.close()
             self._context.is_shut_down = True
             self._live.release()
+
+
+def _max_reused(value: Any) -> int | None:
+    """A ``max_reused_tokens`` argument: None, or an int in ``[0, TOKEN_LIMIT]``."""
+    return None if value is None else int_in_range("max_reused_tokens", value, 0, TOKEN_LIMIT)

@@ -161,11 +161,16 @@ class Engine:
             running.append(waiting.popleft())
 
     def _admit_one(self, seq: Sequence) -> None:
+        blocks = -(-(seq.prompt_length + seq.max_new_tokens) // self.layout.tokens_per_block)
         with self._kvcore():
-            # Match all but the last token: its forward gives the logits of the next one.
-            seq.cache = self.manager.create_kv_cache(seq.scope, seq.tokens[:-1] if self.reuse else None)
+            # Reuse all but the last token at most: its forward gives the logits of the next one.
+            cap = len(seq.tokens) - 1 if self.reuse else 0
+            seq.cache = self.manager.create_kv_cache(seq.scope, seq.tokens, max_reused_tokens=cap)
             seq.computed = seq.committed = seq.cache.num_committed_tokens
             by_level = tuple(seq.cache.cached_tokens_by_level)
+            seq.slots = {g: torch.empty(blocks, dtype=torch.int32) for g in self.views.attention_groups}
+            for g, buf in seq.slots.items():
+                seq.cache.set_base_page_index_buf(0, g, buf)
         if seq.reused_tokens is None:
             seq.reused_tokens = seq.computed
             seq.reused_by_level = by_level
@@ -240,7 +245,7 @@ class Engine:
         assert seq.cache is not None
         h = seq.computed
         with self._kvcore():
-            cache = PagedCache(self.views, seq.cache, h)
+            cache = PagedCache(self.views, seq.cache, seq.slots, h)
         t = time.perf_counter()
         with torch.no_grad():
             out = self.model(

@@ -177,23 +177,11 @@ class BufferView:
     converter: kv_api.PageIndexConverter
 
     def page_ids(self, slots: torch.Tensor) -> torch.Tensor:
-        """The buffer's page ids of base slot ids (int64), vectorised ``PageIndexConverter``:
-        ``(slot * scale + layer_offset) * expansion (+ k)``; -1 stays -1."""
-        c = self.converter
-        first = (slots * c.scale + c.layer_offset) * c.expansion
-        pages = (first[:, None] + torch.arange(c.expansion)).reshape(-1)
-        bad = (slots < 0).repeat_interleave(c.expansion)
-        return torch.where(bad, torch.full_like(pages, -1), pages)
-
-
-def _locate(descs: Sequence[kv_api.PoolGroupDesc], address: int) -> tuple[int, int, int]:
-    """(pool group, pool, byte offset) holding ``address``. The contract has no call for this
-    (docs/engine.md, "Open contract gaps"): match it against the pools' address ranges."""
-    for g in descs:
-        for p, pool in enumerate(g.pools):
-            if pool.base_address <= address < pool.base_address + g.num_slots * pool.slot_size:
-                return g.index, p, address - pool.base_address
-    raise LookupError(f"no device pool holds address {address:#x}")
+        """The buffer's page ids (int64) of base slot ids (an int32 or int64 tensor), by kvcore's
+        converter (``convert_into``); -1 stays -1."""
+        out = torch.empty(slots.numel() * self.converter.expansion, dtype=torch.int64)
+        self.converter.convert_into(slots, out)
+        return out
 
 
 class PageViews:
@@ -215,21 +203,21 @@ class PageViews:
         return self._views[key]
 
     def rebuild(self) -> None:
-        descs = self.manager.pool_group_descs
         views: dict[tuple[int, str], BufferView] = {}
         for layer in self.manager.init_config.layers:
             for buf in layer.buffers:
-                views[(layer.layer_id, buf.role)] = self._view(descs, layer.layer_id, buf.role)
+                views[(layer.layer_id, buf.role)] = self._view(layer.layer_id, buf.role)
         self._views = views
 
-    def _view(self, descs: Sequence[kv_api.PoolGroupDesc], layer_id: int, role: str) -> BufferView:
+    def _view(self, layer_id: int, role: str) -> BufferView:
+        """Page ``p`` is bytes ``[p * stride, (p + 1) * stride)`` of the buffer's pool
+        (docs/manager.md, "Page addresses")."""
         m = self.manager
-        base = m.get_mem_pool_base_address(layer_id, role, kv_api.PageIndexMode.PER_LAYER)
-        stride = m.get_page_stride(layer_id, role)
+        loc = m.get_buffer_location(layer_id, role)
+        stride = loc.page_stride
         if stride != self.layout.buffer_bytes(role):
             raise ValueError(f"layer {layer_id} {role}: page stride {stride} != buffer size")
-        g, p, offset = _locate(descs, base)
-        raw = torch.frombuffer(m.pool_memory(g, p), dtype=torch.uint8)[offset:]
+        raw = torch.frombuffer(m.pool_memory(loc.pool_group, loc.pool), dtype=torch.uint8)
         n = raw.numel() // stride
         dtype = self.layout.role_dtype(role)
         pages = raw[: n * stride].view(n, stride).view(dtype).view(n, *self.layout.page_shape(role))

@@ -1,9 +1,9 @@
 """A ``transformers.Cache`` whose keys, values and Mamba states are kvcore's pages.
 
 One ``PagedCache`` serves one request for one forward: it is built with the request's
-``KVCache`` and ``history`` (H, the tokens computed before this forward) and reads the page
-indices once, when built, so that they are fresh for every forward (a commit may rebase a
-block, a resume may onboard pages into other slots, a resize slides the window).
+``KVCache``, its base page indices (int32 tensors per attention layer group that kvcore keeps
+current: a commit may rebase a block, a resume may onboard pages into other slots, a resize
+slides the window) and ``history`` (H, the tokens computed before this forward).
 
 - ``update`` writes the forward's new K/V for positions ``[H, H+q)`` into the pages and returns
   the sequence's K/V gathered from its pages (a transient tensor; nothing persists off the pages).
@@ -27,7 +27,9 @@ from kv_engine.layout import KV_ROLES, PageViews
 class PagedCache(Cache):
     """The cache of one request for one forward (batch size 1)."""
 
-    def __init__(self, views: PageViews, kv_cache: kv_api.KVCache, history: int) -> None:
+    def __init__(
+        self, views: PageViews, kv_cache: kv_api.KVCache, slots: dict[int, torch.Tensor], history: int
+    ) -> None:
         # Cache.__init__ would build per-layer tensor caches; this one keeps none.
         self.views = views
         self.layout = views.layout
@@ -36,8 +38,7 @@ class PagedCache(Cache):
         self.layers = cast(Any, [None] * len(self.layout.kinds))
         self.offloading = False
         self.layer_class_to_replicate = None
-        groups = views.attention_groups
-        self._slots = {g: torch.tensor(kv_cache.get_base_page_indices(g), dtype=torch.int64) for g in groups}
+        self._slots = slots
         self._state_slots = {g: kv_cache.get_ssm_block_base_index(g) for g in views.ssm_groups}
 
     # -- what transformers asks of a cache --------------------------------------------------------
@@ -112,7 +113,7 @@ class PagedCache(Cache):
         return ids * tpb + positions % tpb
 
     def slots(self, group: int) -> torch.Tensor:
-        """The base page indices (slots) of an attention layer group, int64; -1: no page."""
+        """The base page indices (slots) of an attention layer group, int32; -1: no page."""
         return self._slots[group]
 
     def _layer_slots(self, layer_id: int) -> torch.Tensor:

@@ -41,6 +41,9 @@ class Sequence:
     scope: kv_api.ReuseScope | None
     max_new_tokens: int
     cache: kv_api.KVCache | None = None
+    #: Per attention layer group, the cache's base page indices: int32 tensors kvcore keeps
+    #: current (``set_base_page_index_buf``) through commits (rebase), resizes and resumes.
+    slots: dict[int, torch.Tensor] = field(default_factory=dict)
     computed: int = 0
     committed: int = 0
     reused_tokens: int | None = None

@@ -1,0 +1,203 @@
+"""Where a page's bytes are (docs/manager.md, "Page addresses"): ``get_buffer_location``, the
+rule ``pool_memory(location)[page * stride : (page + 1) * stride]``, ``convert_into`` and index
+buffers that are tensors (a DLPack export, as torch tensors have, instead of the buffer
+protocol)."""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kv_api
+from kv_api import (
+    BAD_PAGE_INDEX,
+    AttentionLayerConfig,
+    BufferConfig,
+    BufferLocation,
+    GpuCacheTierConfig,
+    KVCacheManagerConfig,
+    PageIndexMode,
+    SsmLayerConfig,
+)
+from kv_api.descriptors import PageIndexConverter
+from kv_api.errors import InvalidStateError
+
+from ._manager import MIB, active, raises_exactly, toks
+from .test_manager_layout import ALL_BUFFERS, LAYOUT, TPB
+
+
+class OnlyDlpack:
+    """A tensor that exports DLPack only, as a torch tensor does (numpy provides the capsule)."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self.array.__dlpack__(**kwargs)
+
+
+def hybrid_layout() -> KVCacheManagerConfig:
+    """Attention and an SSM layer whose conv and state buffers differ in size (two pools)."""
+    kv = [BufferConfig("key", 2048), BufferConfig("value", 2048)]
+    ssm = [BufferConfig("conv", 1024), BufferConfig("ssm", 16384)]
+    layers: list[AttentionLayerConfig | SsmLayerConfig] = [AttentionLayerConfig(0, kv), SsmLayerConfig(7, ssm)]
+    return KVCacheManagerConfig(TPB, [GpuCacheTierConfig(4 * MIB)], layers, commit_min_snapshot=True)
+
+
+def check_locations(m: kv_api.KVCacheManager, buffers: list[tuple[int, str]]) -> None:
+    descs = m.pool_group_descs
+    for layer, role in buffers:
+        loc = m.get_buffer_location(layer, role)
+        assert isinstance(loc, BufferLocation)
+        group = m.get_layer_group_id(layer)
+        assert group in descs[loc.pool_group].life_cycles, (layer, role)
+        assert loc.page_stride == m.get_page_stride(layer, role)
+        pool = descs[loc.pool_group].pools[loc.pool]
+        # The PER_LAYER base is the pool's own address: the converter carries the layer's offset.
+        assert m.get_mem_pool_base_address(layer, role, PageIndexMode.PER_LAYER) == pool.base_address
+        mem = m.pool_memory(loc.pool_group, loc.pool)
+        assert np.frombuffer(mem, dtype=np.uint8).ctypes.data == pool.base_address
+        assert m.get_page_index_upper_bound(layer, role) * loc.page_stride <= mem.nbytes
+
+
+def test_buffer_location_names_the_pool(backend: kv_api.Backend) -> None:
+    check_locations(backend.KVCacheManager(LAYOUT), ALL_BUFFERS)
+
+
+@pytest.mark.requires("ssm_layers")
+def test_ssm_buffers_sit_in_their_own_pools(backend: kv_api.Backend) -> None:
+    m = backend.KVCacheManager(hybrid_layout())
+    check_locations(m, [(0, "key"), (0, "value"), (7, "conv"), (7, "ssm")])
+    conv, state = m.get_buffer_location(7, "conv"), m.get_buffer_location(7, "ssm")
+    assert conv.pool_group == state.pool_group and conv.pool != state.pool
+
+
+def test_page_address_rule_gives_each_page_its_own_bytes(backend: kv_api.Backend) -> None:
+    """Every (buffer, block) page of two live caches, addressed by the rule, is disjoint from
+    every other and holds what was written there after the caches commit and grow."""
+    m = backend.KVCacheManager(LAYOUT)
+    caches = [active(m, 12, toks(8, 1)), active(m, 12, toks(8, 50))]
+    owner: dict[tuple[int, int, int], tuple[int, int, str, int]] = {}
+    written = {}
+    for c, cache in enumerate(caches):
+        for layer, role in ALL_BUFFERS:
+            loc = m.get_buffer_location(layer, role)
+            slots = cache.get_base_page_indices(m.get_layer_group_id(layer))
+            pages = m.get_page_index_converter(layer, role)(slots)
+            mem = m.pool_memory(loc.pool_group, loc.pool)
+            for page in pages:
+                if page == BAD_PAGE_INDEX:
+                    continue
+                for byte in range(page * loc.page_stride, (page + 1) * loc.page_stride, 61):
+                    key = (loc.pool_group, loc.pool, byte)
+                    assert key not in owner, (key, owner[key], (c, layer, role, page))
+                    owner[key] = (c, layer, role, page)
+                data = bytes([(c * 7 + layer * 3 + page) & 0xFF]) * loc.page_stride
+                mem[page * loc.page_stride : (page + 1) * loc.page_stride] = data
+                written[(c, layer, role, page)] = (loc, data)
+    for (_, _, _, page), (loc, data) in written.items():
+        mem = m.pool_memory(loc.pool_group, loc.pool)
+        assert bytes(mem[page * loc.page_stride : (page + 1) * loc.page_stride]) == data
+
+
+def test_buffer_location_errors(backend: kv_api.Backend) -> None:
+    m = backend.KVCacheManager(LAYOUT)
+    raises_exactly(KeyError, lambda: m.get_buffer_location(99, "key"))
+    raises_exactly(KeyError, lambda: m.get_buffer_location(0, "nope"))
+    raises_exactly(TypeError, lambda: m.get_buffer_location("0", "key"))
+    m.shutdown()
+    raises_exactly(InvalidStateError, lambda: m.get_buffer_location(0, "key"))
+
+
+CONVERTERS = st.builds(PageIndexConverter, st.integers(1, 4), st.integers(1, 3), st.integers(0, 3))
+BASES = st.lists(st.one_of(st.just(BAD_PAGE_INDEX), st.integers(0, 1000)), max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(converter=CONVERTERS, bases=BASES, dtype=st.sampled_from(["int32", "int64"]), dlpack=st.booleans())
+def test_convert_into_is_the_converter(
+    converter: PageIndexConverter, bases: list[int], dtype: str, dlpack: bool
+) -> None:
+    for mode in (PageIndexMode.PER_LAYER, PageIndexMode.SHARED):
+        src = np.array(bases, dtype=np.int32)
+        out = np.full(len(bases) * converter.expansion + 2, 77, dtype=dtype)
+        n = converter.convert_into(OnlyDlpack(src) if dlpack else src, OnlyDlpack(out) if dlpack else out, mode)
+        assert n == len(bases) * converter.expansion
+        assert out[:n].tolist() == converter(bases, mode)
+        assert out[n:].tolist() == [77, 77]  # the tail is left alone
+
+
+def test_convert_into_refuses_bad_buffers() -> None:
+    c = PageIndexConverter(2, 2, 1)
+    base = array("i", [0, 1])
+    raises_exactly(ValueError, lambda: c.convert_into(base, array("q", [0] * 3)))  # too short
+    raises_exactly(ValueError, lambda: c.convert_into(base, bytes(32)))  # read-only, bytes
+    raises_exactly(ValueError, lambda: c.convert_into(base, np.zeros(4, dtype=np.float64)))
+    raises_exactly(ValueError, lambda: c.convert_into(base, np.zeros((2, 2), dtype=np.int64)))
+    raises_exactly(ValueError, lambda: c.convert_into(base, np.zeros(8, dtype=np.int64)[::2]))
+    raises_exactly(TypeError, lambda: c.convert_into([0, 1], array("q", [0] * 4)))
+    raises_exactly(TypeError, lambda: c.convert_into(base, object()))
+    readonly = np.zeros(4, dtype=np.int64)
+    readonly.flags.writeable = False
+    raises_exactly(ValueError, lambda: c.convert_into(base, readonly))
+
+
+def test_a_tensor_index_buffer_stays_current(backend: kv_api.Backend) -> None:
+    """``set_base_page_index_buf`` takes a DLPack tensor as it takes a buffer, views it in place
+    and keeps it equal to the indices through commit, resize and suspend."""
+    m = backend.KVCacheManager(LAYOUT)
+    cache = active(m, 8, toks(6, 1))
+    store = np.full(10, 5, dtype=np.int32)
+    cache.set_base_page_index_buf(0, 0, OnlyDlpack(store))
+
+    def current() -> None:
+        indices = list(cache.get_base_page_indices(0))
+        assert store.tolist() == indices + [BAD_PAGE_INDEX] * (10 - len(indices))
+
+    current()
+    assert cache.resize(20)
+    current()
+    cache.commit(toks(10, 7))
+    current()
+    cache.suspend()
+    current()
+    assert cache.resume()
+    current()
+    cache.set_base_page_index_buf(0, 0, None)
+    cache.close()
+
+
+@pytest.mark.parametrize(
+    ("tensor", "error", "message"),
+    [
+        (np.zeros(10, dtype=np.int64), ValueError, "buf: must be a writable 1-D buffer of format 'i' (got format 'q')"),
+        (np.zeros(20, dtype=np.int32)[::2], ValueError, "buf: must be contiguous"),
+        (np.zeros((2, 5), dtype=np.int32), ValueError, "buf: the tensor must be 1-D (got 2 dimensions)"),
+        (np.zeros(10, dtype=np.float32), ValueError, "buf: unsupported tensor dtype (DLPack code 2, 32 bits)"),
+    ],
+)
+def test_bad_tensor_index_buffers(backend: kv_api.Backend, tensor: np.ndarray, error: type, message: str) -> None:
+    m = backend.KVCacheManager(LAYOUT)
+    cache = active(m, 8, toks(6, 1))
+    e = raises_exactly(error, lambda: cache.set_base_page_index_buf(0, 0, OnlyDlpack(tensor)))
+    assert str(e) == message
+    cache.close()
+
+
+def test_torch_tensor_index_buffer(backend: kv_api.Backend) -> None:
+    torch = pytest.importorskip("torch")
+    m = backend.KVCacheManager(LAYOUT)
+    cache = active(m, 8, toks(6, 1))
+    t = torch.full((4,), 9, dtype=torch.int32)
+    cache.set_base_page_index_buf(0, 0, t)
+    assert t.tolist() == list(cache.get_base_page_indices(0)) + [BAD_PAGE_INDEX] * 2
+    out = torch.zeros(8, dtype=torch.int64)
+    conv = m.get_page_index_converter(0, "value")
+    assert conv.convert_into(t, out) == 4 * conv.expansion
+    assert out[: 4 * conv.expansion].tolist() == conv(t.tolist())
+    cache.close()
