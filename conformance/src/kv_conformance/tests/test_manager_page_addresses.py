@@ -109,7 +109,7 @@ def test_buffer_location_errors(backend: kv_api.Backend) -> None:
     m = backend.KVCacheManager(LAYOUT)
     raises_exactly(KeyError, lambda: m.get_buffer_location(99, "key"))
     raises_exactly(KeyError, lambda: m.get_buffer_location(0, "nope"))
-    raises_exactly(TypeError, lambda: m.get_buffer_location("0", "key"))
+    raises_exactly(TypeError, lambda: m.get_buffer_location("0", "key"))  # type: ignore[arg-type]
     m.shutdown()
     raises_exactly(InvalidStateError, lambda: m.get_buffer_location(0, "key"))
 

@@ -5,6 +5,8 @@ matched prompt still leaves one token whose forward gives the first output token
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -104,21 +106,19 @@ def refused(m: kv_api.KVCacheManager, call: Callable[[], object]) -> tuple[str, 
 
 
 def bad_calls(m: kv_api.KVCacheManager) -> dict[str, Callable[[], object]]:
+    any_m: Any = m  # the calls are given what their types refuse
     calls: dict[str, Callable[[], object]] = {
         "caps shorter": lambda: m.admit_many([None, None], [PROMPT, PROMPT], max_reused_tokens=[3]),
-        "caps a str": lambda: m.admit_many([None], [PROMPT], max_reused_tokens="3"),
+        "caps a str": lambda: any_m.admit_many([None], [PROMPT], max_reused_tokens="3"),
     }
-    for cap in (-1, 1 << 41, "3", 2.0, True):
-        calls.update(
-            {
-                f"create_kv_cache {cap!r}": lambda c=cap: m.create_kv_cache(None, PROMPT, max_reused_tokens=c),
-                f"probe_reuse {cap!r}": lambda c=cap: m.probe_reuse(None, PROMPT, c),
-                f"probe_reuse_match {cap!r}": lambda c=cap: m.probe_reuse_match(None, PROMPT, c),
-                f"probe_first_new_block_key {cap!r}": lambda c=cap: m.probe_first_new_block_key(None, PROMPT, c),
-                f"admit_many {cap!r}": lambda c=cap: m.admit_many(
-                    [None, None], [PROMPT] * 2, max_reused_tokens=[None, c]
-                ),
-            }
+    caps: tuple[Any, ...] = (-1, 1 << 41, "3", 2.0, True)
+    for cap in caps:
+        calls[f"create_kv_cache {cap!r}"] = partial(any_m.create_kv_cache, None, PROMPT, max_reused_tokens=cap)
+        calls[f"probe_reuse {cap!r}"] = partial(any_m.probe_reuse, None, PROMPT, cap)
+        calls[f"probe_reuse_match {cap!r}"] = partial(any_m.probe_reuse_match, None, PROMPT, cap)
+        calls[f"probe_first_new_block_key {cap!r}"] = partial(any_m.probe_first_new_block_key, None, PROMPT, cap)
+        calls[f"admit_many {cap!r}"] = partial(
+            any_m.admit_many, [None, None], [PROMPT] * 2, max_reused_tokens=[None, cap]
         )
     return calls
 
