@@ -4,7 +4,8 @@
 (one-shot prefill, ``logits_to_keep=1``, explicit position ids), asserted equal to
 ``model.generate(do_sample=False)``: the same tokens, and its logits cast to float32 bitwise
 equal to ``generate``'s (which are float32 copies even for a float64 model). The engine is then
-compared with the reference in float64: tokens equal and logits exactly equal.
+compared with the reference in float64: tokens equal and logits exactly equal (float32 models:
+within a stated tolerance, test_engine_float32.py).
 """
 
 from __future__ import annotations
@@ -18,15 +19,25 @@ from transformers import DynamicCache, PreTrainedModel
 
 import kv_engine
 
+# One intra-op thread per test process. These models are tiny (hidden size 64): one GEMM is a
+# few microseconds of work, so torch's thread pool only adds synchronisation, and under
+# ``pytest -n N`` on N cores each worker's pool (one thread per core by default) oversubscribes
+# the machine, every small op waiting on spinning siblings. Measured on 2 shared cores with
+# ``-n 2``: a float64 64x64 linear took 30 ms with 2 threads and 30 us with 1, and
+# test_engine.py 77-408 s against 17-52 s, by the machine's load. Engine and reference run in
+# the same process, so they still compare the same computation. (Set here, not in a conftest.py: mypy checks every tests folder together, and a
+# second top-level ``conftest`` module would collide with packages/kv-api/tests'.)
+torch.set_num_threads(1)
+
 
 @functools.cache
-def _model(name: str) -> PreTrainedModel:
-    return kv_engine.tiny_model(name, dtype=torch.float64)
+def _model(name: str, dtype: torch.dtype) -> PreTrainedModel:
+    return kv_engine.tiny_model(name, dtype=dtype)
 
 
-def model(name: str) -> PreTrainedModel:
-    """One tiny float64 model per name per process (read only)."""
-    return _model(name)
+def model(name: str, dtype: torch.dtype = torch.float64) -> PreTrainedModel:
+    """One tiny model per name and dtype per process (read only); float64 unless told."""
+    return _model(name, dtype)
 
 
 def _reference_loop(m: PreTrainedModel, prompt: Sequence[int], n: int) -> tuple[list[int], list[torch.Tensor]]:
@@ -66,8 +77,12 @@ def reference(m: PreTrainedModel, prompt: Sequence[int], n: int) -> tuple[list[i
 
 def _reference(m: PreTrainedModel, prompt: Sequence[int], n: int) -> tuple[list[int], list[torch.Tensor]]:
     tokens, logits = _reference_loop(m, prompt, n)
+    ids = torch.tensor([list(prompt)])
+    # An explicit mask: without one, generate masks out every prompt token equal to
+    # pad_token_id (0), which a multi-turn prompt holds when the model generated a 0.
     gen = cast(Any, m).generate(
-        torch.tensor([list(prompt)]),
+        ids,
+        attention_mask=torch.ones_like(ids),
         max_new_tokens=n,
         do_sample=False,
         output_logits=True,

@@ -5,7 +5,7 @@ All models are float64, so the comparison is exact: the engine's forwards differ
 ``generate``'s only in where K/V come from (pages vs a ``DynamicCache``) and in how the prefill
 is cut (reused prefix, block-aligned chunks), and in float64 these tiny models give bitwise equal
 logits for such cuts (chunk boundaries at multiples of 16 = the Mamba2 chunk size). In float32
-the cuts change GEMM row tiling and the Mamba2 chunk-scan order, about 1e-7 (not tested here).
+the cuts change GEMM row tiling and the Mamba2 chunk-scan order, about 1e-7 (test_engine_float32.py).
 A wrong page index changes logits by O(0.1-1), so the logit check catches it even where the
 greedy tokens might survive.
 """

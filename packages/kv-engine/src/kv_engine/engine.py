@@ -1,7 +1,7 @@
 """The reference engine: continuous batching over kvcore, one forward per request per step.
 
-Each step admits waiting requests (``create_kv_cache`` matches what is not recomputed, then
-``resume``), then runs every running request once: a prefill chunk (block-aligned) or one decode
+Each step admits waiting requests (``admit_many``/``create_kv_cache`` match what is not
+recomputed, then ``resume``), then runs every running request once: a prefill chunk (block-aligned) or one decode
 token, after ``resize`` made room (preempting the youngest request when pages run out), and
 commits the requests whose block filled. A finished request commits what it computed and
 closes. Decoding is greedy. docs/engine.md walks through the calls.
@@ -147,10 +147,12 @@ class Engine:
     # -- the loop ---------------------------------------------------------------------------------
 
     def _admit(self, waiting: deque[Sequence], running: list[Sequence]) -> None:
+        room = self.max_running - len(running)
+        self._create_caches([s for s in list(waiting)[:room] if s.cache is None])
         while waiting and len(running) < self.max_running:
             seq = waiting[0]
             if seq.cache is None:
-                self._admit_one(seq)
+                self._create_caches([seq])
             assert seq.cache is not None
             with self._kvcore():
                 resumed = seq.cache.resume()
@@ -160,20 +162,35 @@ class Engine:
                 return
             running.append(waiting.popleft())
 
-    def _admit_one(self, seq: Sequence) -> None:
-        blocks = -(-(seq.prompt_length + seq.max_new_tokens) // self.layout.tokens_per_block)
+    def _create_caches(self, seqs: list[Sequence]) -> None:
+        """Caches for ``seqs`` (one ``admit_many`` where it fits), each matched against what
+        kvcore holds, reusing all but the prompt's last token at most: that token's forward gives
+        the logits of the first output token. Then their index tensors."""
+        if not seqs:
+            return
+        caps = [len(s.tokens) - 1 if self.reuse else 0 for s in seqs]
         with self._kvcore():
-            # Reuse all but the last token at most: its forward gives the logits of the next one.
-            cap = len(seq.tokens) - 1 if self.reuse else 0
-            seq.cache = self.manager.create_kv_cache(seq.scope, seq.tokens, max_reused_tokens=cap)
-            seq.computed = seq.committed = seq.cache.num_committed_tokens
-            by_level = tuple(seq.cache.cached_tokens_by_level)
-            seq.slots = {g: torch.empty(blocks, dtype=torch.int32) for g in self.views.attention_groups}
-            for g, buf in seq.slots.items():
-                seq.cache.set_base_page_index_buf(0, g, buf)
+            if len(seqs) > 1 and self.backend.capabilities.batched_calls:
+                scopes, prompts = [s.scope for s in seqs], [s.tokens for s in seqs]
+                caches = self.manager.admit_many(scopes, prompts, max_reused_tokens=caps)
+            else:
+                caches = [
+                    self.manager.create_kv_cache(s.scope, s.tokens, max_reused_tokens=c)
+                    for s, c in zip(seqs, caps, strict=True)
+                ]
+            for seq, cache in zip(seqs, caches, strict=True):
+                self._attach(seq, cache)
+
+    def _attach(self, seq: Sequence, cache: kv_api.KVCache) -> None:
+        blocks = -(-(seq.prompt_length + seq.max_new_tokens) // self.layout.tokens_per_block)
+        seq.cache = cache
+        seq.computed = seq.committed = cache.num_committed_tokens
+        seq.slots = {g: torch.empty(blocks, dtype=torch.int32) for g in self.views.attention_groups}
+        for g, buf in seq.slots.items():
+            cache.set_base_page_index_buf(0, g, buf)
         if seq.reused_tokens is None:
             seq.reused_tokens = seq.computed
-            seq.reused_by_level = by_level
+            seq.reused_by_level = tuple(cache.cached_tokens_by_level)
             self.stats.reused_tokens += seq.computed
 
     def _step(self, waiting: deque[Sequence], running: list[Sequence]) -> None:
