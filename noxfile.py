@@ -363,9 +363,10 @@ print(f" ({unchecked} not checked yet)" if unchecked else "")
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks: ratios measured side by side in one run (not a test)."""
-    install(session, DYNAMO)
+    install(session, DYNAMO, engine=True)  # engine: bench_engine.py runs the reference engine
     session.run("python", "bench/bench_keys.py", *session.posargs)
     session.run("python", "bench/bench_manager.py")
     session.run("python", "bench/bench_tiers.py")
     session.run("python", "bench/bench_events.py")
     session.run("python", "bench/bench_replay_vs_mocker.py")  # skips the mocker's row without ai-dynamo-runtime
+    session.run("python", "bench/bench_engine.py")
