@@ -159,8 +159,24 @@ class Engine:
             if not resumed:
                 if not running:
                     raise RuntimeError(f"request {seq.index}: the device level cannot hold it (resume failed)")
+                self._release_waiting(waiting)
                 return
+            if seq.reused_tokens is None:  # its first admission that ran
+                seq.reused_tokens, seq.reused_by_level = seq.admitted
+                self.stats.reused_tokens += seq.reused_tokens
             running.append(waiting.popleft())
+
+    def _release_waiting(self, waiting: deque[Sequence]) -> None:
+        """With the device level alone, a waiting request's cache holds its matched pages, which
+        nothing evicts: running requests could not grow. Close those caches; the requests are
+        matched again when scheduled. (With a lower level, held pages can fall to it.)"""
+        if self._suspend_to_lower_level:
+            return
+        with self._kvcore():
+            for seq in waiting:
+                if seq.cache is not None:
+                    seq.cache.close()
+                    seq.cache = None
 
     def _create_caches(self, seqs: list[Sequence]) -> None:
         """Caches for ``seqs`` (one ``admit_many`` where it fits), each matched against what
@@ -188,10 +204,7 @@ class Engine:
         seq.slots = {g: torch.empty(blocks, dtype=torch.int32) for g in self.views.attention_groups}
         for g, buf in seq.slots.items():
             cache.set_base_page_index_buf(0, g, buf)
-        if seq.reused_tokens is None:
-            seq.reused_tokens = seq.computed
-            seq.reused_by_level = tuple(cache.cached_tokens_by_level)
-            self.stats.reused_tokens += seq.computed
+        seq.admitted = (seq.computed, tuple(cache.cached_tokens_by_level))
 
     def _step(self, waiting: deque[Sequence], running: list[Sequence]) -> None:
         self.stats.steps += 1

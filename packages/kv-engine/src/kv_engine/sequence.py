@@ -46,6 +46,9 @@ class Sequence:
     slots: dict[int, torch.Tensor] = field(default_factory=dict)
     computed: int = 0
     committed: int = 0
+    #: (reused tokens, per level) of the cache created last; ``reused_tokens`` and
+    #: ``reused_by_level`` take them when the request first runs.
+    admitted: tuple[int, tuple[int, ...]] = (0, ())
     reused_tokens: int | None = None
     reused_by_level: tuple[int, ...] = ()
     preemptions: int = 0

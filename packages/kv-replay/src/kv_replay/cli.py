@@ -1,4 +1,5 @@
-"""The ``kvcore`` command: ``kvcore replay`` (the main job), ``kvcore events`` and ``kvcore backends``.
+"""The ``kvcore`` command: ``kvcore replay`` (the main job), ``kvcore engine`` (real forwards,
+``kv_replay.engine_command``), ``kvcore events`` and ``kvcore backends``.
 
 Every error is one line on stderr, ``kvcore: error: WHAT: why``, where WHAT is what the user
 typed (a flag, ``FILE:LINE``, an environment variable), and exits with status 2; nothing is
@@ -18,6 +19,8 @@ from typing import Any, NoReturn
 
 import kv_api
 from kv_api.errors import BackendError
+from kv_replay import engine_command
+from kv_replay.engine_command import EngineError
 from kv_replay.events_command import EventsError, events
 from kv_replay.model import MAX_LAYERS, ModelError, parse_layers
 from kv_replay.plot import PlotError
@@ -185,6 +188,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action=_Version)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _replay_parser(sub)
+    engine_command.add_parser(sub)
     _events_parser(sub)
     sub.add_parser(
         "backends", help="list installed backends and their build info", description="List installed backends."
@@ -392,10 +396,14 @@ def main(argv: list[str] | None = None) -> int:
             return backends()
         if args.command == "events":
             return events(args)
+        if args.command == "engine":
+            with terminate_as_interrupt():
+                (backend,) = chosen_backends(args)
+                return engine_command.engine(args, backend)
         check_replay_flags(args)
         with terminate_as_interrupt():  # SIGTERM cleans up as Ctrl-C does, below
             return replay(args, chosen_backends(args))
-    except (UsageError, TraceError, PlotError, ModelError, EventsError, PublishError) as exc:
+    except (UsageError, TraceError, PlotError, ModelError, EventsError, PublishError, EngineError) as exc:
         message = str(exc)
     except BrokenPipeError:
         raise
