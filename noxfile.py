@@ -311,9 +311,11 @@ def sha256_kat(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The main job: ``kvcore replay`` on its embedded default workload (posargs replace that)."""
-    install(session)
-    session.run("kvcore", *(session.posargs or ["replay"]))
+    """The main job: ``kvcore replay`` on its embedded default workload (posargs replace that;
+    ``-- engine ...`` also installs the reference engine, torch and transformers)."""
+    args = session.posargs or ["replay"]
+    install(session, engine=args[0] == "engine")
+    session.run("kvcore", *args)
 
 
 @nox.session
