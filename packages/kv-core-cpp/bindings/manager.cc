@@ -461,6 +461,12 @@ void bind_manager(nb::module_& m) {
             return self.manager->resize(l, q);
           },
           nb::arg("level").none(), nb::arg("quota").none(), nb::arg("best_efforts").none() = false)
+      .def_prop_ro("layout_version",
+                   [](PyManager& self) {
+                     const ManagerLock lock(self.manager->context());
+                     self.manager->require_live();
+                     return self.manager->layout_version();
+                   })
       .def_prop_ro("need_adjustment",
                    [](PyManager& self) {
                      const ManagerLock lock(self.manager->context());

@@ -261,6 +261,7 @@ bool KVCacheManager::resize_level(int level, const SlotCounts& counts) {
     if (e.kind() == ErrorKind::kOutOfPages) return false;
     throw;
   }
+  if (level == 0) ++layout_version_;  // the device's pools may have moved
   return true;
 }
 

@@ -98,7 +98,7 @@ def test_device_resized(backend: kv_api.Backend) -> None:
     """A device level of 4 MiB (256 blocks) holds A and the traffic (148 blocks). Between
     ``generate`` calls every cache is closed, so the level can be resized: shrunk to 2 MiB, the
     20 oldest pages (A's first) fall to the host and the 20 in slots 128 and up move below 128
-    (the pools are remapped; ``resize_device`` rebuilds the views). A request sharing A's
+    (the pools are remapped: ``layout_version`` moves and the views are rebuilt). A request sharing A's
     prompt then reuses it from the host, one continuing the last traffic prompt reuses its
     moved pages on the device, both exact. A resize below the minimum (one 2 MiB grain) fails
     and changes nothing; growing to 8 MiB keeps every page. Every output is exact."""
@@ -126,7 +126,9 @@ def test_device_resized(backend: kv_api.Backend) -> None:
     assert (c.reused_tokens, c.reused_by_level) == (56, (48, 8))
     check("llama", c_prompt, c)
 
-    assert e.resize_device(8 << 20)
+    version = e.manager.layout_version
+    assert e.manager.resize(0, 8 << 20)  # on the manager directly: the engine sees layout_version move
+    assert e.manager.layout_version == version + 1
     assert e.manager.get_quota(0) == 8 << 20
     d_prompt = c_prompt + c.tokens + tokens(6, 3)
     [d] = e.generate([d_prompt], max_new_tokens=6)

@@ -27,7 +27,7 @@ from kv_api import (
 from kv_api.descriptors import PageIndexConverter
 from kv_api.errors import InvalidStateError
 
-from ._manager import MIB, active, raises_exactly, toks
+from ._manager import MIB, active, attention, raises_exactly, toks
 from .test_manager_layout import ALL_BUFFERS, LAYOUT, TPB
 
 
@@ -201,3 +201,31 @@ def test_torch_tensor_index_buffer(backend: kv_api.Backend) -> None:
     assert conv.convert_into(t, out) == 4 * conv.expansion
     assert out[: 4 * conv.expansion].tolist() == conv(t.tolist())
     cache.close()
+
+
+def test_layout_version_counts_device_remaps(backend: kv_api.Backend) -> None:
+    """``layout_version`` moves exactly when the device level's pools may have moved: a device
+    resize that took effect (not a refused one, not one with a cache active) and not a lower
+    level's resize or an ``adjust()`` with nothing to do."""
+    tiers: list[Any] = [GpuCacheTierConfig(2 * MIB)]
+    if backend.capabilities.host_tier:
+        tiers.append(kv_api.HostCacheTierConfig(2 * MIB))
+    m = backend.KVCacheManager(KVCacheManagerConfig(TPB, tiers, [attention(0, 64 * 1024)]))
+    assert m.layout_version == 0
+    committed_cache = active(m, 8, toks(8, 1))
+    raises_exactly(InvalidStateError, lambda: m.resize(0, 4 * MIB))
+    committed_cache.close()
+    assert m.layout_version == 0
+    assert not m.resize(0, 1)  # below the minimum quota: refused, nothing changed
+    assert m.layout_version == 0
+    assert m.resize(0, 4 * MIB)
+    assert m.layout_version == 1
+    assert m.resize(0, 2 * MIB)
+    assert m.layout_version == 2
+    if backend.capabilities.host_tier:
+        assert m.resize(1, 4 * MIB)
+        assert m.layout_version == 2
+    assert not m.adjust()  # nothing learnt yet
+    assert m.layout_version == 2
+    m.shutdown()
+    raises_exactly(InvalidStateError, lambda: m.layout_version)

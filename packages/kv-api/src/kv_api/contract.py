@@ -215,6 +215,13 @@ class KVCacheManager(abc.ABC):
 
     @property
     @abc.abstractmethod
+    def layout_version(self) -> int:
+        """0 when built, +1 at every ``resize`` of the device level and every ``adjust()`` that
+        took effect: the device's pools may have moved, so ``pool_memory`` views, addresses and
+        tensors over them taken at another version are stale (read them again)."""
+
+    @property
+    @abc.abstractmethod
     def need_adjustment(self) -> bool:
         """The auto-tuner: whether ``adjust()`` is due (at least ``rebalance_min_sampled_kv_caches``
         caches sampled on close, ``rebalance_cooldown_secs`` since the manager was built or last

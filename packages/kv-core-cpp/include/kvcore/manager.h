@@ -77,6 +77,8 @@ class KVCacheManager {
   void clear_reusable_blocks();
   void shutdown();
   std::size_t num_open_kv_caches() const { return context_.num_open_caches(); }
+  // +1 at every device-level resize or adjust() that took effect: the pools may have moved.
+  std::int64_t layout_version() const { return layout_version_; }
 
   CacheStats get_committed_stats();
   CacheStats get_and_reset_iteration_stats();
@@ -116,6 +118,7 @@ class KVCacheManager {
   CacheContext context_;  // the lock, the open caches, the shut-down flag and the statistics, shared with the caches
   StatsBook stats_;       // excluded and dirty ids, per-life-cycle counters
   std::int64_t next_id_ = 0;
+  std::int64_t layout_version_ = 0;  // successful device-level resizes and adjustments
   std::uint64_t evicted_mark_ = 0;
   std::uint64_t onboarded_mark_ = 0;
   std::uint64_t corrupt_mark_ = 0;

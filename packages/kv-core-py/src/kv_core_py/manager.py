@@ -90,6 +90,7 @@ class KVCacheManager(kv_api.KVCacheManager):
         )
         self._stats = StatsBook(self._context)  # excluded and dirty ids, per-life-cycle counters
         self._next_id = 0
+        self._layout_version = 0
         if event_manager is not None:
             event_manager.created(tuple(sum(level.counts.slots) for level in levels))
         # Last, once nothing can fail: take_poison() waits until this is released.
@@ -281,9 +282,17 @@ class KVCacheManager(kv_api.KVCacheManager):
             return False
         if level == GPU_LEVEL:
             self._counts = counts
+            self._layout_version += 1  # the device's pools may have moved
         return True
 
     # -- the auto-tuner (rebalancer.py) ----------------------------------------------------------
+
+    @property
+    def layout_version(self) -> int:
+        poison.check()
+        with self._context.lock:
+            self._require_live()
+            return self._layout_version
 
     @property
     def need_adjustment(self) -> bool:

@@ -127,9 +127,11 @@ class Engine:
         return [s.output() for s in seqs]
 
     def resize_device(self, quota: int, best_efforts: bool = False) -> bool:
-        """``manager.resize(GPU_LEVEL, quota)``, then the page views again (the pools moved)."""
+        """``manager.resize(GPU_LEVEL, quota)``, then the page views again if the pools moved
+        (every forward checks ``layout_version`` too, so a resize or ``adjust()`` made on the
+        manager directly is seen as well)."""
         ok = self.manager.resize(kv_api.GPU_LEVEL, quota, best_efforts)
-        self.views.rebuild()
+        self.views.refresh()
         return ok
 
     def close(self) -> None:
@@ -275,6 +277,7 @@ class Engine:
         assert seq.cache is not None
         h = seq.computed
         with self._kvcore():
+            self.views.refresh()
             cache = PagedCache(self.views, seq.cache, seq.slots, h)
         t = time.perf_counter()
         with torch.no_grad():

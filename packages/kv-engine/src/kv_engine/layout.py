@@ -185,8 +185,9 @@ class BufferView:
 
 
 class PageViews:
-    """Zero-copy tensors over the device level's pools, per (kvcore layer, role). ``rebuild()``
-    after anything that remaps level 0 (``manager.resize(0, ...)``, ``adjust()``)."""
+    """Zero-copy tensors over the device level's pools, per (kvcore layer, role). ``refresh()``
+    rebuilds them when the manager's ``layout_version`` moved (a device resize or ``adjust()``
+    remapped the pools)."""
 
     def __init__(self, manager: kv_api.KVCacheManager, layout: ModelLayout) -> None:
         self.manager = manager
@@ -197,10 +198,18 @@ class PageViews:
         self.attention_groups = sorted({g for lid, g in self.group_of.items() if lid not in ssm})
         self.ssm_groups = sorted({g for lid, g in self.group_of.items() if lid in ssm})
         self._views: dict[tuple[int, str], BufferView] = {}
-        self.rebuild()
+        self.version = -1
+        self.refresh()
 
     def __getitem__(self, key: tuple[int, str]) -> BufferView:
         return self._views[key]
+
+    def refresh(self) -> None:
+        """The views again, if the pools may have moved since they were taken."""
+        version = self.manager.layout_version
+        if version != self.version:
+            self.rebuild()
+            self.version = version
 
     def rebuild(self) -> None:
         views: dict[tuple[int, str], BufferView] = {}
