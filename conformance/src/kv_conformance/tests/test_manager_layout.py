@@ -273,6 +273,8 @@ def test_ratio_split_is_the_same_on_every_backend(
         ([attention(0, 256 * 1024), attention(1, 512 * 1024, window=4)], (0.5, 0.25, 0.25)),
         (SHARED_POOL_GROUP[:2], (1.0,)),  # one per pool group is too few
         (SHARED_POOL_GROUP, (0.25, 0.75)),
+        # Empty: the length is the rule that fails first (as in the reference), not the sum.
+        ([attention(0, 256 * 1024)], ()),
     ],
 )
 def test_initial_pool_ratio_length_must_match(

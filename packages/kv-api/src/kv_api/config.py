@@ -330,7 +330,8 @@ class KVCacheManagerConfig:
             for i, r in enumerate(ratio):
                 if isinstance(r, bool) or math.isnan(r) or r <= 0:
                     raise ValueError(f"{where}: initial_pool_ratio values must be positive (got {r!r} at index {i})")
-            if abs(sum(ratio) - 1.0) > 1e-6:
+            # An empty ratio is the backends' length error (the reference checks the length first).
+            if ratio and abs(sum(ratio) - 1.0) > 1e-6:
                 raise ValueError(f"{where}: initial_pool_ratio values must sum to 1.0 (got {sum(ratio)!r})")
             _set(self, "initial_pool_ratio", tuple(float(r) for r in ratio))
         self._check_rebalance()
