@@ -359,9 +359,7 @@ void bind_manager(nb::module_& m) {
       .def_prop_ro("layer_grouping",
                    [](PyManager& self) {
                      poison::check();
-                     std::vector<std::vector<std::int64_t>> groups(self.manager->registry().size());
-                     for (const auto& [layer, lc] : self.manager->registry().layers()) groups[lc].push_back(layer);
-                     return groups;
+                     return self.manager->layer_grouping();
                    })
       .def_prop_ro("layer_ids",
                    [](PyManager& self) {
@@ -392,10 +390,7 @@ void bind_manager(nb::module_& m) {
               fail(PyExc_ValueError, "get_mem_pool_base_address: index_mode is required with swa_scratch_reuse");
             }
             const bool shared = !index_mode.is_none() && arg::shared_index_mode(index_mode);
-            const int pg = self.manager->storage_config().pool_group_of(p.life_cycle);
-            const auto base =
-                reinterpret_cast<std::uintptr_t>(self.manager->storage().pool_groups()[pg].pools[p.pool].data());
-            return base + (shared ? static_cast<std::uint64_t>(p.position) * p.size : 0);
+            return self.manager->mem_pool_base_address(p, shared);
           },
           nb::arg("layer_id").none(), nb::arg("role").none(), nb::arg("index_mode").none() = nb::none())
       .def(
@@ -417,19 +412,15 @@ void bind_manager(nb::module_& m) {
           "get_page_index_upper_bound",
           [](PyManager& self, nb::handle layer_id, nb::handle role) {
             const ManagerLock lock(self.manager->context());
-            const BufferPlacement& p = placement(self, layer_id, role);
-            const auto slots = static_cast<std::int64_t>(
-                self.manager->counts().slots[self.manager->storage_config().pool_group_of(p.life_cycle)]);
-            return (p.scale * slots - p.position) * p.expansion;
+            return self.manager->page_index_upper_bound(placement(self, layer_id, role));
           },
           nb::arg("layer_id").none(), nb::arg("role").none())
       .def(
           "get_buffer_location",
           [](PyManager& self, nb::handle layer_id, nb::handle role) {
             const ManagerLock lock(self.manager->context());
-            const BufferPlacement& p = placement(self, layer_id, role);
-            return api("BufferLocation")(self.manager->storage_config().pool_group_of(p.life_cycle), p.pool,
-                                         p.page_size);
+            const auto loc = self.manager->buffer_location(placement(self, layer_id, role));
+            return api("BufferLocation")(loc.pool_group, loc.pool, loc.page_stride);
           },
           nb::arg("layer_id").none(), nb::arg("role").none())
       .def_prop_ro("pool_group_descs", &pool_group_descs)

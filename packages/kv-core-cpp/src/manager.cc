@@ -222,6 +222,27 @@ std::vector<std::pair<std::pair<int, int>, std::uint64_t>> KVCacheManager::get_b
   return storage_.transfer().bytes_moved();
 }
 
+KVCacheManager::BufferLocation KVCacheManager::buffer_location(const BufferPlacement& p) const {
+  return {storage_config_.pool_group_of(p.life_cycle), p.pool, p.page_size};
+}
+
+std::uintptr_t KVCacheManager::mem_pool_base_address(const BufferPlacement& p, bool shared) {
+  const int group = storage_config_.pool_group_of(p.life_cycle);
+  const auto base = reinterpret_cast<std::uintptr_t>(storage_.pool_groups()[group].pools[p.pool].data());
+  return base + (shared ? static_cast<std::uint64_t>(p.position) * p.size : 0);
+}
+
+std::int64_t KVCacheManager::page_index_upper_bound(const BufferPlacement& p) const {
+  const auto slots = static_cast<std::int64_t>(counts().slots[storage_config_.pool_group_of(p.life_cycle)]);
+  return (p.scale * slots - p.position) * p.expansion;
+}
+
+std::vector<std::vector<std::int64_t>> KVCacheManager::layer_grouping() const {
+  std::vector<std::vector<std::int64_t>> groups(registry_.size());
+  for (const auto& [layer, lc] : registry_.layers()) groups[lc].push_back(layer);
+  return groups;
+}
+
 std::size_t KVCacheManager::num_active_caches() const {
   std::size_t n = 0;
   for (const KVCache* c : context_.open_caches()) n += c->status() == CacheStatus::kActive;

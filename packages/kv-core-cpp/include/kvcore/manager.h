@@ -38,6 +38,21 @@ class KVCacheManager {
   Storage& storage() { return storage_; }
   // Its lock is the one every public call takes.
   CacheContext& context() { return context_; }
+
+  // The memory layout of one buffer (docs/manager.md, "Page addresses"). REQUIRES: the manager's
+  // lock; `p` is storage_config().placement(layer, role) (the binding checks both).
+  struct BufferLocation {
+    int pool_group;
+    int pool;
+    std::uint64_t page_stride;
+  };
+  BufferLocation buffer_location(const BufferPlacement& p) const;
+  // The pool's address (PER_LAYER), plus the buffer's offset in a slot when `shared`.
+  std::uintptr_t mem_pool_base_address(const BufferPlacement& p, bool shared);
+  // Exclusive bound of the buffer's page indices at the device level's slot count now.
+  std::int64_t page_index_upper_bound(const BufferPlacement& p) const;
+  // The layer ids of each layer group, in registration order.
+  std::vector<std::vector<std::int64_t>> layer_grouping() const;
   void require_live() const;  // Error(kInvalidState) after shutdown
 
   // `expected_prompt_length` nullopt: the tokens; `text_only` nullopt: the config's (Error(kValue)
