@@ -181,7 +181,7 @@ def tests(session: nox.Session) -> None:
     lint(session)
     typecheck(session)
     check_stubs(session)
-    session.run("bash", "ci/sha256_kat.sh", external=True)
+    session.run("bash", ".ci/sha256_kat.sh", external=True)
     session.notify("sanitize")
 
 
@@ -306,7 +306,7 @@ def sanitize(session: nox.Session) -> None:
 def sha256_kat(session: nox.Session) -> None:
     """The SHA-256 known-answer test on this machine's transforms, then cross-compiled for aarch64
     and run under qemu (ARMv8 forced)."""
-    session.run("bash", "ci/sha256_kat.sh", external=True)
+    session.run("bash", ".ci/sha256_kat.sh", external=True)
 
 
 @nox.session
