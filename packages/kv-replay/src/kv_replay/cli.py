@@ -12,7 +12,6 @@ import argparse
 import os
 import re
 import sys
-from collections.abc import Callable
 from dataclasses import fields
 from importlib import metadata
 from typing import Any, NoReturn
@@ -22,6 +21,7 @@ from kv_api.errors import BackendError
 from kv_replay import engine_command
 from kv_replay.engine_command import EngineError
 from kv_replay.events_command import EventsError, events
+from kv_replay.flag_types import disk_path_flag, integer, progress_flags, quotas, size
 from kv_replay.model import MAX_LAYERS, ModelError, parse_layers
 from kv_replay.plot import PlotError
 from kv_replay.publish import PublishError, endpoint
@@ -30,8 +30,6 @@ from kv_replay.routers import ROUTERS
 from kv_replay.signals import Terminated, terminate_as_interrupt
 from kv_replay.sizes import parse_size
 from kv_replay.trace import BUILTIN_TRACES, MAX_TOKENS, TraceError
-
-QUOTA_LIMIT = kv_api.config.QUOTA_LIMIT
 
 
 class UsageError(Exception):
@@ -55,68 +53,6 @@ class _Parser(argparse.ArgumentParser):
 def error(message: str) -> None:
     """One line on stderr, whatever the message."""
     print(f"kvcore: error: {'; '.join(message.splitlines())}", file=sys.stderr)
-
-
-def integer(low: int, high: int) -> Callable[[str], int]:
-    """An argparse type: an integer in ``[low, high]``."""
-
-    def convert(text: str) -> int:
-        try:
-            value = int(text.strip()) if len(text) <= 40 else None
-        except ValueError:
-            value = None
-        if value is None:
-            raise argparse.ArgumentTypeError(f"expected an integer (got {text[:40]!r})")
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be in [{low:,}, {high:,}] (got {value:,})")
-        return value
-
-    return convert
-
-
-def quotas(text: str) -> list[int]:
-    """``--quota``: one size, or a comma-separated list of them for a capacity sweep."""
-    sizes = []
-    for part in text.split(","):
-        if part.strip().startswith("-") and _is_size(part.strip()[1:]):
-            raise argparse.ArgumentTypeError(f"{part.strip()[:40]!r}: a size cannot be negative")
-        try:
-            size = parse_size(part)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-        if not 0 < size < QUOTA_LIMIT:
-            raise argparse.ArgumentTypeError(f"{part.strip()!r} must be at least 1 byte and below 2**63 bytes")
-        sizes.append(size)
-    return sorted(set(sizes))
-
-
-def _is_size(text: str) -> bool:
-    try:
-        parse_size(text)
-    except ValueError:
-        return False
-    return True
-
-
-def size(text: str) -> int:
-    """``--disk-quota``: one size, validated like ``--quota``."""
-    if "," in text:
-        raise argparse.ArgumentTypeError(
-            f"one size, not a list (got {text[:40]!r}; a sweep varies --quota or --host-quota)"
-        )
-    (value,) = quotas(text)
-    return value
-
-
-def directory(text: str) -> str:
-    """``--disk-path``: an existing directory this process can write in."""
-    if not os.path.exists(text):
-        raise argparse.ArgumentTypeError(f"directory {text} does not exist")
-    if not os.path.isdir(text):
-        raise argparse.ArgumentTypeError(f"{text} is not a directory")
-    if not os.access(text, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"directory {text} is not writable")
-    return text
 
 
 def check_replay_flags(args: argparse.Namespace) -> None:
@@ -244,12 +180,7 @@ def _model_flags(r: argparse.ArgumentParser) -> None:
         metavar="SIZE",
         help="add a disk tier, the coldest level, of this size (default: none, no disk tier)",
     )
-    r.add_argument(
-        "--disk-path",
-        type=directory,
-        metavar="DIR",
-        help="an existing directory for the disk tier's files (default: a temporary directory, removed after the run)",
-    )
+    disk_path_flag(r)
     r.add_argument(
         "--layers",
         type=layers,
@@ -325,13 +256,7 @@ def _output_flags(r: argparse.ArgumentParser) -> None:
         metavar="N",
         help="with --publish, start the replay only once N subscribers listen (default: 0, start at once)",
     )
-    bar = r.add_mutually_exclusive_group()
-    bar.add_argument("--quiet", action="store_true", help="no progress bar (default: a bar when stderr is a terminal)")
-    bar.add_argument(
-        "--progress",
-        action="store_true",
-        help="draw the progress bar on stderr even when it is not a terminal (default: only on a terminal)",
-    )
+    progress_flags(r)
 
 
 def _events_parser(sub: argparse._SubParsersAction[_Parser]) -> None:

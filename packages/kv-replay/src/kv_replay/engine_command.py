@@ -36,6 +36,7 @@ import numpy as np
 from kv_api import Backend
 from kv_api.errors import HostOOMError
 from kv_replay.engine_report import Run, report, text
+from kv_replay.flag_types import disk_path_flag, integer, one_size, progress_flags
 from kv_replay.plural import plural
 from kv_replay.progress import ProgressBar
 from kv_replay.replay_command import check_tiers
@@ -112,8 +113,6 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
 
 def _memory_flags(e: argparse.ArgumentParser) -> None:
     """The model's numbers and its memory: dtype, block size, prefill chunk, quotas, tiers."""
-    from kv_replay.cli import directory, integer  # kv_replay.cli imports this module
-
     e.add_argument(
         "--dtype",
         choices=DTYPES,
@@ -143,18 +142,11 @@ def _memory_flags(e: argparse.ArgumentParser) -> None:
     e.add_argument(
         "--disk-quota", type=one_size, metavar="SIZE", help="add a disk tier of this size (default: none, no disk tier)"
     )
-    e.add_argument(
-        "--disk-path",
-        type=directory,
-        metavar="DIR",
-        help="an existing directory for the disk tier's files (default: a temporary directory, removed after the run)",
-    )
+    disk_path_flag(e)
 
 
 def _run_flags(e: argparse.ArgumentParser) -> None:
     """How the workload runs, and what comes out."""
-    from kv_replay.cli import integer  # kv_replay.cli imports this module
-
     e.add_argument(
         "--max-running",
         type=integer(1, 1 << 16),
@@ -193,23 +185,7 @@ def _run_flags(e: argparse.ArgumentParser) -> None:
         help="run the same requests without reuse too and compare every request's tokens; exit 1 if any differ",
     )
     e.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    bar = e.add_mutually_exclusive_group()
-    bar.add_argument("--quiet", action="store_true", help="no progress bar (default: a bar when stderr is a terminal)")
-    bar.add_argument(
-        "--progress",
-        action="store_true",
-        help="draw the progress bar on stderr even when it is not a terminal (default: only on a terminal)",
-    )
-
-
-def one_size(text: str) -> int:
-    """A quota flag's value: one size, validated as ``kvcore replay --quota``'s."""
-    from kv_replay.cli import quotas as sizes  # kv_replay.cli imports this module
-
-    if "," in text:
-        raise argparse.ArgumentTypeError(f"one size, not a list (got {text[:40]!r})")
-    (value,) = sizes(text)
-    return value
+    progress_flags(e)
 
 
 # -- running ----------------------------------------------------------------------------------------
