@@ -1,5 +1,6 @@
 """The slot-count math on its own (docs/manager.md, "Sizing"; behaviour-spec §3 "Quotas and
-granularity", invariant 13): granularity, grains, min slots, the ratio split."""
+granularity", invariant 13): granularity, grains, min slots, the ratio split and ``bytes_ratio``'s
+shares, ``slots_for_batch`` and ``sequence_peak_slots`` against their definitions."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from kv_core_py.slot_counts import (
     GIB,
     MIB,
     SlotCounts,
+    bytes_ratio,
     compute_min_slots,
     distribute,
     gpu_granularity,
@@ -33,6 +35,7 @@ from kv_core_py.slot_counts import (
     max_slots,
     min_quota,
     pool_group_ratio,
+    sequence_peak_slots,
     slots_for_batch,
 )
 from kv_core_py.storage_config import PoolGroupConfig, StorageConfig
@@ -174,6 +177,19 @@ def test_ratio_of_layer_groups_sharing_a_pool_group() -> None:
     assert counts(4, 8 * 2 * MIB, layers, initial_pool_ratio=[0.25, 0.75]).slots == [16]
 
 
+def test_bytes_ratio_is_each_group_share_of_the_bytes() -> None:
+    """Slots times slot bytes (every pool of the group), over their sum: shares adding up to 1."""
+    g = groups((2048, 1024), (1024,), (4096,))
+    assert bytes_ratio([1, 3, 0], g) == [0.5, 0.5, 0.0]
+    assert bytes_ratio([2, 0, 1], g) == [6144 / 10240, 0.0, 4096 / 10240]
+    assert bytes_ratio([0, 4, 0], g) == [0.0, 1.0, 0.0]
+
+
+def test_bytes_ratio_of_no_slots_is_equal_shares() -> None:
+    assert bytes_ratio([0, 0], groups((1024,), (2048,))) == [0.5, 0.5]
+    assert bytes_ratio([0, 0, 0, 0], groups((1,), (2,), (3,), (4,))) == [0.25] * 4
+
+
 def slots_for_batch_by_block(
     registry: LifeCycleRegistry, life_cycle: int, batch: BatchDesc, scratch: ScratchRule | None = None
 ) -> int:
@@ -246,6 +262,25 @@ def test_slots_for_batch_time_does_not_depend_on_the_system_prompt() -> None:
     start = time.perf_counter()
     assert slots_for_batch(registry, 0, BatchDesc([KVCacheDesc(n, n)] * 2, system_prompt_length=n)) == expected
     assert time.perf_counter() - start < 0.5
+
+
+@pytest.mark.parametrize("tpb", [1, 2, 3, 4, 5, 8])
+def test_sequence_peak_slots_is_the_most_any_step_needs(tpb: int) -> None:
+    """For every length, the peak over the steps ``history h, capacity h + 1`` (``h < length``),
+    counted step by step, on full attention and windows of every phase against the block."""
+    layers = [
+        layer(0, 4096),
+        *(layer(1 + w, 4096, w) for w in range(1, 12)),
+        layer(20, 4096, 6, 3),
+        layer(21, 4096, 9, 5),
+    ]
+    registry = LifeCycleRegistry(KVCacheManagerConfig(tpb, [GpuCacheTierConfig(GIB)], layers))
+    for lc in range(len(registry.life_cycles)):
+        peak = 0
+        for length in range(1, 50):
+            h = length - 1
+            peak = max(peak, slots_for_batch(registry, lc, BatchDesc([KVCacheDesc(h + 1, h)])))
+            assert sequence_peak_slots(registry, lc, length) == peak, (lc, registry.life_cycles[lc], length)
 
 
 def test_min_quota_refuses_2_63_bytes_exactly() -> None:

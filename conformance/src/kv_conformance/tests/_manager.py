@@ -26,6 +26,7 @@ from kv_api import (
     KVCacheStatus,
     PriorityCallback,
     ReuseScope,
+    SsmLayerConfig,
     StorageStatistics,
 )
 from kv_api.constants import ceil_div
@@ -36,9 +37,13 @@ MIB = 1 << 20
 GRAIN = 2 * MIB
 
 
-def kv(size: int) -> list[BufferConfig]:
-    """A key and a value buffer of ``size`` bytes each (one pool, slot = ``2 * size``)."""
-    return [BufferConfig("key", size), BufferConfig("value", size)]
+def kv(size: int, tokens_per_block_override: int | None = None) -> list[BufferConfig]:
+    """A key and a value buffer of ``size`` bytes each (one pool, slot = ``2 * size``), stored at
+    ``tokens_per_block_override`` tokens a page if given."""
+    return [
+        BufferConfig("key", size, tokens_per_block_override),
+        BufferConfig("value", size, tokens_per_block_override),
+    ]
 
 
 def attention(
@@ -72,6 +77,17 @@ def hybrid_config(
     size = GRAIN // slots
     layers = [attention(0, size), attention(1, size, window, sinks)]
     return make_config(tokens_per_block, layers=layers, **kwargs)
+
+
+def ssm_hybrid(tpb: int = 4, window: int = 8, quota: int = 8 * MIB, **kwargs: Any) -> KVCacheManagerConfig:
+    """Full attention (0), a window (1) and an SSM layer (2) in its own pool group."""
+    kv = [BufferConfig("key", 4096), BufferConfig("value", 4096)]
+    layers: list[AttentionLayerConfig | SsmLayerConfig] = [
+        AttentionLayerConfig(0, kv),
+        AttentionLayerConfig(1, kv, window),
+        SsmLayerConfig(2, [BufferConfig("state", 16384)]),
+    ]
+    return KVCacheManagerConfig(tpb, [GpuCacheTierConfig(quota)], layers, commit_min_snapshot=True, **kwargs)
 
 
 def make_manager(

@@ -219,16 +219,16 @@ def install_bare(site: Path) -> None:
 
 #: Test -> its outcomes on ``KV_BACKEND=bare,py``: (outcome, words its message must hold).
 EXPECTED: dict[str, tuple[str, str]] = {
-    "test_tiers.py::test_host_quota_granularity[bare-exact]": ("skipped", "'bare' lacks capability 'host_tier'"),
-    "test_tiers.py::test_host_quota_granularity[py-exact]": ("passed", ""),
-    "test_tiers.py::test_tier_layouts_are_accepted[bare-disk]": ("skipped", "lacks capability 'disk_tier'"),
-    "test_manager_regressions.py::test_a_private_window_page_is_released_once_stale[bare]": ("skipped", "host_tier"),
-    "test_manager_gaps.py::test_a_match_cut_to_nothing_holds_no_block[bare]": ("skipped", "ssm_layers"),
+    "tiers/test_levels.py::test_host_quota_granularity[bare-exact]": ("skipped", "'bare' lacks capability 'host_tier'"),
+    "tiers/test_levels.py::test_host_quota_granularity[py-exact]": ("passed", ""),
+    "tiers/test_levels.py::test_tier_layouts_are_accepted[bare-disk]": ("skipped", "lacks capability 'disk_tier'"),
+    "tiers/test_reuse.py::test_a_private_window_page_is_released_once_stale[bare]": ("skipped", "host_tier"),
+    "test_hybrid_snapshots.py::test_a_match_cut_to_nothing_holds_no_block[bare]": ("skipped", "ssm_layers"),
     "test_manager_stats_surface.py::test_ssm_snapshot_stats_same_on_both_backends": (
         "skipped",
         "needs two backends with ssm_layers: 'bare' lacks ssm_layers",
     ),
-    "test_tier_disk_differential.py::test_disk_faults_cost_misses_never_data": ("skipped", "'bare' lacks disk_tier"),
+    "tiers/test_disk_differential.py::test_disk_faults_cost_misses_never_data": ("skipped", "'bare' lacks disk_tier"),
     "test_swa_scratch.py::test_setter[bare]": ("skipped", "swa_scratch"),
     "test_swa_scratch.py::test_backends_agree": ("skipped", "'bare' lacks swa_scratch"),
     "test_batched_calls.py::test_shut_down_manager[bare]": ("skipped", "batched_calls"),
@@ -247,10 +247,10 @@ if importlib.util.find_spec("kv_events") is not None:
 
 
 def outcomes(junit: Path) -> dict[str, tuple[str, str]]:
-    """``file.py::name`` -> (outcome, message) from a JUnit XML report."""
+    """``path.py::name`` (the path from this folder) -> (outcome, message) from a JUnit XML report."""
     out = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
-        key = f"{case.get('classname', '').rsplit('.', 1)[-1]}.py::{case.get('name')}"
+        key = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
         found = [
             (child.tag, child.get("message", "")) for child in case if child.tag in ("skipped", "failure", "error")
         ]

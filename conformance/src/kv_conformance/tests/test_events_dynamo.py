@@ -22,7 +22,7 @@ from kv_events.indexer import DynamoIndexer, dynamo_missing
 
 from ._events import commit, published, settle
 from ._manager import make_config
-from ._tiers import tier_config, tier_params
+from .tiers._helpers import tier_config, tier_params
 
 TPB = 4
 pytestmark = [

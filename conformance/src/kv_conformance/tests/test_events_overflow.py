@@ -1,9 +1,9 @@
-"""A ring of published events that would overflow loses nothing silently (docs/manager.md,
-"Events"): its events and the queued ones are dropped and counted (``dropped_events``), and the
-ring then holds a resync, ``Created`` (on the wire: ``AllBlocksCleared``) followed by one
-``Stored`` per announced chain of the tree as it is now. A consumer that applies what it drains
-knows exactly what the manager can reuse, however far behind it fell; every backend sends the
-same events."""
+"""A ring of published events (``max_kv_event_entries`` of them, 1000 by default) that would
+overflow loses nothing silently (docs/manager.md, "Events"): its events and the queued ones are
+dropped and counted (``dropped_events``), and the ring then holds a resync, ``Created`` (on the
+wire: ``AllBlocksCleared``) followed by one ``Stored`` per announced chain of the tree as it is
+now. A consumer that applies what it drains knows exactly what the manager can reuse, however
+far behind it fell; every backend sends the same events."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from kv_api.events import Created, KVCacheEvent, Removed, Stored, Updated
 from kv_conformance import gates
 
 from ._events import commit
-from ._manager import make_config
-from ._tiers import block_hashes, tier_config
+from ._manager import committed, make_config, make_manager, toks
+from .tiers._helpers import block_hashes, tier_config
 
 TPB = 4
 
@@ -104,6 +104,23 @@ def test_a_ring_that_keeps_up_drops_nothing(backend: kv_api.Backend) -> None:
     for q in queries:
         assert consumer.reusable(q) == manager.probe_reuse(None, q) // TPB * TPB, q
     manager.shutdown()
+
+
+def test_event_ring_sizes(backend: kv_api.Backend) -> None:
+    """The ring holds ``max_kv_event_entries`` events, 1000 by default, and one when asked for
+    one: one event more and it resyncs. With 8 slots, ``Created`` and 8 ``Stored``, then a
+    ``Removed`` and a ``Stored`` per commit: 999 events after 503 commits, 1001 after 504."""
+    for events, commits in ((backend.KVCacheEventManager(), 503), (backend.KVCacheEventManager(1, "v2_sha256"), 0)):
+        manager = make_manager(backend, make_config(TPB, slots=8), event_manager=events)
+        for i in range(commits):
+            committed(manager, toks(TPB, 100 * i))
+        events.flush_iteration_events()
+        assert events.dropped_events == 0
+        committed(manager, toks(TPB, 100 * commits))
+        events.flush_iteration_events()
+        got = list(events.get_latest_events(0))
+        assert events.dropped_events == (2 * (commits + 1) - 7 if commits else 2)
+        assert [type(e.data) for e in got] == [Created] + [Stored] * min(8, commits + 1)
 
 
 def test_every_backend_resyncs_with_the_same_events(backends: list[kv_api.Backend], tmp_path: Path) -> None:

@@ -2,10 +2,14 @@
 "Match pruning"; docs/manager.md, "Hybrid models"): one state slot per request, snapshots of it in
 the block holding the last committed token with exact coverage, partial tails copied into the
 tree, the live pages moved there on ``is_end``, window pages out of the window dropped rather
-than committed, and a match cut to the last snapshot inside it.
+than committed, and a match cut to the last snapshot inside it (or to nothing, holding no
+block). A snapshot copy that fails frees its copies; a state committed at the end stays
+evictable; a full block's snapshot is not replaced by a later writer's.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import pytest
 
@@ -15,17 +19,30 @@ from kv_api import (
     AttentionLayerConfig,
     BufferConfig,
     GpuCacheTierConfig,
+    HostMemoryCopier,
     KVCacheManagerConfig,
+    PageCopier,
     SsmLayerConfig,
 )
 from kv_api.errors import LogicError
 from kv_api.events import Stored
 
-from ._manager import MIB, check_accounting, fails_atomically, fill_slot, raises_exactly, slot_bytes, toks
+from ._manager import (
+    GRAIN,
+    MIB,
+    check_accounting,
+    fails_atomically,
+    fill_slot,
+    pool_group_of,
+    raises_exactly,
+    slot_bytes,
+    toks,
+)
 
 pytestmark = pytest.mark.requires("ssm_layers")
 
 FULL, WINDOW, SSM = 0, 1, 2  # layer groups (life cycles) of ``hybrid``
+TPB = 4
 
 
 def hybrid(
@@ -255,3 +272,126 @@ def test_backends_agree_on_snapshots(backends: list[kv_api.Backend], tokens: int
         trace.append([(e.layer_group_id, e.data) for e in events.get_latest_events()])
         seen.append(trace)
     assert all(t == seen[0] for t in seen)
+
+
+@pytest.mark.requires("ssm_layers")
+def test_a_match_cut_to_nothing_holds_no_block(backend: kv_api.Backend) -> None:
+    """tpb 32, window 64, commit_min_snapshot, 96 then 32 more tokens committed: a prompt of the first 32 or 64
+    tokens finds no window page for the block it ends in, so the match is cut to nothing and
+    the new cache holds no block at all (not an empty one)."""
+    kv = [BufferConfig("key", 4096), BufferConfig("value", 4096)]
+    layers = [AttentionLayerConfig(0, kv), AttentionLayerConfig(1, kv, 64)]
+    config = KVCacheManagerConfig(32, [GpuCacheTierConfig(8 * MIB)], layers, commit_min_snapshot=True)
+    m = backend.KVCacheManager(config)
+    writer = m.create_kv_cache(None, [])
+    assert writer.resume() and writer.resize(128)
+    writer.commit(toks(96))
+    writer.commit(toks(32, 96))
+    writer.close()
+    free = m.get_storage_statistics()
+    for n in (32, 64):
+        assert m.probe_reuse(None, toks(n)) == 0
+        cache = m.create_kv_cache(None, toks(n))
+        assert (cache.num_reused_tokens, cache.num_blocks) == (0, 0)
+        assert [list(cache.get_page_levels(lg)) for lg in (0, 1)] == [[], []]
+        assert m.get_storage_statistics() == free
+        cache.close()
+    cache = m.create_kv_cache(None, toks(96))
+    assert (cache.num_reused_tokens, cache.num_blocks) == (96, 3)
+    cache.close()
+
+
+# -- snapshots of full attention and one SSM layer ------------------------------------------------
+
+SSM_CONFIG_LG = 1  # ssm_config's SSM layer group
+
+
+def ssm_config() -> KVCacheManagerConfig:
+    """Full attention (layer group 0) and an SSM layer (layer group 1) of another slot size (so
+    another pool group), commit_min_snapshot."""
+    kv = [BufferConfig("key", 4096), BufferConfig("value", 4096)]
+    layers: list[AttentionLayerConfig | SsmLayerConfig] = [
+        AttentionLayerConfig(0, kv),
+        SsmLayerConfig(1, [BufferConfig("state", 16384)]),
+    ]
+    return KVCacheManagerConfig(TPB, [GpuCacheTierConfig(2 * GRAIN)], layers, commit_min_snapshot=True)
+
+
+class FailingCopier(PageCopier):
+    """``HostMemoryCopier`` that raises while ``fail`` is set."""
+
+    def __init__(self) -> None:
+        self.fail = False
+        self.inner = HostMemoryCopier()
+
+    def copy(self, src_level: int, dst_level: int, runs: Sequence[tuple[int, int, int]]) -> None:
+        if self.fail:
+            raise RuntimeError("copier failed")
+        self.inner.copy(src_level, dst_level, runs)
+
+
+@pytest.mark.requires("ssm_layers")
+def test_a_failing_snapshot_copy_frees_the_copies(backend: kv_api.Backend) -> None:
+    """commit_min_snapshot copies the partial tail into new pages; when the copy fails the
+    copier's error propagates and the new pages are freed (nothing leaks)."""
+    copier = FailingCopier()
+    m = backend.KVCacheManager(ssm_config(), None, copier)
+    free = [s.free for s in m.get_storage_statistics()]
+    cache = m.create_kv_cache(None, [])
+    assert cache.resume() and cache.resize(16, 6)
+    copier.fail = True
+    err = raises_exactly(RuntimeError, lambda: cache.commit(toks(6)))
+    assert str(err) == "copier failed"
+    copier.fail = False
+    cache.close()
+    assert [s.free + s.evictable for s in m.get_storage_statistics()] == free
+    assert [s.free for s in m.get_storage_statistics()] != free  # the first block was committed
+
+
+@pytest.mark.requires("ssm_layers")
+def test_a_state_committed_at_the_end_stays_evictable_after_suspend_and_close(backend: kv_api.Backend) -> None:
+    """``commit(..., is_end=True)`` moves the live SSM state into the tree; suspending unlocks
+    it and closing does not unlock it again: it ends evictable like every tree page."""
+    m = backend.KVCacheManager(ssm_config(), None)
+    cache = m.create_kv_cache(None, [])
+    assert cache.resume() and cache.resize(8)
+    cache.commit(toks(6), is_end=True)
+    cache.suspend()
+    cache.close()
+    stats = m.get_storage_statistics()
+    assert all(s.free + s.evictable == s.total for s in stats), stats
+    assert stats[pool_group_of(m, SSM_CONFIG_LG).index].evictable == 1
+    check_accounting(m, open_caches=False)
+
+
+@pytest.mark.requires("ssm_layers")
+def test_an_empty_end_commit_of_a_zero_capacity_cache(backend: kv_api.Backend) -> None:
+    """Nothing committed, no block: ``commit([], is_end=True)`` snapshots nothing."""
+    m = backend.KVCacheManager(ssm_config(), None)
+    cache = m.create_kv_cache(None, [])
+    assert cache.resume()
+    assert cache.num_blocks == 0
+    cache.commit([], is_end=True)
+    cache.close()
+    check_accounting(m, open_caches=False)
+    assert m.get_storage_statistics()[pool_group_of(m, SSM_CONFIG_LG).index].evictable == 0
+
+
+@pytest.mark.requires("ssm_layers")
+def test_a_full_block_snapshot_is_not_replaced_by_a_later_writer(backend: kv_api.Backend) -> None:
+    """A full block whose SSM snapshot covers it already keeps it: a second request committing
+    the same tokens adds no copy of its own state, so a reader resumes from the first one's."""
+    m = backend.KVCacheManager(ssm_config(), None)
+    first = b""
+    for seed in (1, 2):
+        cache = m.create_kv_cache(None, [])
+        assert cache.resume() and cache.resize(8)
+        data = fill_slot(m, SSM_CONFIG_LG, cache.get_ssm_block_base_index(SSM_CONFIG_LG), seed)
+        first = first or data
+        cache.commit(toks(8))
+        cache.close()
+    reader = m.create_kv_cache(None, toks(8))
+    assert reader.num_reused_tokens == 8
+    assert reader.resume()
+    assert slot_bytes(m, SSM_CONFIG_LG, reader.get_ssm_block_base_index(SSM_CONFIG_LG)) == first
+    reader.close()

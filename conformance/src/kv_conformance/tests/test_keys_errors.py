@@ -11,7 +11,9 @@ import pytest
 import kv_api
 from kv_api import ReuseScope
 from kv_api import keys as ref
+from kv_api.constants import SHA256_U32
 
+TPB = 4
 BIG = 2**64
 BAD_TOKENS: list[tuple[str, Any, str]] = [
     ("negative", [1, 2, -1], "sha256-u32"),
@@ -176,3 +178,27 @@ def test_a_block_wider_than_any_prompt_is_one_partial_block(backend: kv_api.Back
     assert keys == ref.block_keys(tokens_per_block, ReuseScope(1, None), tokens)
     assert len(keys) == 64
     assert [len(chunk) for chunk, _ in backend.sequence_to_blockchain_keys(tokens_per_block, None, tokens)] == [0, 6]
+
+
+@pytest.mark.parametrize("high", [0x01010101, 0x7F000000, 1])
+def test_u32_keys_refuse_wide_int64_buffers(backend: kv_api.Backend, high: int) -> None:
+    """An int64 buffer whose items have their high half set (in every byte, or only one) is out of
+    range for ``sha256-u32``, as the same values in a list are: never truncated to 32 bits."""
+    values = [(high << 32) | 5] * (2 * TPB)
+    with pytest.raises(ValueError):
+        kv_api.keys.block_keys(TPB, None, values, SHA256_U32)
+    with pytest.raises(ValueError):
+        backend.block_keys(TPB, None, np.array(values, dtype=np.int64), SHA256_U32)
+    with pytest.raises(ValueError):
+        backend.block_keys(TPB, None, values, SHA256_U32)
+
+
+@pytest.mark.parametrize("value", [-1, -5, -(2**56), -(2**63)])
+@pytest.mark.parametrize("key_format", ["sha256-u32", "sha256-u64"])
+def test_negative_ids_in_signed_buffers_are_refused(backend: kv_api.Backend, value: int, key_format: str) -> None:
+    """Negative ids in an int64 buffer are out of range, whichever of their bytes is set."""
+    values = [value, 1, 2, 3] * 2
+    with pytest.raises(ValueError):
+        kv_api.keys.block_keys(TPB, None, values, key_format)
+    with pytest.raises(ValueError):
+        backend.block_keys(TPB, None, np.array(values, dtype=np.int64), key_format)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import numpy as np
@@ -109,3 +110,16 @@ def test_iterator_outlives_its_buffer(backend: kv_api.Backend) -> None:
     buf[:] = 7  # later changes to the caller's buffer do not change the keys
     del buf
     assert list(it) == expected
+
+
+def test_block_hash_v1_with_wide_scope_ids(backend: kv_api.Backend) -> None:
+    """Salts and LoRA ids beyond 32 bits go through every shift of the 64-bit mix; checked
+    against kv_api's reference."""
+    rng = random.Random(10)
+    for _ in range(50):
+        scope = ReuseScope(rng.choice([None, rng.getrandbits(64)]), rng.choice([None, rng.getrandbits(64)]))
+        tokens = [rng.getrandbits(rng.choice([8, 31])) for _ in range(rng.randint(1, 9))]
+        parent = rng.choice([0, rng.getrandbits(64)])
+        assert backend.block_hash_v1(tokens, parent, scope) == kv_api.keys.block_hash_v1(tokens, parent, scope)
+    salt = "a salt whose id is wide"
+    assert backend.cache_salt_to_id(salt) == kv_api.keys.cache_salt_to_id(salt) >= 1 << 32

@@ -1,6 +1,7 @@
 """KV-cache events from a live manager (invariant 15, behaviour-spec §4): Created, Stored per
-layer group and merged along a chain, Removed on eviction and flushed first, ids, hash forms,
-no duplicates on reuse, and the ring."""
+layer group and merged along a chain, Removed on eviction and flushed first, ids, hash forms
+(v1 falling back from a digest block on), every event's fields, no duplicates on reuse, the
+ring, the event manager's arguments (one manager each), and ``get_latest_events`` waits."""
 
 from __future__ import annotations
 
@@ -14,7 +15,18 @@ import kv_api
 from kv_api import ReuseScope
 from kv_api.events import Created, KVCacheEvent, Removed, Stored, StoredBlock, UniqueToken
 
-from ._manager import active, committed, hybrid_config, make_config, make_manager, priority, raises_exactly, toks
+from ._manager import (
+    GRAIN,
+    active,
+    attention,
+    committed,
+    hybrid_config,
+    make_config,
+    make_manager,
+    priority,
+    raises_exactly,
+    toks,
+)
 
 TPB = 4
 
@@ -132,6 +144,31 @@ def test_hash_forms(backend: kv_api.Backend, algo: str, scope: ReuseScope | None
     assert [p for p, _ in chain] == [None, *expected[:-1]]
 
 
+def test_v1_events_fall_back_from_a_digest_block_on(backend: kv_api.Backend) -> None:
+    """Under ``v1_block_key`` a block holding a digest token, and every block after it, is
+    announced by its ``v2_sha256_64`` hash; the blocks before it keep their v1 hash."""
+    events = backend.KVCacheEventManager(100, "v1_block_key")
+    manager = make_manager(backend, make_config(TPB, slots=16), event_manager=events)
+    digest = bytes(range(32))
+    tokens: list[int | bytes] = [*toks(TPB), 1, digest, 2, 3, *toks(2 * TPB, 50)]
+    cache = active(manager, len(tokens))
+    cache.commit(tokens)
+    cache.close()
+    events.flush_iteration_events()
+    hashes = [
+        b.block_hash
+        for e in events.get_latest_events(0)
+        if isinstance(e.data, Stored) and e.layer_group_id == 0
+        for b in e.data.blocks
+    ]
+    raw = kv_api.keys.block_keys(TPB, None, tokens)
+    keys = [raw[i : i + 32] for i in range(32, len(raw), 32)]
+    assert hashes == [
+        kv_api.keys.block_hash_v1(toks(TPB), 0),
+        *(kv_api.keys.block_hash_v2_sha256_64(k) for k in keys[1:]),
+    ]
+
+
 def test_v1_golden_values(backend: kv_api.Backend) -> None:
     """behaviour-spec §4: [1, 2, 3, 4] then [5, 6], unsalted and with salt 123."""
     for scope, golden in (
@@ -209,6 +246,32 @@ def test_event_ids_increase_from_zero(backend: kv_api.Backend) -> None:
     assert kinds.count(Removed) >= 1
 
 
+def test_event_fields_on_a_window_manager(backend: kv_api.Backend) -> None:
+    """Every event carries the manager's hash form and its layer group's window, Removed ones
+    too; a Stored event extended by a later commit keeps its id and window (ids stay
+    consecutive); a digest token is announced as its hex."""
+    events = backend.KVCacheEventManager(100, "v2_sha256_64")
+    config = make_config(TPB, slots=8, layers=[attention(0, GRAIN // 8, window=8)])
+    manager = make_manager(backend, config, event_manager=events)
+    digest = bytes(range(32))
+    cache = active(manager, 2 * TPB)
+    cache.commit([1, 2, digest, 3])
+    cache.commit([4, 5, 6, 7])  # extends the chain just stored: one Stored event
+    cache.close()
+    big = active(manager, 8 * TPB)  # every slot: the first chain is evicted
+    big.close()
+    events.flush_iteration_events()
+    got = list(events.get_latest_events(0))
+    assert [e.event_id for e in got] == list(range(len(got)))
+    assert [type(e.data) for e in got] == [Created, Stored, Removed]
+    for e in got:
+        assert e.hash_algo == "v2_sha256_64"
+        assert e.window_size == (None if isinstance(e.data, Created) else 8)
+    stored = got[1].data
+    assert isinstance(stored, Stored) and len(stored.blocks) == 2
+    assert stored.blocks[0].tokens == tuple(UniqueToken(t) for t in (1, 2, digest.hex(), 3))
+
+
 def test_nothing_published_before_flush(backend: kv_api.Backend) -> None:
     manager, events = setup(backend)
     committed(manager, toks(8))
@@ -254,6 +317,19 @@ def test_unknown_hash_algo(backend: kv_api.Backend, algo: str) -> None:
 @pytest.mark.parametrize(("entries", "algo"), [(16, None), (16, 1), ("16", "v2_sha256"), (True, "v2_sha256")])
 def test_event_manager_argument_types(backend: kv_api.Backend, entries: Any, algo: Any) -> None:
     raises_exactly(TypeError, lambda: backend.KVCacheEventManager(entries, algo))
+
+
+@pytest.mark.parametrize("algo", [3, None, b"v2_sha256"])
+def test_a_hash_algo_that_is_no_str_is_named(backend: kv_api.Backend, algo: Any) -> None:
+    err = raises_exactly(TypeError, lambda: backend.KVCacheEventManager(16, algo))
+    assert str(err) == f"hash_algo: expected a str, got {type(algo).__name__}"
+
+
+def test_an_event_manager_serves_one_manager(backend: kv_api.Backend) -> None:
+    events = backend.KVCacheEventManager(16)
+    make_manager(backend, make_config(), events)
+    err = raises_exactly(ValueError, lambda: make_manager(backend, make_config(), events))
+    assert str(err) == "event_manager: already used by another KVCacheManager"
 
 
 def test_clear_removes_everything(backend: kv_api.Backend) -> None:
@@ -306,3 +382,32 @@ def test_get_latest_events_waits_for_a_flush(backend: kv_api.Backend) -> None:
     thread.join()
     assert [type(e.data) for e in got] == [Stored]
     assert time.monotonic() - start < 5
+
+
+def test_get_latest_events_without_a_timeout_waits_for_a_flush(backend: kv_api.Backend) -> None:
+    events = backend.KVCacheEventManager(100, "v2_sha256")
+    manager = make_manager(backend, make_config(TPB, slots=8), event_manager=events)
+    events.flush_iteration_events()
+    assert len(events.get_latest_events(None)) == 1  # pending already: no wait
+
+    def publish() -> None:
+        time.sleep(0.05)
+        committed(manager, toks(TPB))
+        events.flush_iteration_events()
+
+    thread = threading.Thread(target=publish)
+    thread.start()
+    got = events.get_latest_events(None)
+    thread.join()
+    assert [type(e.data) for e in got] == [Stored]
+
+
+@pytest.mark.parametrize("timeout_ms", [1, 0.5])
+def test_a_short_timeout_waits_it_out_when_nothing_is_published(backend: kv_api.Backend, timeout_ms: float) -> None:
+    """Any positive timeout, however short, is waited for (at least that long) when no event
+    is there."""
+    events = backend.KVCacheEventManager(16)
+    events.get_latest_events()  # nothing published, no manager: empty
+    start = time.monotonic()
+    assert events.get_latest_events(timeout_ms) == []
+    assert time.monotonic() - start >= timeout_ms / 1000

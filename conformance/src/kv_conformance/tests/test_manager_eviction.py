@@ -1,6 +1,7 @@
 """Eviction (invariants 10, 11): lowest priority first, least recently released first within a
-priority; held pages are never evicted; a full-attention block takes its subtree along, a window
-page goes alone. Observed through what stays reusable."""
+priority; held pages are never evicted (a growth cannot count window pages another cache
+holds); a full-attention block takes its subtree along, a window page goes alone; a partial tail
+another open cache also committed stays that cache's. Observed through what stays reusable."""
 
 from __future__ import annotations
 
@@ -130,6 +131,48 @@ def test_held_pages_are_never_evicted(backend: kv_api.Backend) -> None:
     assert manager.get_storage_statistics() == [StorageStatistics(8, 7, 1)]
 
 
+@pytest.mark.parametrize("history", [4 * TPB, 3 * TPB], ids=["exact", "one short"])
+def test_growth_counts_the_window_pages_it_makes_evictable(backend: kv_api.Backend, history: int) -> None:
+    """A resize that grows and moves the history past the window at once fits exactly when the
+    free slots plus the committed window pages going stale (evictable then) cover the new
+    pages; one slot fewer and it fails, changing nothing."""
+    manager = make_manager(backend, hybrid_config(TPB, slots=16, window=8))
+    cache = active(manager, 2 * TPB, toks(2 * TPB))  # 2 blocks x 2 life cycles, committed
+    other = active(manager, 5 * TPB)  # another cache: 10 slots, 2 left free
+    assert manager.get_storage_statistics()[0].free == 2
+    # Growing to 4 blocks needs 4 new pages; at history 16 the window's blocks 0 and 1 go stale,
+    # at history 12 only block 0.
+    fits = history == 4 * TPB
+    before = (cache.capacity, cache.history_length, list(cache.get_base_page_indices(1)))
+    assert cache.resize(4 * TPB, history) is fits
+    if fits:
+        assert (cache.capacity, cache.history_length) == (4 * TPB, history)
+    else:
+        assert (cache.capacity, cache.history_length, list(cache.get_base_page_indices(1))) == before
+    other.close()
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["own", "shared"])
+def test_growth_cannot_count_window_pages_another_cache_holds(backend: kv_api.Backend, shared: bool) -> None:
+    """As above, exactly tight, but the window pages going stale are also held by another cache
+    (it reused them): they stay in use, so the growth fails and changes nothing."""
+    manager = make_manager(backend, hybrid_config(TPB, slots=16, window=8))
+    first = active(manager, 2 * TPB, toks(2 * TPB))
+    first.close()
+    cache = active(manager, 2 * TPB, reuse=toks(2 * TPB))
+    assert cache.num_committed_tokens == 2 * TPB
+    holder = active(manager, 2 * TPB, reuse=toks(2 * TPB)) if shared else None
+    other = active(manager, 5 * TPB)  # 10 slots: 2 left free
+    assert manager.get_storage_statistics()[0].free == 2
+    before = (cache.capacity, cache.history_length, list(cache.get_base_page_indices(1)))
+    assert cache.resize(4 * TPB, 4 * TPB) is not shared
+    if shared:
+        assert (cache.capacity, cache.history_length, list(cache.get_base_page_indices(1))) == before
+        assert holder is not None
+        holder.close()
+    other.close()
+
+
 def test_evicting_a_full_attention_block_removes_its_subtree(backend: kv_api.Backend) -> None:
     manager = make_manager(backend, make_config(TPB, slots=8))
     # A chain of three blocks whose root block has the lowest priority, plus a sibling chain.
@@ -151,6 +194,29 @@ def test_evicting_a_leaf_keeps_its_ancestors(backend: kv_api.Backend) -> None:
     assert manager.probe_reuse(None, toks(3 * TPB)) == 2 * TPB
     assert manager.get_storage_statistics() == [StorageStatistics(8, 0, 2)]
     cache.close()
+
+
+def test_evicting_a_partial_tail_another_open_cache_also_committed(backend: kv_api.Backend) -> None:
+    """Two caches commit the same partial tail: the second keeps its own page (partial blocks are
+    never rebased), so evicting the tree's page must not pull the block from under it."""
+    manager = backend.KVCacheManager(make_config(tokens_per_block=4, slots=6))
+    first = manager.create_kv_cache(None, [])
+    assert first.resume() and first.resize(6)
+    first.commit([1, 2, 3, 4, 5, 6], is_end=True)  # block [1..4] and the partial tail [5, 6]
+    first.close()
+    second = manager.create_kv_cache(None, [])
+    assert second.resume() and second.resize(6)
+    second.commit([1, 2, 3, 4, 5, 6], is_end=True)  # rebased onto block 0; the tail already exists
+    # Take every free and evictable slot: the tree's page of the tail goes, and its block with it.
+    other = manager.create_kv_cache(None, [])
+    assert other.resume()
+    free = manager.get_storage_statistics()[0]
+    assert other.resize(4 * (free.free + free.evictable))
+    assert manager.probe_reuse(None, [1, 2, 3, 4, 5, 6]) == 4
+    second.close()
+    other.close()
+    check_accounting(manager, open_caches=False)
+    assert manager.probe_reuse(None, [1, 2, 3, 4, 5, 6]) == 4  # the second cache's private tail was freed
 
 
 def window_first(ordinal: int, life_cycle: LifeCycle) -> int:

@@ -386,6 +386,14 @@ def test_pool_memory(backend: kv_api.Backend) -> None:
         manager.pool_memory(0, len(manager.pool_group_descs[0].pools))
 
 
+def test_pool_memory_bounds_are_named(backend: kv_api.Backend) -> None:
+    """The first index past the end is refused with the range, like any other."""
+    m = make_manager(backend, make_config(TPB, slots=8))
+    assert len(m.pool_memory(0, 0)) == GRAIN
+    assert str(raises_exactly(IndexError, lambda: m.pool_memory(1, 0))) == "pool_group 1 out of range (0..0)"
+    assert str(raises_exactly(IndexError, lambda: m.pool_memory(0, 1))) == "pool 1 out of range (0..0)"
+
+
 def test_host_tier_not_implemented(backend: kv_api.Backend) -> None:
     if backend.capabilities.host_tier:
         pytest.skip(f"backend {backend.name!r} supports a host tier")

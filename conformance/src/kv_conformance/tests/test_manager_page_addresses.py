@@ -1,10 +1,13 @@
 """Where a page's bytes are (docs/manager.md, "Page addresses"): ``get_buffer_location``, the
-rule ``pool_memory(location)[page * stride : (page + 1) * stride]``, ``convert_into`` and index
-buffers that are tensors (a DLPack export, as torch tensors have, instead of the buffer
-protocol)."""
+rule ``pool_memory(location)[page * stride : (page + 1) * stride]``, ``convert_into``, and the
+page indices an engine reads: ``get_aggregated_page_indices``, base page index buffers (every
+spelling of a native int32, exactly ``num_blocks`` long, detached with None; too short, unsigned
+or naming a missing layer group refused) and index buffers that are tensors (a DLPack export, as
+torch tensors have, instead of the buffer protocol)."""
 
 from __future__ import annotations
 
+import ctypes
 from array import array
 from typing import Any
 
@@ -24,10 +27,11 @@ from kv_api import (
     PageIndexMode,
     SsmLayerConfig,
 )
+from kv_api.contract import Buffer
 from kv_api.descriptors import PageIndexConverter
 from kv_api.errors import InvalidStateError
 
-from ._manager import MIB, active, attention, raises_exactly, toks
+from ._manager import MIB, active, attention, hybrid_config, make_config, make_manager, raises_exactly, toks
 from .test_manager_layout import ALL_BUFFERS, LAYOUT, TPB
 
 
@@ -145,6 +149,96 @@ def test_convert_into_refuses_bad_buffers() -> None:
     readonly = np.zeros(4, dtype=np.int64)
     readonly.flags.writeable = False
     raises_exactly(ValueError, lambda: c.convert_into(base, readonly))
+
+
+def test_aggregated_page_indices_are_the_base_indices(backend: kv_api.Backend) -> None:
+    """``get_aggregated_page_indices`` of a live cache (its default beam, ``valid_only`` and the
+    int32 array) gives the base page indices."""
+    manager = make_manager(backend, hybrid_config(TPB, slots=32, window=8))
+    cache = active(manager, 21)
+    assert cache.resize(None, 21)  # the window's blocks 0..2 are stale: BAD_PAGE_INDEX
+    for layer_group in (0, 1):
+        base = list(cache.get_base_page_indices(layer_group))
+        got = cache.get_aggregated_page_indices(layer_group)
+        assert isinstance(got, array) and got.typecode == "i"
+        assert list(got) == base == list(cache.get_aggregated_page_indices(layer_group, 0, False))
+        valid = cache.get_aggregated_page_indices(layer_group, valid_only=True)
+        assert isinstance(valid, array) and valid.typecode == "i"
+        assert list(valid) == [i for i in base if i != BAD_PAGE_INDEX]
+    assert BAD_PAGE_INDEX in list(cache.get_aggregated_page_indices(1))
+    assert len(cache.get_aggregated_page_indices(1, valid_only=True)) == cache.num_blocks - 3
+
+
+def int32_buffer(fmt: str, n: int) -> tuple[Buffer, memoryview]:
+    """A writable buffer of ``n`` int32 whose memoryview reports ``fmt``, and a view to read it."""
+    if fmt == "<i":
+        raw = (ctypes.c_int32 * n)()
+        return raw, memoryview(raw).cast("B").cast("i")
+    view = memoryview(bytearray(4 * n)).cast("B").cast("@i" if fmt == "@i" else "i")
+    return view, view
+
+
+@pytest.mark.parametrize("fmt", ["i", "@i", "<i"])
+def test_index_buffer_formats_of_a_native_int32(backend: kv_api.Backend, fmt: str) -> None:
+    """Each spelling of a native int32 is accepted (``'<i'``: ctypes; the backends run on
+    little-endian machines)."""
+    manager = make_manager(backend, hybrid_config(TPB, slots=32, window=8))
+    cache = active(manager, 9)
+    buf, view = int32_buffer(fmt, 4)
+    assert memoryview(buf).format == fmt
+    cache.set_base_page_index_buf(0, 0, buf)
+    expected = list(cache.get_base_page_indices(0))
+    assert expected != [-1] * 3
+    assert list(view) == [*expected, -1]
+    cache.close()
+
+
+def test_index_buffer_of_exactly_num_blocks_little_endian_and_detached(backend: kv_api.Backend) -> None:
+    """A little-endian int32 buffer (format '<i', as ctypes exports it) exactly ``num_blocks``
+    long is kept up to date until detached with None; an unsigned one is refused."""
+    manager = make_manager(backend, make_config(TPB, slots=16))
+    cache = active(manager, 3 * TPB)
+    buf = (ctypes.c_int32 * 3)()
+    assert memoryview(buf).format == "<i"
+    cache.set_base_page_index_buf(0, 0, buf)
+    assert list(buf) == list(cache.get_base_page_indices(0))
+    assert BAD_PAGE_INDEX not in list(buf)
+    cache.set_base_page_index_buf(0, 0, None)
+    assert cache.resize(2 * TPB)
+    assert BAD_PAGE_INDEX not in list(buf)  # detached: the shrink left it alone
+    with pytest.raises(ValueError):
+        cache.set_base_page_index_buf(0, 0, (ctypes.c_uint32 * 3)())
+
+
+def test_index_buffer_too_short_message(backend: kv_api.Backend) -> None:
+    manager = make_manager(backend, hybrid_config(TPB, slots=32, window=8))
+    cache = active(manager, 9)
+    err = raises_exactly(ValueError, lambda: cache.set_base_page_index_buf(0, 0, array("i", [0, 0])))
+    assert str(err) == "buf: too short (2 < 3 blocks)"
+    cache.close()
+
+
+def test_a_resize_beyond_the_index_buffer_is_refused_with_its_message(backend: kv_api.Backend) -> None:
+    """A resize to more blocks than an attached base page index buffer holds raises, naming the
+    layer group and both lengths, and changes nothing (``KVCache.resize`` message)."""
+    manager = make_manager(backend, hybrid_config(TPB, slots=32, window=8))
+    cache = active(manager, 9)
+    buf = array("i", [0] * 3)
+    cache.set_base_page_index_buf(0, 0, buf)
+    err = raises_exactly(ValueError, lambda: cache.resize(3 * TPB + 1))
+    assert str(err) == "base page index buffer of layer group 0 too short: 3 < 4"
+    assert cache.capacity == 9
+    assert cache.resize(3 * TPB)  # within the buffer
+    cache.close()
+
+
+def test_detaching_from_a_missing_layer_group_is_an_error(backend: kv_api.Backend) -> None:
+    """Layer groups are checked even when there is nothing to detach."""
+    manager = make_manager(backend, hybrid_config(TPB, slots=16, window=8))
+    cache = active(manager, TPB)
+    cache.set_base_page_index_buf(0, 1, None)
+    with pytest.raises(IndexError):
+        cache.set_base_page_index_buf(0, 2, None)
 
 
 def test_a_tensor_index_buffer_stays_current(backend: kv_api.Backend) -> None:

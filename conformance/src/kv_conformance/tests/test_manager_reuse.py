@@ -1,6 +1,7 @@
 """Reuse through the radix tree (invariants 3, 4, 5): exact and partial matches, probes that
 change nothing, scopes that never share, backoff, the first-new-block probe, and windowed layers
-that reuse only where their window pages exist."""
+that reuse only where their window pages exist; stale window pages held until committed, and
+freed once they cannot be."""
 
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import kv_api
-from kv_api import KVCacheStatus, ReuseScope
+from kv_api import KVCacheStatus, ReuseScope, StorageStatistics
 
 from ._manager import (
+    GRAIN,
     active,
+    attention,
     check_accounting,
     check_lengths,
+    check_page_levels,
     committed,
     hybrid_config,
     make_config,
@@ -224,6 +228,20 @@ def test_reuse_match_backoff_drops_whole_blocks(backend: kv_api.Backend, backoff
     cache.close()
 
 
+def test_a_back_off_of_exactly_the_last_block_drops_it(backend: kv_api.Backend) -> None:
+    """``reuse_match_backoff`` equal to the matched tokens of the last block removes that block
+    from the match: the new cache holds no page of it."""
+    m = make_manager(backend, make_config(TPB, slots=8, reuse_match_backoff=TPB))
+    committed(m, toks(2 * TPB))
+    for n in (2 * TPB, 2 * TPB + 1):
+        cache = m.create_kv_cache(None, toks(n))
+        assert cache.num_reused_tokens == TPB
+        assert cache.num_blocks == 1
+        assert list(cache.get_page_levels(0)) == [0]
+        assert m.get_storage_statistics() == [StorageStatistics(8, 6, 1)]  # the second block stays evictable
+        cache.close()
+
+
 def nth_key(scope: ReuseScope | None, tokens: list[int], block: int) -> bytes:
     keys = kv_api.keys.block_keys(TPB, scope, tokens)
     return keys[32 * (block + 1) : 32 * (block + 2)]  # the root key comes first
@@ -251,6 +269,14 @@ def test_probe_first_new_block_key(backend: kv_api.Backend, scope: ReuseScope | 
     # Another scope sees an empty tree.
     other = ReuseScope(9, None)
     assert manager.probe_first_new_block_key(other, toks(8)) == nth_key(other, toks(8), 0)
+
+
+def test_probe_names_a_block_that_ends_the_tokens(backend: kv_api.Backend) -> None:
+    """The first new block may end exactly where the tokens end: it is complete, so it has a key."""
+    manager = make_manager(backend, make_config(TPB, slots=16))
+    raw = kv_api.keys.block_keys(TPB, None, toks(2 * TPB))
+    assert manager.probe_first_new_block_key(None, toks(TPB)) == raw[32:64]
+    assert manager.probe_first_new_block_key(None, toks(2 * TPB)) == raw[32:64]
 
 
 def test_probe_first_new_block_key_changes_nothing(backend: kv_api.Backend) -> None:
@@ -334,3 +360,19 @@ def test_stale_window_pages_are_held_until_committed(backend: kv_api.Backend) ->
     cache.close()
     for length in range(1, 17):
         assert manager.probe_reuse(None, toks(length)) == length
+
+
+def test_a_commit_pending_window_page_is_released_when_committing_stops(backend: kv_api.Backend) -> None:
+    """A stale window page kept for a commit (history ahead of the committed tokens) is freed once
+    ``stop_committing`` makes that commit impossible."""
+    m = backend.KVCacheManager(make_config(layers=[attention(0, GRAIN // 8, window=8)]))
+    cache = active(m, 8)
+    assert cache.resize(12, 11)  # block 0 turns stale before it is committed: kept for the commit
+    assert list(cache.get_page_levels(0)) == [0, 0, 0]
+    check_page_levels(m, cache)
+    free = m.get_storage_statistics()[0].free
+    cache.stop_committing()
+    assert list(cache.get_page_levels(0)) == [-1, 0, 0]
+    assert m.get_storage_statistics()[0].free == free + 1
+    cache.close()
+    check_accounting(m, open_caches=False)

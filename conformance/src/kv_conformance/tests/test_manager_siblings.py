@@ -1,7 +1,7 @@
 """A partial block beside a longer sibling (behaviour-spec §3 "Page coverage", docs/manager.md
 "Reuse"): a partial commit a sibling extends adds no block; a block extending a partial sibling
-replaces it and adopts its pages with their coverage. Reuse, events, page indices and data
-agree with that in both orders."""
+replaces it and adopts its pages with their coverage (past a life cycle where it has no page).
+Reuse, events, page indices and data agree with that in both orders."""
 
 from __future__ import annotations
 
@@ -10,10 +10,14 @@ from typing import Any
 import pytest
 
 import kv_api
+from kv_api import StorageStatistics
+from kv_api.descriptors import LifeCycle
 from kv_api.events import KVCacheEvent, Removed, Stored
 
 from ._manager import (
+    GRAIN,
     active,
+    attention,
     check_accounting,
     committed,
     fill_slot,
@@ -23,6 +27,7 @@ from ._manager import (
     toks,
 )
 from .test_manager_events import drain, hashes, setup
+from .tiers._helpers import block_hashes
 
 TPB = 4
 
@@ -183,3 +188,53 @@ def test_a_sibling_page_in_use_leaves_with_the_sibling(backend: kv_api.Backend) 
     stats = manager.get_storage_statistics()[0]
     assert (stats.free, stats.evictable) == (stats.total - 2, 2)
     assert manager.probe_reuse(None, toks(6)) == 6  # through the longer block's own page
+
+
+def window_first(ordinal: int, life_cycle: LifeCycle) -> int:
+    """A priority callback: the window's pages are evicted before the full-attention ones."""
+    return 10 if life_cycle.window is not None else 50
+
+
+def test_adopting_a_sibling_without_a_page_in_its_first_life_cycle(backend: kv_api.Backend) -> None:
+    """Layer group 0 is a window of 8 tokens, layer group 1 full attention, sharing one pool
+    group of 16 slots. A writer commits [0..5] (block 0 and the partial block [4, 5]) with
+    window pages of low priority; a cache of 7 blocks (14 pages, 12 free) evicts both window
+    pages, which go alone, so the partial block keeps only its full-attention page. A cache
+    committing [0..7] then replaces the partial block: the page of layer group 1 is adopted
+    past the empty group 0 and, covering 2 tokens only, gives way to the new page (Removed for
+    the partial block, its slot freed: the page does not stay with the detached block)."""
+    size = GRAIN // 16
+    manager, events = setup(backend, make_config(TPB, layers=[attention(0, size, 8), attention(1, size)]))
+    assert [(lc.id, lc.window) for lc in manager.life_cycles] == [(0, 8), (1, None)]
+    drain(events)  # Created
+    committed(manager, toks(6), callback=window_first)
+    keys = block_hashes(toks(6))
+    assert summary(drain(events)) == [
+        ("stored", 0, [keys[0]]),
+        ("stored", 1, [keys[0]]),
+        ("stored", 0, [keys[1]]),
+        ("stored", 1, [keys[1]]),
+    ]
+    pressure = active(manager, 7 * TPB)
+    assert summary(drain(events)) == [("removed", 0, sorted(keys))]
+    assert manager.get_storage_statistics() == [StorageStatistics(16, 0, 2)]
+    pressure.close()
+
+    committed(manager, toks(8))
+    longer = block_hashes(toks(8))
+    assert summary(drain(events)) == [
+        ("stored", 0, [longer[0]]),
+        ("removed", 1, [keys[1]]),
+        ("stored", 0, [longer[1]]),
+        ("stored", 1, [longer[1]]),
+    ]
+    # Two blocks with both pages, nothing else kept.
+    assert manager.get_storage_statistics() == [StorageStatistics(16, 12, 4)]
+    assert manager.probe_reuse(None, toks(8)) == 8
+    manager.clear_reusable_blocks()
+    assert summary(drain(events)) == [
+        ("removed", 0, sorted(longer)),
+        ("removed", 1, sorted(longer)),
+    ]
+    assert manager.get_storage_statistics() == [StorageStatistics(16, 16, 0)]
+    check_accounting(manager, open_caches=False)

@@ -1,5 +1,5 @@
-"""The KV cache state machine (invariants 1, 6, 7, 8, 14): which calls each state allows, lengths,
-page indices, and failing calls that change nothing."""
+"""The KV cache state machine (invariants 1, 6, 7, 8, 14): which calls each state allows, lengths
+(and their setters), page indices, and failing calls that change nothing."""
 
 from __future__ import annotations
 
@@ -110,6 +110,40 @@ def test_commit_raises_history(backend: kv_api.Backend) -> None:
     cache.commit(toks(4, 2))
     assert (cache.num_committed_tokens, cache.history_length) == (6, 6)
     check_lengths(cache)
+
+
+def test_length_setters_change_their_own_length(backend: kv_api.Backend) -> None:
+    """``cache.history_length = n`` resizes the history, not the capacity; both setters refuse
+    None, a closed cache, and a capacity beyond the pool."""
+    manager = make_manager(backend, make_config(TPB, slots=4))
+    cache = active(manager, 8, toks(2))
+    cache.history_length = 5
+    assert (cache.num_committed_tokens, cache.history_length, cache.capacity) == (2, 5, 8)
+    cache.capacity = 12
+    assert (cache.history_length, cache.capacity) == (5, 12)
+    for name in ("history_length", "capacity"):
+        with pytest.raises(TypeError):
+            setattr(cache, name, None)
+    with pytest.raises(OutOfPagesError):
+        cache.capacity = 4 * TPB + 1
+    assert (cache.history_length, cache.capacity) == (5, 12)
+    cache.close()
+    assert cache.status == KVCacheStatus.CLOSED
+    for name in ("history_length", "capacity"):
+        with pytest.raises(InvalidStateError):
+            setattr(cache, name, 8)
+
+
+def test_capacity_setter_out_of_pages_names_the_length(backend: kv_api.Backend) -> None:
+    manager = make_manager(backend, make_config(TPB, slots=4))
+    cache = active(manager, 8)
+
+    def grow() -> None:
+        cache.capacity = 4 * TPB + 1
+
+    assert str(raises_exactly(OutOfPagesError, grow)) == "capacity: not enough pages"
+    assert cache.capacity == 8
+    cache.close()
 
 
 def test_commit_beyond_capacity(backend: kv_api.Backend) -> None:
@@ -342,6 +376,14 @@ def test_clear_and_shutdown_refused_while_caches_are_open(backend: kv_api.Backen
     manager.clear_reusable_blocks()
     assert manager.probe_reuse(None, toks(8)) == 0
     assert [(s.free, s.evictable) for s in manager.get_storage_statistics()] == [(16, 0)]
+
+
+def test_shutdown_with_an_open_cache_names_the_call(backend: kv_api.Backend) -> None:
+    m = make_manager(backend, make_config(TPB, slots=8))
+    cache = active(m, 4)
+    assert str(raises_exactly(LogicError, m.shutdown)) == "shutdown() with 1 KV cache(s) still open"
+    cache.close()
+    m.shutdown()
 
 
 SHUT_DOWN_CALLS: dict[str, Callable[[Any], object]] = {

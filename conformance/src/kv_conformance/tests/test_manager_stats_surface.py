@@ -1,8 +1,9 @@
-"""Sizing, statistics and reuse diagnostics (issue 12, item 5 without the auto-tuner; docs/manager.md,
-"Sizing a batch: clamp_max_seq_len_for_mem" and "Statistics"): ``clamp_max_seq_len_for_mem``,
+"""Statistics (issue 12, item 5 without the auto-tuner; docs/manager.md, "Statistics"):
 stats-excluded and dirty cache ids, per-request stats (``enable_request_stats``,
-``expected_prompt_length``, ``text_only``), per-life-cycle, SSM-snapshot and peak-block iteration
-stats, and ``probe_reuse_match``.
+``expected_prompt_length``, ``text_only``; pending stats a discard empties), per-life-cycle,
+SSM-snapshot (stored, skipped and reused, added up until read), iteration (every counter, since
+the last call) and peak-block stats. Sizing a batch is in test_manager_clamp.py,
+``probe_reuse_match`` in test_manager_reuse_match.py.
 """
 
 from __future__ import annotations
@@ -11,213 +12,32 @@ from functools import partial
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import kv_api
 from kv_api import (
-    AttentionLayerConfig,
-    BufferConfig,
-    GpuCacheTierConfig,
-    KVCacheManagerConfig,
     KVCacheStatsDelta,
     LifeCycleStats,
-    ReuseMatch,
-    SsmLayerConfig,
     SsmSnapshotStats,
 )
-from kv_api.constants import CACHE_ID_LIMIT, TOKEN_LIMIT, ceil_div
-from kv_api.errors import InvalidStateError, LogicError
+from kv_api.constants import CACHE_ID_LIMIT, TOKEN_LIMIT
+from kv_api.errors import LogicError
 
-from ._manager import GRAIN, MIB, attention, hybrid_config, make_config, raises_exactly, snapshot, toks
+from ._manager import (
+    GRAIN,
+    active,
+    attention,
+    committed,
+    hybrid_config,
+    make_config,
+    make_manager,
+    raises_exactly,
+    snapshot,
+    ssm_hybrid,
+    toks,
+)
 
+TPB = 4
 DIGEST = bytes(range(32))
-BAD_SCOPE: Any = "scope"  # not a ReuseScope
-
-
-def one_group(tpb: int, slots: int, window: int | None, sinks: int | None = None) -> KVCacheManagerConfig:
-    """Full attention plus (``window``) a window layer, one pool group of ``slots`` slots."""
-    layers = [attention(0, GRAIN // slots)]
-    if window is not None:
-        layers.append(attention(1, GRAIN // slots, window, sinks))
-    return make_config(tpb, layers=layers)
-
-
-def ssm_hybrid(tpb: int = 4, window: int = 8, quota: int = 8 * MIB, **kwargs: Any) -> KVCacheManagerConfig:
-    """Full attention (0), a window (1) and an SSM layer (2) in its own pool group."""
-    kv = [BufferConfig("key", 4096), BufferConfig("value", 4096)]
-    layers: list[AttentionLayerConfig | SsmLayerConfig] = [
-        AttentionLayerConfig(0, kv),
-        AttentionLayerConfig(1, kv, window),
-        SsmLayerConfig(2, [BufferConfig("state", 16384)]),
-    ]
-    return KVCacheManagerConfig(tpb, [GpuCacheTierConfig(quota)], layers, commit_min_snapshot=True, **kwargs)
-
-
-# -- clamp_max_seq_len_for_mem -----------------------------------------------------------------------
-
-
-def model_clamp(manager: kv_api.KVCacheManager, batch_size: int, bound: int) -> int:
-    """The documented rule, step by step: the long request's need is the most it holds at any
-    decode step (history h, capacity h + 1, h < L); each other request holds one slot per life
-    cycle; every pool group must fit."""
-    tpb = manager.tokens_per_block
-    lcs = manager.life_cycles
-
-    def need(lc: kv_api.LifeCycle, length: int) -> int:
-        if lc.ssm:
-            return 1
-        most = 0
-        for h in range(length):
-            blocks = ceil_div(h + 1, tpb)
-            begin, end = lc.get_stale_range(h)
-            most = max(most, blocks - max(0, min(end, blocks) - min(begin, blocks)))
-        return most
-
-    best = 0
-    for length in range(tpb, bound + 1, tpb):
-        if all(
-            sum(batch_size - 1 + need(lcs[lc], length) for lc in pg.life_cycles) <= pg.num_slots
-            for pg in manager.pool_group_descs
-        ):
-            best = length
-    return best
-
-
-@pytest.mark.parametrize(
-    ("batch_size", "bound", "expected"),
-    [
-        (1, 10**6, 8180),  # 2048 slots: L/4 full-attention blocks + the window's 3
-        (100, 10**6, 7388),  # 99 one-token requests hold 2 slots each
-        (1, 10, 8),  # block-aligned, at most the bound
-        (1, 3, 0),  # no whole block below the bound
-        (1, 0, 0),
-        (1022, 10**6, 12),  # 2042 + 3 full + 3 window
-        (1023, 10**6, 8),  # 2044 + 2 full + 2 window
-        (1024, 10**6, 4),  # 2046 + 1 + 1
-        (1025, 10**6, 0),  # the one-token requests alone fill the pool
-    ],
-)
-def test_clamp_values(backend: kv_api.Backend, batch_size: int, bound: int, expected: int) -> None:
-    m = backend.KVCacheManager(one_group(4, 2048, 8))
-    assert m.pool_group_descs[0].num_slots == 2048
-    assert m.clamp_max_seq_len_for_mem(batch_size, bound) == expected
-
-
-def test_clamp_counts_the_window_peak_not_the_end(backend: kv_api.Backend) -> None:
-    """tpb 32, window 64: a request of 128 tokens holds 2 window blocks at its last step but 3 at
-    history 96 (capacity 97); the window's need is the peak, so with 3 + 4 slots a 128-token
-    request fits and with 3 + 4 - 1 it does not (the full attention layer holding 4)."""
-    for slots, expected in ((7, 128), (6, 96)):
-        m = backend.KVCacheManager(one_group(32, slots, 64))
-        assert m.clamp_max_seq_len_for_mem(1, 10**6 if slots == 6 else 128) == expected
-
-
-@pytest.mark.requires("ssm_layers")
-def test_clamp_ssm_needs_a_slot_per_request(backend: kv_api.Backend) -> None:
-    m = backend.KVCacheManager(ssm_hybrid())
-    ssm_slots = next(pg.num_slots for pg in m.pool_group_descs if 2 in pg.life_cycles)
-    attn_slots = next(pg.num_slots for pg in m.pool_group_descs if 0 in pg.life_cycles)
-    assert m.clamp_max_seq_len_for_mem(ssm_slots, 10**9) > 0
-    assert m.clamp_max_seq_len_for_mem(ssm_slots + 1, 10**9) == 0
-    # Attention: (n - 1) * 2 + L/4 + window peak 3 <= attention slots.
-    assert m.clamp_max_seq_len_for_mem(1, 10**9) == (attn_slots - 3) * 4
-    assert m.clamp_max_seq_len_for_mem(2, 10**9) == (attn_slots - 5) * 4
-
-
-def test_clamp_follows_a_quota_resize(backend: kv_api.Backend) -> None:
-    m = backend.KVCacheManager(make_config(4, slots=64))
-    assert m.clamp_max_seq_len_for_mem(1, 10**6) == 64 * 4
-    assert m.resize(0, 2 * GRAIN)
-    assert m.clamp_max_seq_len_for_mem(1, 10**6) == 128 * 4
-    assert m.clamp_max_seq_len_for_mem(2, 10**6) == 127 * 4
-
-
-@pytest.mark.parametrize("window", [5, 8, 13])
-def test_clamped_length_is_reachable_and_the_next_is_not(backend: kv_api.Backend, window: int) -> None:
-    """Run it: batch_size - 1 one-token requests resumed, then one request decoding token by token
-    (committing as it goes, so stale window pages become evictable) reaches the clamped length;
-    one block more runs out of pages on the way."""
-    tpb, slots, batch = 4, 16, 3
-    for extra, ok in ((0, True), (tpb, False)):
-        m = backend.KVCacheManager(one_group(tpb, slots, window))
-        length = m.clamp_max_seq_len_for_mem(batch, 10**6)
-        assert length == model_clamp(m, batch, 200)
-        small = []
-        for i in range(batch - 1):
-            c = m.create_kv_cache(None, None, 1000 + i)
-            assert c.resume() and c.resize(1)
-            small.append(c)
-        long = m.create_kv_cache()
-        assert long.resume()
-        reached = True
-        for h in range(length + extra):
-            if not long.resize(h + 1):
-                reached = False
-                break
-            long.commit([h])
-        assert reached is ok
-        for c in [*small, long]:
-            c.close()
-
-
-@given(
-    tpb=st.sampled_from([1, 2, 4, 8]),
-    window=st.one_of(st.none(), st.integers(1, 40)),
-    sinks=st.one_of(st.none(), st.integers(1, 9)),
-    slots=st.integers(2, 64),
-    batch=st.integers(1, 40),
-    bound=st.integers(0, 120),
-)
-@settings(max_examples=60, deadline=None)
-def test_clamp_property(
-    backends: list[kv_api.Backend],
-    tpb: int,
-    window: int | None,
-    sinks: int | None,
-    slots: int,
-    batch: int,
-    bound: int,
-) -> None:
-    config = one_group(tpb, slots, window, sinks if window is not None else None)
-    got = []
-    for b in backends:
-        m = b.KVCacheManager(config)
-        got.append(m.clamp_max_seq_len_for_mem(batch, bound))
-        assert got[-1] == model_clamp(m, batch, bound)
-    assert len(set(got)) == 1
-
-
-@pytest.mark.parametrize(
-    ("args", "error", "message"),
-    [
-        ((0, 10), ValueError, f"batch_size: must be in [1, {TOKEN_LIMIT}) (got 0)"),
-        ((-1, 10), ValueError, f"batch_size: must be in [1, {TOKEN_LIMIT}) (got -1)"),
-        ((TOKEN_LIMIT, 10), ValueError, f"batch_size: must be in [1, {TOKEN_LIMIT}) (got {TOKEN_LIMIT})"),
-        ((1, -1), ValueError, f"token_upper_bound: must be in [0, {TOKEN_LIMIT}) (got -1)"),
-        ((1, TOKEN_LIMIT), ValueError, f"token_upper_bound: must be in [0, {TOKEN_LIMIT}) (got {TOKEN_LIMIT})"),
-        (("1", 10), TypeError, "batch_size: expected an int, got str"),
-        ((True, 10), TypeError, "batch_size: expected an int, got bool"),
-        ((None, 10), TypeError, "batch_size: expected an int, got NoneType"),
-        ((1, 2.0), TypeError, "token_upper_bound: expected an int, got float"),
-        ((0, "x"), ValueError, f"batch_size: must be in [1, {TOKEN_LIMIT}) (got 0)"),  # left to right
-    ],
-)
-def test_clamp_bad_arguments(
-    backends: list[kv_api.Backend], args: tuple[Any, Any], error: type[Exception], message: str
-) -> None:
-    for b in backends:
-        m = b.KVCacheManager(make_config())
-        before = snapshot(m)
-        e = raises_exactly(error, partial(m.clamp_max_seq_len_for_mem, *args))
-        assert str(e) == message
-        assert snapshot(m) == before
-
-
-def test_clamp_after_shutdown(backend: kv_api.Backend) -> None:
-    m = backend.KVCacheManager(make_config())
-    m.shutdown()
-    raises_exactly(InvalidStateError, lambda: m.clamp_max_seq_len_for_mem(1, 8))
 
 
 # -- per-request stats -----------------------------------------------------------------------------
@@ -287,6 +107,25 @@ def test_request_stats_need_enabling(backend: kv_api.Backend) -> None:
     assert c.expected_prompt_length == 5 and c.text_only is False
 
 
+def test_discard_empties_the_pending_stats(backend: kv_api.Backend) -> None:
+    """Full attention + window 8, tpb 4, 64 slots. Pending stats discarded: the cache is no
+    longer dirty, a commit right after reports nothing, and what it does next counts from 0."""
+    m = backend.KVCacheManager(hybrid_config(4, 64, 8))
+    c = m.create_kv_cache(None, toks(6), 5, None, None, None, True)
+    assert c.resume() and c.resize(8)
+    assert m.get_dirty_stats_kv_cache_ids() == [5]
+    c.discard_pending_stats()
+    assert m.get_dirty_stats_kv_cache_ids() == []
+    assert c.commit_pending_stats() == KVCacheStatsDelta()
+    assert c.resize(12)  # block 2 in both life cycles, past the expected prompt (6)
+    assert m.get_dirty_stats_kv_cache_ids() == [5]
+    c.discard_pending_stats()
+    assert c.resize(16)  # block 3 in both life cycles
+    assert c.commit_pending_stats() == KVCacheStatsDelta(0, 0, 2, 2, 0)
+    assert m.get_dirty_stats_kv_cache_ids() == []
+    c.close()
+
+
 def test_excluded_caches_feed_no_manager_stats(backend: kv_api.Backend) -> None:
     m = backend.KVCacheManager(hybrid_config(4, 64, 8))
     m.mark_stats_excluded(3)
@@ -307,6 +146,19 @@ def test_excluded_caches_feed_no_manager_stats(backend: kv_api.Backend) -> None:
     d.close()
     stats = m.get_and_reset_iteration_stats()
     assert (stats.requests, stats.lookup_tokens, stats.reused_tokens, stats.allocated_pages) == (1, 4, 4, 0)
+
+
+def test_excluding_one_open_cache_leaves_the_others_counted(backend: kv_api.Backend) -> None:
+    m = make_manager(backend, make_config(TPB, slots=16))
+    a = m.create_kv_cache(None, [], 9)
+    b = m.create_kv_cache(None, [], 10)
+    assert a.resume() and b.resume()
+    m.get_and_reset_iteration_stats()
+    m.mark_stats_excluded(9)
+    assert a.resize(2 * TPB) and b.resize(3 * TPB)
+    assert m.get_and_reset_iteration_stats().allocated_pages == 3  # b's, not a's
+    a.close()
+    b.close()
 
 
 def test_dirty_ids(backend: kv_api.Backend) -> None:
@@ -405,7 +257,7 @@ def test_text_only(backend: kv_api.Backend) -> None:
     c.close()
 
 
-# -- SSM snapshots and peak blocks -----------------------------------------------------------------
+# -- SSM snapshots, iteration stats and peak blocks -------------------------------------------------
 
 
 def ssm_scenario(backend: kv_api.Backend) -> list[Any]:
@@ -474,6 +326,76 @@ def test_ssm_snapshot_skipped_without_room(backend: kv_api.Backend) -> None:
         c.close()
 
 
+@pytest.mark.requires("ssm_layers")
+def test_ssm_snapshots_stored_and_reused_add_up(backend: kv_api.Backend) -> None:
+    """Two commits of whole blocks store two snapshots; two caches created on the committed
+    prompt each reuse one, and a cache reusing nothing in between takes nothing away."""
+    m = backend.KVCacheManager(ssm_hybrid())
+    w = m.create_kv_cache()
+    assert w.resume() and w.resize(8)
+    w.commit(toks(4))
+    w.commit(toks(4, 4))
+    assert m.get_and_reset_ssm_snapshot_iteration_stats() == SsmSnapshotStats(2, 0, 0)
+    w.close()
+    m.get_and_reset_ssm_snapshot_iteration_stats()
+    readers = [m.create_kv_cache(None, toks(8)) for _ in range(2)]
+    other = m.create_kv_cache(None, [99])
+    assert [r.num_committed_tokens for r in readers] == [8, 8] and other.num_committed_tokens == 0
+    assert m.get_and_reset_ssm_snapshot_iteration_stats() == SsmSnapshotStats(0, 0, 2)
+    for c in [*readers, other]:
+        c.close()
+
+
+@pytest.mark.requires("ssm_layers")
+def test_ssm_snapshots_skipped_add_up(backend: kv_api.Backend) -> None:
+    """Every SSM slot holds a live state (no resume headroom): two commits each skip their
+    snapshot copy, and both are counted."""
+    m, caches = ssm_slots_all_live(backend)
+    caches[0].commit(toks(4))
+    caches[1].commit(toks(4, 100))
+    assert m.get_and_reset_ssm_snapshot_iteration_stats() == SsmSnapshotStats(0, 2, 0)
+    assert m.get_and_reset_ssm_snapshot_iteration_stats() == SsmSnapshotStats()
+    for c in caches:
+        c.close()
+
+
+@pytest.mark.requires("host_tier")
+def test_iteration_stats_count_since_the_last_call(backend: kv_api.Backend) -> None:
+    """``get_and_reset_iteration_stats`` counts what happened since the previous call, every
+    counter (evicted and onboarded pages too), and starts afresh; the committed stats keep
+    counting."""
+    config = kv_api.KVCacheManagerConfig(
+        tokens_per_block=4,
+        cache_tiers=[kv_api.GpuCacheTierConfig(GRAIN), kv_api.HostCacheTierConfig(GRAIN // 2)],
+        layers=[attention(0, GRAIN // 8)],
+    )
+    m = backend.KVCacheManager(config)
+    assert m.get_and_reset_iteration_stats() == kv_api.CacheStats()
+    committed(m, toks(8))  # 1 request, 2 pages, 2 blocks
+    first = m.get_and_reset_iteration_stats()
+    assert first == kv_api.CacheStats(requests=1, allocated_pages=2, committed_blocks=2)
+    assert m.get_and_reset_iteration_stats() == kv_api.CacheStats()
+    big = active(m, 8 * 4)  # the device's 8 slots: the two committed pages fall to the host
+    big.close()
+    reader = m.create_kv_cache(None, toks(8))
+    assert reader.resume()  # both come back
+    reader.close()
+    second = m.get_and_reset_iteration_stats()
+    assert second == kv_api.CacheStats(
+        requests=2, lookup_tokens=8, reused_tokens=8, allocated_pages=8, evicted_pages=2, onboarded_pages=2
+    )
+    assert m.get_committed_stats() == kv_api.CacheStats(
+        requests=3,
+        lookup_tokens=8,
+        reused_tokens=8,
+        allocated_pages=10,
+        evicted_pages=2,
+        committed_blocks=2,
+        onboarded_pages=2,
+    )
+    assert m.get_and_reset_iteration_stats() == kv_api.CacheStats()
+
+
 def test_peak_block_stats(backend: kv_api.Backend) -> None:
     m = backend.KVCacheManager(make_config(4, slots=16))
     assert m.get_and_reset_iteration_peak_block_stats() == [0]
@@ -505,88 +427,3 @@ def test_peak_block_stats_bad_level(
         m = b.KVCacheManager(make_config())
         e = raises_exactly(error, partial(m.get_and_reset_iteration_peak_block_stats, level))
         assert str(e) == message
-
-
-# -- probe_reuse_match -----------------------------------------------------------------------------
-
-
-@pytest.mark.requires("ssm_layers")
-def test_reuse_match_diagnostics_hybrid(backend: kv_api.Backend) -> None:
-    """Snapshots in block 1 (after 8 tokens) and in the partial tail [8, 9]: a prompt diverging
-    after token 8 walks 9 tokens, attention keeps 9 (the tail's pages cover 2), the SSM state is
-    only valid at 8."""
-    m = backend.KVCacheManager(ssm_hybrid())
-    w = m.create_kv_cache()
-    assert w.resume() and w.resize(10)
-    w.commit(toks(8))
-    w.commit(toks(2, 8))
-    w.close()
-    assert m.probe_reuse_match(None, [*toks(9), 99]) == ReuseMatch(10, 9, 9, 8)
-    assert m.probe_reuse_match(None, toks(12)) == ReuseMatch(12, 10, 10, 10)
-    assert m.probe_reuse_match(None, toks(6)) == ReuseMatch(6, 6, 6, 0)  # no snapshot at 6
-    assert m.probe_reuse_match() == ReuseMatch(0, 0, 0, 0)
-
-
-def test_reuse_match_diagnostics_backoff(backend: kv_api.Backend) -> None:
-    m = backend.KVCacheManager(make_config(4, slots=16, reuse_match_backoff=3))
-    c = m.create_kv_cache()
-    assert c.resume() and c.resize(12)
-    c.commit(toks(12))
-    c.close()
-    assert m.probe_reuse_match(None, toks(14)) == ReuseMatch(14, 12, 9, 9)
-    assert m.probe_reuse(None, toks(14)) == 9
-
-
-def test_reuse_match_bad_arguments(backends: list[kv_api.Backend]) -> None:
-    for b in backends:
-        m = b.KVCacheManager(make_config())
-        e = raises_exactly(TypeError, partial(m.probe_reuse_match, BAD_SCOPE, [1]))
-        assert str(e) == "reuse_scope: expected ReuseScope or None, got str"
-        e = raises_exactly(ValueError, partial(m.probe_reuse_match, None, [-1]))
-        assert str(e).startswith("token 0: id -1 out of range")
-        m.shutdown()
-        raises_exactly(InvalidStateError, partial(m.probe_reuse_match, None, [1]))
-
-
-PROMPTS = st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=18), min_size=1, max_size=5)
-
-
-@pytest.mark.requires("ssm_layers")
-@given(
-    prompts=PROMPTS,
-    chunks=st.lists(st.integers(1, 7), min_size=1, max_size=6),
-    probes=st.lists(st.lists(st.integers(0, 2), max_size=20), min_size=1, max_size=6),
-    backoff=st.integers(0, 5),
-    window=st.integers(3, 12),
-)
-@settings(max_examples=40, deadline=None)
-def test_reuse_match_order_property(
-    backends: list[kv_api.Backend],
-    prompts: list[list[int]],
-    chunks: list[int],
-    probes: list[list[int]],
-    backoff: int,
-    window: int,
-) -> None:
-    """reuse <= attention <= divergence <= lookup; reuse is probe_reuse; both backends agree."""
-    results = []
-    for b in backends:
-        m = b.KVCacheManager(ssm_hybrid(window=window, reuse_match_backoff=backoff))
-        for i, prompt in enumerate(prompts):
-            c = m.create_kv_cache(None, prompt)
-            assert c.resume() and c.resize(len(prompt))
-            at, k = c.num_committed_tokens, 0
-            while at < len(prompt):
-                step = chunks[k % len(chunks)]
-                c.commit(prompt[at : at + step], is_end=at + step >= len(prompt) and i % 2 == 0)
-                at, k = at + step, k + 1
-            c.close()
-        got = []
-        for probe in probes:
-            r = m.probe_reuse_match(None, probe)
-            assert r.num_reused_tokens <= r.num_attention_tokens <= r.num_divergence_tokens <= r.num_lookup_tokens
-            assert r.num_lookup_tokens == len(probe)
-            assert r.num_reused_tokens == m.probe_reuse(None, probe)
-            got.append(r)
-        results.append(got)
-    assert all(r == results[0] for r in results)

@@ -2,7 +2,8 @@
 docs/manager.md, "Planned drops"): after ``stop_committing()`` a cache plans to drop the tree
 pages only its exact continuation would reuse, the trailing window pages and the last block's SSM
 snapshot, never full attention nor sinks. Each page counts its plans; ``drop()`` (once) or the
-handle's release withdraws one, and a page left with none that nobody holds goes at once.
+handle's release withdraws one, and a page left with none that nobody holds goes at once; a
+page evicted meanwhile is skipped, the plan's later pages still go.
 """
 
 from __future__ import annotations
@@ -17,10 +18,23 @@ from kv_api import AttentionLayerConfig, BufferConfig, GpuCacheTierConfig, KVCac
 from kv_api.errors import LogicError
 from kv_api.events import Removed
 
-from ._manager import MIB, check_accounting, fails_atomically, hybrid_config, make_config, raises_exactly, toks
+from ._manager import (
+    GRAIN,
+    MIB,
+    active,
+    attention,
+    check_accounting,
+    fails_atomically,
+    hybrid_config,
+    make_config,
+    make_manager,
+    raises_exactly,
+    toks,
+)
 from .test_hybrid_snapshots import hybrid
 
 FULL, WINDOW = 0, 1  # layer groups of ``hybrid_config``
+TPB = 4
 
 
 def removed(events: kv_api.KVCacheEventManager) -> list[tuple[int | None, int]]:
@@ -71,6 +85,14 @@ def test_planning_requires_stop_committing(backend: kv_api.Backend) -> None:
     # commit(is_end=True) stops committing too, and a closed cache has stopped.
     assert isinstance(c.plan_committed_block_drop(), kv_api.PlannedDropHandle)
     assert finished(m, toks(8, 100), close=False).plan_committed_block_drop() is not None
+
+
+def test_plan_committed_block_drop_before_stop_committing_message(backend: kv_api.Backend) -> None:
+    manager = make_manager(backend, make_config(TPB, slots=8))
+    cache = active(manager, 8, toks(6))
+    err = raises_exactly(LogicError, cache.plan_committed_block_drop)
+    assert str(err) == "plan_committed_block_drop() requires stop_committing()"
+    cache.close()
 
 
 def test_nothing_committed_plans_nothing(backend: kv_api.Backend) -> None:
@@ -271,6 +293,19 @@ def test_a_second_drop_raises(backend: kv_api.Backend) -> None:
     fails_atomically(m, [], handle.drop, LogicError, probes=[(None, toks(20)), (None, toks(12))])
 
 
+def test_a_second_drop_names_the_handle(backend: kv_api.Backend) -> None:
+    m = backend.KVCacheManager(make_config(4, layers=[attention(0, GRAIN // 32), attention(1, GRAIN // 32, 8)]))
+    c = m.create_kv_cache(None, [])
+    assert c.resume() and c.resize(20)
+    c.commit(toks(20), is_end=True)
+    handle = c.plan_committed_block_drop()
+    assert handle is not None
+    handle.drop()
+    error = raises_exactly(LogicError, handle.drop)
+    assert str(error) == "Planned drop handle has already been dropped"
+    c.close()
+
+
 def test_releasing_the_handle_drops(backend: kv_api.Backend) -> None:
     m, events = window_manager(backend)
     handle = finished(m, toks(20)).plan_committed_block_drop()
@@ -315,6 +350,34 @@ def test_pages_dropped_meanwhile_are_skipped(backend: kv_api.Backend) -> None:
     assert used(m) == before
     assert m.probe_reuse(None, toks(20)) == 20
     assert m.probe_reuse(None, toks(20, 500)) == 20
+
+
+def test_an_evicted_page_is_skipped_and_the_rest_still_go(backend: kv_api.Backend) -> None:
+    """tpb 4, window 8, full attention and the window in pool groups of their own (64 and 16
+    slots). 20 committed tokens plan the window pages of blocks 3 and 4; block 3's (priority 0)
+    is evicted first when a request needs one window slot more than are free. The drop skips
+    it and still drops block 4's."""
+    events = backend.KVCacheEventManager(1000, "v2_sha256")
+    layers = [attention(0, GRAIN // 64), attention(1, GRAIN // 16, 8)]
+    config = make_config(4, layers=layers, quota=2 * GRAIN, initial_pool_ratio=[0.5, 0.5])
+    m = backend.KVCacheManager(config, events)
+    assert [pg.num_slots for pg in m.pool_group_descs] == [64, 16]
+    c = m.create_kv_cache(None, toks(20), None, lambda o, lc: 0 if (o, lc.id) == (3, WINDOW) else 100)
+    assert c.resume() and c.resize(20)
+    c.commit(toks(20), is_end=True)
+    c.close()
+    handle = c.plan_committed_block_drop()
+    assert handle is not None
+    assert used(m) == [(59, 5), (11, 5)] and removed(events) == []
+    pressure = m.create_kv_cache(None, [])
+    assert pressure.resume() and pressure.resize(4 * 12)  # 12 window slots: one page evicted
+    assert removed(events) == [(WINDOW, 1)]
+    assert m.probe_reuse(None, toks(20)) == 12
+    pressure.close()
+    assert used(m) == [(59, 5), (12, 4)]
+    handle.drop()
+    assert removed(events) == [(WINDOW, 1)]  # block 4's window page
+    assert used(m) == [(59, 5), (13, 3)]
 
 
 def test_a_drop_after_shutdown_does_nothing(backend: kv_api.Backend) -> None:

@@ -21,8 +21,8 @@ import pytest
 import kv_api
 from kv_api import StorageStatistics
 
-from ._manager import MIB, active, fill_slot, slot_bytes
-from ._tiers import (
+from .._manager import MIB, active, fill_slot, slot_bytes
+from ._helpers import (
     DEVICE_SLOTS,
     DISK_GRAIN,
     DISK_SLOTS,

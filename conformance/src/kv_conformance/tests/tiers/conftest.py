@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ._tiers import SLOT, SMALL_FS_SLOTS, mount_tmpfs
+from ._helpers import SLOT, SMALL_FS_SLOTS, mount_tmpfs
 
 
 @pytest.fixture

@@ -22,8 +22,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import kv_api
 from kv_api import KVCacheStatus
 
-from ._manager import MIB, fill_slot, slot_bytes
-from ._tiers import SLOT, TPB, mount_tmpfs, pages_files, tier_config
+from .._manager import MIB, fill_slot, slot_bytes
+from ._helpers import SLOT, TPB, mount_tmpfs, pages_files, tier_config
 
 PROMPTS = 24
 #: The disk tier's file systems hold this many slots (a 16-slot tier fills up), where mountable.

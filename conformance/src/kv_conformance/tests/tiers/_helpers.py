@@ -38,7 +38,7 @@ from kv_api import (
 )
 from kv_api.events import Created, KVCacheEvent, Removed, Stored, Updated
 
-from ._manager import GRAIN, MIB, toks
+from .._manager import GRAIN, MIB, toks
 
 TPB = 4
 SLOT = 256 * 1024

@@ -3,7 +3,7 @@
 ``get_bytes_moved()``; a copier that raises aborts its batch (the pages stay where they were,
 with their bytes), what the call did before stays done, nothing is lost or duplicated and the
 manager stays usable; the disk level keeps working when its directory is removed or made
-read-only (its files are open). A full disk and pages changed on disk: test_tier_disk_faults.py.
+read-only (its files are open). A full disk and pages changed on disk: test_disk_faults.py.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import pytest
 import kv_api
 from kv_api import HostMemoryCopier, PageCopier, StorageStatistics
 
-from ._manager import MIB, active, committed, fill_slot, slot_bytes, toks
-from ._tiers import (
+from .._manager import MIB, active, committed, fill_slot, slot_bytes, toks
+from ._helpers import (
     SLOT,
     SMALL_FS_SLOTS,
     TPB,

@@ -1,7 +1,8 @@
 """Quota resize of a cache level (docs/manager.md, "Eviction and tiers", "Quota resize";
 behaviour-spec §2 ``resize`` and §3 "Quota resize"): every cache suspended, shrink first (room
-made by eviction, then pages in the slots that go moved to free low slots), then grow; below
-the minimum quota, or when held pages cannot fit, False with nothing changed."""
+made by eviction, then pages in the slots that go moved to free low slots), then grow, each pool
+group to its own share; below the minimum quota, or when held pages cannot fit, False with
+nothing changed; refusals alike on every backend."""
 
 from __future__ import annotations
 
@@ -13,8 +14,19 @@ import kv_api
 from kv_api import StorageStatistics
 from kv_api.errors import InvalidStateError
 
-from ._manager import GRAIN, MIB, active, fill_slot, raises_exactly, slot_bytes
-from ._tiers import (
+from .._manager import (
+    GRAIN,
+    MIB,
+    active,
+    attention,
+    fill_slot,
+    make_config,
+    make_manager,
+    raises_exactly,
+    slot_bytes,
+    toks,
+)
+from ._helpers import (
     HOST_QUOTA,
     SLOT,
     TPB,
@@ -86,6 +98,30 @@ def test_arguments(backend: kv_api.Backend) -> None:
     assert m.get_quota(1) == HOST_QUOTA
 
 
+def test_quota_resize_refusals_read_alike(backends: list[kv_api.Backend]) -> None:
+    """Every way ``resize(level, quota)`` refuses, with the class and message each backend gives
+    (they must agree), and a quota of 1 byte: valid, below the minimum, so False."""
+    seen = []
+    for backend in backends:
+        m = make_manager(backend)
+        out: list[object] = []
+        for args in ((0, 0), (0, "1"), (0, GRAIN, 1), (0, GRAIN, True), (1, GRAIN)):
+            with pytest.raises(Exception) as info:
+                m.resize(*args)
+            out.append((type(info.value), str(info.value)))
+        out.append(m.resize(0, 1))
+        busy = [active(m, 4), active(m, 4)]
+        with pytest.raises(InvalidStateError) as info:
+            m.resize(0, GRAIN)
+        out.append(str(info.value))
+        assert "2 active" in str(info.value)
+        for cache in busy:
+            cache.close()
+        seen.append(out)
+    assert seen[0][5] is False
+    assert all(s == seen[0] for s in seen)
+
+
 @HOST
 def test_below_the_minimum_is_false_and_changes_nothing(backend: kv_api.Backend) -> None:
     world = World(backend, tier_config(["host"]))
@@ -150,6 +186,22 @@ def test_shrink_refused_when_held_pages_cannot_fit(backend: kv_api.Backend) -> N
     held.close()
 
 
+def test_a_quota_shrink_the_held_pages_cannot_fit_is_refused(backend: kv_api.Backend) -> None:
+    """Above the minimum quota but below what a suspended cache holds at the last level:
+    ``resize`` returns False and the quota and slots stay."""
+    m = make_manager(backend, make_config(TPB, slots=8, quota=2 * GRAIN))  # 16 slots
+    cache = active(m, 10 * TPB, toks(9 * TPB))
+    cache.suspend()
+    before = m.get_storage_statistics()
+    assert m.resize(0, GRAIN) is False  # 8 slots for 10 held pages
+    assert m.get_quota(0) == 2 * GRAIN
+    assert m.get_storage_statistics() == before
+    assert m.pool_group_descs[0].num_slots == 16
+    cache.close()
+    assert m.resize(0, GRAIN) is True  # committed pages are evicted to fit
+    assert m.pool_group_descs[0].num_slots == 8
+
+
 @HOST
 def test_grow_then_more_pages_stay(backend: kv_api.Backend) -> None:
     world = World(backend, tier_config(["host"]))
@@ -167,6 +219,32 @@ def test_grow_then_more_pages_stay(backend: kv_api.Backend) -> None:
     cache.close()
     assert [m.probe_reuse(None, prefix(i)) for i in range(12)] == [TPB] * 12
     assert read_back(world, 0) == data[0]  # the oldest host page, through the new mapping
+
+
+@pytest.mark.requires("host_tier")
+def test_quota_resize_changes_a_later_pool_group_alone(backend: kv_api.Backend) -> None:
+    """Two pool groups (slot sizes 256 and 128 KiB) split a host quota by ratio; a new quota
+    may leave the first group's slot count as it is and change only the second's, which must
+    still be resized (a loop that stopped at the first unchanged group would not)."""
+    layers = [attention(0, 256 << 10), attention(1, 128 << 10, 8)]
+    config = kv_api.KVCacheManagerConfig(
+        tokens_per_block=4,
+        cache_tiers=[kv_api.GpuCacheTierConfig(GRAIN), kv_api.HostCacheTierConfig(GRAIN)],
+        layers=layers,
+        initial_pool_ratio=[0.5, 0.5],
+    )
+    m = backend.KVCacheManager(config)
+    before = [s.total for s in m.get_storage_statistics(1)]
+    changed = None
+    for quota in range(GRAIN - 32 * 4096, GRAIN + 64 * 4096, 4096):
+        assert m.resize(1, quota)
+        now = [s.total for s in m.get_storage_statistics(1)]
+        if now[0] == before[0] and now[1] != before[1]:
+            changed = quota
+            break
+        before = now
+    assert changed is not None, "no quota changed the second group alone"
+    assert m.get_quota(1) == changed
 
 
 @HOST

@@ -17,8 +17,8 @@ import pytest
 import kv_api
 from kv_api import AttentionLayerConfig, BufferConfig
 
-from ._manager import active, check_indices, fill_slot, life_cycles, slot_bytes, toks
-from ._tiers import TIER_SETS, TPB, World, block_hashes, page_levels, tier_config, tier_params
+from .._manager import active, check_indices, fill_slot, life_cycles, slot_bytes, toks
+from ._helpers import TIER_SETS, TPB, World, block_hashes, page_levels, tier_config, tier_params
 
 #: Full attention with a key+value pool and a small scale pool, and a window of 8 tokens whose
 #: slots differ in size (a pool group of its own): three pools, two pool groups per level.
