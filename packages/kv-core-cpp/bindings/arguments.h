@@ -1,8 +1,9 @@
 // Every check the binding makes on a Python argument before converting it for the core, and
 // the one table of the messages they raise. The texts are kv_api's and kv_core_py's, byte for
-// byte: the conformance suite compares both backends' messages. The core keeps its own checks
-// for C++ callers; these exist because a Python object must be typed and ranged before it can
-// become a C++ value at all.
+// byte: the conformance suite compares both backends' messages, and tests/test_binding_messages.py
+// checks each text against the f-string it mirrors and that bindings/*.cc uses it. The core keeps
+// its own checks for C++ callers; these exist because a Python object must be typed and ranged
+// before it can become a C++ value at all.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -21,8 +22,9 @@ namespace kvcore::py {
 
 namespace nb = nanobind;
 
-// The message table, grouped by the Python module whose f-strings it mirrors; `{}` stands where
-// the f-string has a field, filled by `fail`'s arguments in order.
+// The message table, grouped by the Python module whose f-strings it mirrors (a module named in a
+// constant's trailing comment is that one's); `{}` stands where the f-string has a field, filled
+// by `fail`'s arguments in order.
 namespace msg {
 // kv_api._check
 inline constexpr char kExpectedInt[] = "{}: expected an int, got {}";
@@ -30,7 +32,7 @@ inline constexpr char kMustBe[] = "{}: must be {} (got {})";
 inline constexpr char kExpectedNumberOrNone[] = "{}: expected a number or None, got {}";
 inline constexpr char kNotNaN[] = "{}: must not be NaN";
 // kv_api.keys
-inline constexpr char kExpectedStr[] = "{}: expected a str, got {}";
+inline constexpr char kExpectedStr[] = "{}: expected a str, got {}";  // kv_api._check (as_str)
 inline constexpr char kExpectedBytes[] = "{}: expected bytes, got {}";
 inline constexpr char kDigestSize[] = "{}: must be 32 bytes (got {})";
 inline constexpr char kExpectedScope[] = "reuse_scope: expected ReuseScope or None, got {}";
@@ -40,6 +42,7 @@ inline constexpr char kTokenInputsCount[] = "token_inputs: {} inputs for {} reus
 // kv_api.scope: a scope's fields, checked again where it is used (see arg::reuse_scope).
 inline constexpr char kScopeLoraId[] = "ReuseScope.lora_id";
 inline constexpr char kScopeSalt[] = "ReuseScope.salt";
+// kv_api.keys
 inline constexpr char kUnknownKeyFormat[] = "key_format: unknown {} (expected one of {})";  // kKeyFormatNames
 inline constexpr char kExpectedTokens[] = "tokens: expected a buffer or an iterable of tokens, got {}";
 inline constexpr char kTokenBufferDims[] = "tokens: a token buffer must be 1-D (got {} dimensions)";
@@ -53,7 +56,7 @@ inline constexpr char kNoV1Form[] = "token {}: a digest token has no v1_block_ke
 inline constexpr char kExpectedConfig[] = "config: expected KVCacheManagerConfig, got {}";
 inline constexpr char kExpectedEventManager[] = "event_manager: expected this backend's KVCacheEventManager, got {}";
 inline constexpr char kNoLayer[] = "no layer {}";
-inline constexpr char kNoBuffer[] = "no buffer {} in layer {}";  // the role's repr
+inline constexpr char kNoBuffer[] = "no buffer {} in layer {}";  // kv_core_py.storage_config; the role's repr
 inline constexpr char kOutOfRange[] = "{} {} out of range (0..{})";
 inline constexpr char kLevelOutOfRange[] = "{} {} out of range (0..{})";  // the name, the level, the last level
 inline constexpr char kExpectedBool[] = "{}: expected a bool, got {}";
