@@ -33,9 +33,9 @@ KVCache::KVCache(CacheContext& context, std::int64_t id, const ReuseScope& scope
       tokens_per_block_(context.tokens_per_block()),
       num_layer_groups_(context.registry().size()),
       block_layer_groups_(context.registry().block_life_cycles()),
-      full_attention_only_(std::none_of(context.registry().life_cycles().begin(),
-                                        context.registry().life_cycles().end(),
-                                        [](const LifeCycle& life) { return life.window || life.ssm; })),
+      full_attention_only_(
+          std::none_of(context.registry().life_cycles().begin(), context.registry().life_cycles().end(),
+                       [&context](const LifeCycle& life) { return context.registry().kind(life.id).goes_stale(); })),
       ssm_layer_groups_(context.registry().ssm_life_cycles()),
       num_reused_(history_),
       index_(num_layer_groups_),
@@ -200,7 +200,7 @@ void KVCache::place_resumed(const std::vector<Need>& needs, const std::vector<Pa
     }
     Page* source = source_of(ordinal, group);
     if (source != nullptr) storage.unhold(source);
-    if (context_.registry().is_ssm(group)) {
+    if (!context_.registry().kind(group).has_block_pages()) {
       ssm_state_[group] = fresh[i];
       ssm_snapshot_[group] = nullptr;
     } else {
@@ -221,7 +221,8 @@ void KVCache::place_resumed(const std::vector<Need>& needs, const std::vector<Pa
 }
 
 Page* KVCache::source_of(std::int64_t ordinal, int layer_group) const {
-  return context_.registry().is_ssm(layer_group) ? ssm_snapshot_[layer_group] : blocks_[ordinal].pages[layer_group];
+  return context_.registry().kind(layer_group).has_block_pages() ? blocks_[ordinal].pages[layer_group]
+                                                                 : ssm_snapshot_[layer_group];
 }
 
 bool KVCache::prefetch(int target_level) {

@@ -283,7 +283,7 @@ class KVCache(CacheResize, CacheCommit, kv_api.KVCache):
             source = self._source_of(ordinal, group)
             if source is not None:
                 storage.unhold(source)
-            if self._layer_groups[group].ssm:
+            if not self._context.registry.kinds[group].has_block_pages:
                 self._ssm_state[group] = page
                 self._ssm_snapshot[group] = None
             else:
@@ -303,7 +303,7 @@ class KVCache(CacheResize, CacheCommit, kv_api.KVCache):
     def _source_of(self, ordinal: int, layer_group: int) -> Page | None:
         """What a page ``resume`` allocates starts as: the reused snapshot for an SSM state, the
         reused partial block's page for a copy, else nothing."""
-        if self._layer_groups[layer_group].ssm:
+        if not self._context.registry.kinds[layer_group].has_block_pages:
             return self._ssm_snapshot[layer_group]
         return self._blocks[ordinal].pages[layer_group]
 
