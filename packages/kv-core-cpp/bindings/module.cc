@@ -4,13 +4,13 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include "bind.h"
 #include "kvcore/build_info.h"
 #include "kvcore/constants.h"
 #include "kvcore/poison.h"
 #include "kvcore/sha256.h"
 #include "kvcore/tokens.h"
 #include "python_api.h"
+#include "register.h"
 
 namespace nb = nanobind;
 
@@ -21,13 +21,13 @@ NB_MODULE(_core, m) {
   // it reports as leaks; reference counts are checked by the conformance suite instead.
   nb::set_leak_warnings(false);
   kvcore::py::init_kv_api();
-  kvcore::py::bind_errors(m);
-  kvcore::py::bind_keys(m);
-  kvcore::py::bind_event_manager(m);
-  kvcore::py::bind_manager(m);
-  kvcore::py::bind_kv_cache(m);
-  kvcore::py::bind_planned_drop(m);
-  kvcore::py::bind_batch(m);
+  kvcore::py::register_errors(m);
+  kvcore::py::register_keys(m);
+  kvcore::py::register_event_manager(m);
+  kvcore::py::register_manager(m);
+  kvcore::py::register_kv_cache(m);
+  kvcore::py::register_planned_drop(m);
+  kvcore::py::register_batch(m);
 
   // kv_api.constants as the core uses them, for the conformance suite to compare.
   m.attr("BAD_PAGE_INDEX") = kvcore::kBadPageIndex;

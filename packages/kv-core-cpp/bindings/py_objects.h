@@ -1,4 +1,4 @@
-// The Python-facing objects that own core objects; shared by the bind_* files.
+// The Python-facing objects that own core objects; shared by the register_*.cc files.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -69,7 +69,7 @@ struct PyPlannedDropHandle {
   std::unique_ptr<PlannedDropHandle> handle;
 };
 
-// A Python priority callback as the core calls it (manager.cc); empty for None.
+// A Python priority callback as the core calls it (register_manager.cc); empty for None.
 PriorityCallback priority_callback(nb::handle callback, PyManager& self);
 
 }  // namespace kvcore::py

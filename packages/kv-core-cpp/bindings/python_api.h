@@ -30,7 +30,7 @@ void init_kv_api();
 nb::object api(const char* name);  // kv_api.<name>, e.g. "PageIndexConverter"
 
 [[noreturn]] void raise(PyObject* type, const std::string& message);
-// Sets the Python error a kvcore::Error translates to (errors.cc; the exception translator's).
+// Sets the Python error a kvcore::Error translates to (register_errors.cc; the exception translator's).
 void set_python_error(const Error& e);
 std::string py_type_name(nb::handle obj);  // type(obj).__name__
 std::string str(nb::handle obj);

@@ -21,7 +21,8 @@ LifeCycleRegistry::LifeCycleRegistry(const KVCacheManagerConfig& config) : token
     if (it == life_cycles_.end()) {
       id = static_cast<int>(life_cycles_.size());
       life_cycles_.push_back({id, window, sinks, ssm});
-      (ssm ? ssm_life_cycles_ : block_life_cycles_).push_back(id);
+      kinds_.push_back(kind_of(life_cycles_.back(), tokens_per_block_));
+      (kinds_.back()->has_block_pages() ? block_life_cycles_ : ssm_life_cycles_).push_back(id);
     } else {
       id = it->id;
     }
@@ -36,28 +37,13 @@ int LifeCycleRegistry::life_cycle_of(std::int64_t layer_id) const {
   return it->second;
 }
 
-std::pair<std::int64_t, std::int64_t> LifeCycleRegistry::stale_range(int life_cycle, std::int64_t history) const {
-  const LifeCycle& lc = life_cycles_[life_cycle];
-  if (lc.ssm) return {0, history / tokens_per_block_};
-  const std::int64_t s = std::min(ceil_div(history, tokens_per_block_), lc.num_sink_blocks);
-  if (!lc.window) return {s, s};
-  // Floor division as Python's: history + 1 - window may be negative.
-  const std::int64_t n = history + 1 - *lc.window;
-  const std::int64_t q = n >= 0 ? n / tokens_per_block_ : -ceil_div(-n, tokens_per_block_);
-  return {s, std::max(s, q)};
-}
-
 std::int64_t LifeCycleRegistry::min_slots_floor(int life_cycle) const {
-  const std::int64_t tpb = tokens_per_block_;
-  auto floor_of = [tpb](const LifeCycle& lc) { return lc.num_sink_blocks + (*lc.window + tpb - 2) / tpb + 1; };
-  const LifeCycle& lc = life_cycles_[life_cycle];
-  if (lc.ssm) return 1;
-  if (lc.window) return floor_of(lc);
-  std::int64_t best = 0;
-  for (const LifeCycle& other : life_cycles_) {
-    if (other.window) best = std::max(best, floor_of(other));
+  std::vector<std::int64_t> window_floors;
+  for (const auto& kind : kinds_) {
+    if (const auto* window = dynamic_cast<const SlidingWindow*>(kind.get()))
+      window_floors.push_back(window->window_floor());
   }
-  return best ? best : 1;
+  return kind(life_cycle).slots_floor(window_floors);
 }
 
 }  // namespace kvcore

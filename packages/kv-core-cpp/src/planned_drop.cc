@@ -63,15 +63,9 @@ std::unique_ptr<PlannedDropHandle> plan_drop(CacheContext& context, const Digest
   const auto end = static_cast<std::int64_t>(path.size());
   std::vector<Page*> pages;
   for (const LifeCycle& lc : context.registry().life_cycles()) {
-    std::int64_t first;
-    if (lc.ssm) {
-      first = end - 1;
-    } else if (!lc.window) {
-      continue;  // later turns reuse every block
-    } else {
-      first = std::min(context.registry().stale_range(lc.id, n).second, end);
-    }
-    for (std::int64_t o = first; o < end; ++o) {
+    const std::optional<std::int64_t> first = context.registry().kind(lc.id).planned_drop_first(n, end);
+    if (!first) continue;
+    for (std::int64_t o = *first; o < end; ++o) {
       Page* page = path[static_cast<std::size_t>(o)].first->pages[lc.id];
       if (page == nullptr) return nullptr;  // the match validated these: defensive
       pages.push_back(page);

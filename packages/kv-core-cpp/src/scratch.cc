@@ -38,7 +38,7 @@ std::vector<std::optional<ScratchRule>> scratch_rules(const KVCacheManagerConfig
     layer_bytes[lc] = std::max(layer_bytes[lc], size);
   }
   for (const LifeCycle& lc : registry.life_cycles()) {
-    if (lc.ssm || !lc.window) continue;
+    if (!registry.kind(lc.id).has_scratch()) continue;
     const std::uint64_t slot_bytes = storage.pool_groups()[storage.pool_group_of(lc.id)].slot_bytes();
     rules[lc.id] = ScratchRule{lc.id, config.swa_scratch_reuse->max_rewind_len, layer_bytes[lc.id], slot_bytes};
   }

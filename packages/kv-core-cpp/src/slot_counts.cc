@@ -261,7 +261,8 @@ std::uint64_t max_slots(std::uint64_t grains, const std::vector<std::uint64_t>& 
 
 std::int64_t slots_for_batch(const LifeCycleRegistry& registry, int life_cycle, const BatchDesc& batch,
                              const ScratchRule* scratch) {
-  if (registry.is_ssm(life_cycle)) return static_cast<std::int64_t>(batch.kv_caches.size());  // a state each
+  if (!registry.kind(life_cycle).has_block_pages())
+    return static_cast<std::int64_t>(batch.kv_caches.size());  // a state each
   const std::int64_t tpb = registry.tokens_per_block();
   const std::int64_t sys_blocks = batch.system_prompt_length / tpb;
   // Counted as ranges, never block by block: a system prompt may span 2**40 blocks. A request's
@@ -298,12 +299,8 @@ std::int64_t slots_for_batch(const LifeCycleRegistry& registry, int life_cycle, 
 std::int64_t sequence_peak_slots(const LifeCycleRegistry& registry, int life_cycle, std::int64_t length) {
   const std::int64_t last = length - 1;
   std::int64_t need = slots_for_batch(registry, life_cycle, BatchDesc{{KVCacheDesc{length, last}}, 0});
-  const std::optional<std::int64_t>& window = registry.life_cycles()[static_cast<std::size_t>(life_cycle)].window;
-  if (window) {
-    // The last step before the stale range grows: (h + 2 - W) mod tpb == 0, the modulo non-negative.
-    const std::int64_t tpb = registry.tokens_per_block();
-    const std::int64_t h = last - (((last + 2 - *window) % tpb) + tpb) % tpb;
-    if (h >= 0) need = std::max(need, slots_for_batch(registry, life_cycle, BatchDesc{{KVCacheDesc{h + 1, h}}, 0}));
+  if (const auto h = registry.kind(life_cycle).peak_history(last)) {
+    need = std::max(need, slots_for_batch(registry, life_cycle, BatchDesc{{KVCacheDesc{*h + 1, *h}}, 0}));
   }
   return need;
 }

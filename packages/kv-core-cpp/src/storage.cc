@@ -462,8 +462,7 @@ void Storage::drop(Page* page) {
   Block* block = page->block;
   const int lc = page->life_cycle;
   discard(block, lc);
-  const LifeCycle& life = registry_.life_cycles()[lc];
-  if (!life.ssm && (!life.window || block->ordinal < life.num_sink_blocks)) {
+  if (registry_.kind(lc).drop_takes_subtree(block->ordinal)) {
     const auto release = [this](Block* b) {
       if (b->pins) {
         throw poison::corrupted("a pinned block in a removed subtree (block " + std::to_string(b->ordinal) + ")");

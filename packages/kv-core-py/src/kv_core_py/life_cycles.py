@@ -5,6 +5,7 @@ from __future__ import annotations
 from kv_api.config import KVCacheManagerConfig, SsmLayerConfig
 from kv_api.constants import ceil_div
 from kv_api.descriptors import LifeCycle
+from kv_core_py.life_cycle_kinds import LifeCycleKind, SlidingWindow, kind_of
 
 
 class LifeCycleRegistry:
@@ -30,9 +31,11 @@ class LifeCycleRegistry:
                 window, sinks, ssm = key
                 self.life_cycles.append(LifeCycle(len(self.life_cycles), window, sinks, self.tokens_per_block, ssm))
             self.layer_life_cycle[layer.layer_id] = index[key]
+        #: Per life cycle, its kind: what differs between full attention, windows and SSM.
+        self.kinds: list[LifeCycleKind] = [kind_of(lc) for lc in self.life_cycles]
         #: Life cycles with a page per block (attention), and the SSM one (at most one).
-        self.block_life_cycles = [lc.id for lc in self.life_cycles if not lc.ssm]
-        self.ssm_life_cycles = [lc.id for lc in self.life_cycles if lc.ssm]
+        self.block_life_cycles = [k.life_cycle.id for k in self.kinds if k.has_block_pages]
+        self.ssm_life_cycles = [k.life_cycle.id for k in self.kinds if not k.has_block_pages]
 
     def stale_range(self, life_cycle: int, history: int) -> tuple[int, int]:
         """Blocks ``[begin, end)`` not needed for the next step at ``history`` tokens: the rule
@@ -40,13 +43,6 @@ class LifeCycleRegistry:
         return self.life_cycles[life_cycle].get_stale_range(history)
 
     def min_slots_floor(self, life_cycle: int) -> int:
-        """Slots one request may need at once: a window straddles one extra block while it slides;
-        an SSM state is one slot."""
-        tpb = self.tokens_per_block
-        windowed = [lc.num_sink_blocks + (lc.window + tpb - 2) // tpb + 1 for lc in self.life_cycles if lc.window]
-        lc = self.life_cycles[life_cycle]
-        if lc.ssm:
-            return 1
-        if lc.window is not None:
-            return lc.num_sink_blocks + (lc.window + tpb - 2) // tpb + 1
-        return max(windowed, default=1)
+        """Slots one request may need at once (``LifeCycleKind.slots_floor``)."""
+        windows = [k.window_floor for k in self.kinds if isinstance(k, SlidingWindow)]
+        return self.kinds[life_cycle].slots_floor(windows)

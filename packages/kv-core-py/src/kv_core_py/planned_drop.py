@@ -84,15 +84,12 @@ def plan(context: CacheContext, root_key: bytes, tokens: list[Token]) -> Planned
         return None
     end = len(path)
     pages: list[Page] = []
-    for lc in context.registry.life_cycles:
-        if lc.ssm:
-            first = end - 1
-        elif lc.window is None:
-            continue  # later turns reuse every block
-        else:
-            first = min(context.registry.stale_range(lc.id, n)[1], end)
+    for kind in context.registry.kinds:
+        first = kind.planned_drop_first(n, end)
+        if first is None:
+            continue
         for block, _ in path[first:]:
-            page = block.pages[lc.id]
+            page = block.pages[kind.life_cycle.id]
             if page is None:  # the match validated these: defensive
                 return None
             pages.append(page)

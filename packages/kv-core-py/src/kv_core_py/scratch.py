@@ -60,8 +60,8 @@ def scratch_rules(
         )
         layer_bytes[lc] = max(layer_bytes[lc], size)
     rules: list[ScratchRule | None] = []
-    for life_cycle in registry.life_cycles:
-        if life_cycle.ssm or life_cycle.window is None:
+    for life_cycle, kind in zip(registry.life_cycles, registry.kinds, strict=True):
+        if not kind.has_scratch:
             rules.append(None)
             continue
         slot_bytes = storage.pool_groups[storage.pool_group_of(life_cycle.id)].slot_bytes

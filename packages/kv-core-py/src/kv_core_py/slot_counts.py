@@ -63,8 +63,8 @@ def slots_for_batch(
     with system-prompt blocks shared (counted once, unless stale for every request); an SSM life
     cycle needs one state slot per request. With a ``scratch`` rule a request's scratch blocks
     have no page of their own: their ``n`` cost ``scratch.slots(n)``."""
-    if registry.life_cycles[life_cycle].ssm:
-        return len(batch.kv_caches)
+    if not registry.kinds[life_cycle].has_block_pages:
+        return len(batch.kv_caches)  # a state each
     tpb = registry.tokens_per_block
     sys_blocks = batch.system_prompt_length // tpb
     # Counted as ranges, never block by block: a system prompt may span 2**40 blocks. A request's
@@ -97,11 +97,9 @@ def sequence_peak_slots(registry: LifeCycleRegistry, life_cycle: int, length: in
     final one bound it."""
     last = length - 1
     need = slots_for_batch(registry, life_cycle, BatchDesc([KVCacheDesc(length, last)]))
-    window = registry.life_cycles[life_cycle].window
-    if window is not None:
-        h = last - (last + 2 - window) % registry.tokens_per_block
-        if h >= 0:
-            need = max(need, slots_for_batch(registry, life_cycle, BatchDesc([KVCacheDesc(h + 1, h)])))
+    h = registry.kinds[life_cycle].peak_history(last)
+    if h is not None:
+        need = max(need, slots_for_batch(registry, life_cycle, BatchDesc([KVCacheDesc(h + 1, h)])))
     return need
 
 

@@ -417,8 +417,7 @@ class Storage:
         block = page.block
         assert isinstance(block, Block)
         self._discard(block, page.life_cycle)
-        life = self.registry.life_cycles[page.life_cycle]
-        if not life.ssm and (life.window is None or block.ordinal < life.num_sink_blocks):
+        if self.registry.kinds[page.life_cycle].drop_takes_subtree(block.ordinal):
             for b in list(RadixTree.subtree(block)):
                 if b.pins:
                     raise poison.corrupted(f"a pinned block in a removed subtree (block {b.ordinal})")

@@ -1,18 +1,17 @@
 // KVCache: state checks first, then arguments (arguments.h; as kv_core_py), then kvcore::KVCache
 // without the GIL.
-#include "kvcore/kv_cache.h"
-
 #include <nanobind/stl/string.h>
 
 #include <algorithm>
 
 #include "arguments.h"
-#include "bind.h"
 #include "kvcore/cache_context.h"
 #include "kvcore/constants.h"
+#include "kvcore/kv_cache.h"
 #include "kvcore/poison.h"
 #include "py_objects.h"
 #include "python_api.h"
+#include "register.h"
 #include "token_input.h"
 
 namespace kvcore::py {
@@ -132,7 +131,7 @@ auto getter(F f) {
 
 }  // namespace
 
-void bind_kv_cache(nb::module_& m) {
+void register_kv_cache(nb::module_& m) {
   nb::class_<PyKVCache>(m, "KVCache")
       // Two reads without the lock, so they check the poison latch themselves (the lock checks it
       // for every other call).

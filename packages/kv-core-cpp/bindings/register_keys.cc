@@ -6,11 +6,11 @@
 #include <vector>
 
 #include "arguments.h"
-#include "bind.h"
 #include "kvcore/block_keys.h"
 #include "kvcore/constants.h"
 #include "kvcore/event_hash.h"
 #include "python_api.h"
+#include "register.h"
 #include "token_input.h"
 
 namespace kvcore::py {
@@ -219,7 +219,7 @@ nb::list py_gen_multimodal_cache_key_tokens(nb::handle id_offset, nb::handle dig
 
 // Every argument of the contract's functions is declared .none(), so that None meets the
 // checkers (arguments.h) in kv_api.keys' order rather than nanobind's own TypeError.
-void bind_keys(nb::module_& m) {
+void register_keys(nb::module_& m) {
   const auto default_format = nb::str(key_format_name(kDefaultKeyFormat));
   m.def("block_keys", &py_block_keys, nb::arg("tokens_per_block").none(), nb::arg("reuse_scope").none(),
         nb::arg("tokens").none(), nb::arg("key_format").none() = default_format,

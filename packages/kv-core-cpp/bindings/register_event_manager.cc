@@ -5,11 +5,11 @@
 #include <variant>
 
 #include "arguments.h"
-#include "bind.h"
 #include "kvcore/event_hash.h"
 #include "kvcore/poison.h"
 #include "py_objects.h"
 #include "python_api.h"
+#include "register.h"
 
 namespace kvcore::py {
 
@@ -108,7 +108,7 @@ nb::list latest(PyEventManager& self, nb::handle timeout_ms) {
 
 }  // namespace
 
-void bind_event_manager(nb::module_& m) {
+void register_event_manager(nb::module_& m) {
   nb::class_<PyEventManager>(m, "KVCacheEventManager")
       .def("__init__", &init, nb::arg("max_kv_event_entries").none() = 1000, nb::arg("hash_algo").none() = "v2_sha256")
       // Fixed at construction and read in place, so they check the poison latch themselves.

@@ -1,7 +1,7 @@
 // Translates kvcore::Error into the kv_api.errors class (or builtin) its kind names.
-#include "bind.h"
 #include "kvcore/error.h"
 #include "python_api.h"
+#include "register.h"
 
 namespace kvcore::py {
 
@@ -54,7 +54,7 @@ void set_python_error(const Error& e) {
   PyErr_SetString(python_class(e.kind()), e.what());
 }
 
-void bind_errors(nb::module_&) {
+void register_errors(nb::module_&) {
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);

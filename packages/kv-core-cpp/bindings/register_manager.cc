@@ -1,7 +1,5 @@
 // KVCacheManager: reads the kv_api config, checks arguments (arguments.h) in kv_core_py's
 // order, and calls kvcore::KVCacheManager without the GIL.
-#include "kvcore/manager.h"
-
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -9,12 +7,13 @@
 #include <memory>
 
 #include "arguments.h"
-#include "bind.h"
 #include "kvcore/constants.h"
 #include "kvcore/error.h"
+#include "kvcore/manager.h"
 #include "kvcore/poison.h"
 #include "py_objects.h"
 #include "python_api.h"
+#include "register.h"
 #include "token_input.h"
 
 namespace kvcore::py {
@@ -334,7 +333,7 @@ nb::list pool_group_descs(PyManager& self) {
 
 // Every argument is declared .none(): nanobind would refuse None with its own TypeError before
 // the state and the earlier arguments are checked, so None goes to the checkers (arguments.h).
-void bind_manager(nb::module_& m) {
+void register_manager(nb::module_& m) {
   nb::class_<PoolBuffer>(m, "PoolBuffer", nb::type_slots(pool_buffer_slots));
   nb::class_<PyManager>(m, "KVCacheManager")
       .def("__init__", &init, nb::arg("config").none(), nb::arg("event_manager").none() = nb::none(),

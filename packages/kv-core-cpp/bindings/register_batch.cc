@@ -2,8 +2,6 @@
 // with the GIL held, then the core runs the whole batch without it, in one crossing. A failing
 // call's exception is the single call's, with a note and the batch_index / batch_results
 // attributes (docs/manager.md, "Batched calls").
-#include "kvcore/batch.h"
-
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -12,11 +10,12 @@
 #include <vector>
 
 #include "arguments.h"
-#include "bind.h"
+#include "kvcore/batch.h"
 #include "kvcore/constants.h"
 #include "kvcore/error.h"
 #include "py_objects.h"
 #include "python_api.h"
+#include "register.h"
 #include "token_input.h"
 
 namespace kvcore::py {
@@ -37,7 +36,7 @@ void same_length(const char* where, std::size_t size, const char* first, std::si
 }
 
 // The exception `error` holds as the Python error a single call raises (a kvcore::Error as the
-// translator in errors.cc sets it); nullopt for one nanobind translates itself.
+// translator in register_errors.cc sets it); nullopt for one nanobind translates itself.
 std::optional<nb::python_error> as_python_error(const std::exception_ptr& error) {
   try {
     std::rethrow_exception(error);
@@ -232,9 +231,9 @@ nb::list admit_many(nb::handle self_handle, nb::handle scopes_arg, nb::handle pr
 
 }  // namespace
 
-void bind_batch(nb::module_& m) {
+void register_batch(nb::module_& m) {
   nb::handle cls = m.attr("KVCacheManager");
-  // Added to the class bind_manager made; every argument .none() (arguments.h checks None).
+  // Added to the class register_manager() made; every argument .none() (arguments.h checks None).
   nb::cpp_function_def(&resize_many, nb::scope(cls), nb::name("resize_many"), nb::is_method(), nb::arg("caches").none(),
                        nb::arg("capacities").none());
   nb::cpp_function_def(&commit_many, nb::scope(cls), nb::name("commit_many"), nb::is_method(), nb::arg("caches").none(),

@@ -1,10 +1,9 @@
 // PlannedDropHandle: kvcore::PlannedDropHandle without the GIL; released (dropped unless dropped
 // already) when the Python object goes, as the Python backend's finaliser does.
 #include "kvcore/planned_drop.h"
-
-#include "bind.h"
 #include "kvcore/poison.h"
 #include "py_objects.h"
+#include "register.h"
 
 namespace kvcore::py {
 
@@ -17,7 +16,7 @@ PyPlannedDropHandle::~PyPlannedDropHandle() {
   handle.reset();
 }
 
-void bind_planned_drop(nb::module_& m) {
+void register_planned_drop(nb::module_& m) {
   nb::class_<PyPlannedDropHandle>(m, "PlannedDropHandle")
       .def("drop",
            [](PyPlannedDropHandle& self) {
