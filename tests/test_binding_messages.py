@@ -66,12 +66,16 @@ COMPOSED: dict[str, Named | Pinned] = {
         (
             ("kv_core_py.manager", "best_efforts"),
             ("kv_core_py.manager", "enable_request_stats"),
-            ("kv_core_py.kv_cache", "enable_swa_scratch_reuse"),
+            ("kv_core_py.cache_scratch", "enable_swa_scratch_reuse"),
         )
     ),
     "kExpectedBoolOrNone": Named((("kv_core_py.manager", "text_only"),)),
     "kOutOfRange": Named(
-        (("kv_core_py.manager", "pool_group"), ("kv_core_py.manager", "pool"), ("kv_core_py.kv_cache", "layer_group"))
+        (
+            ("kv_core_py.manager", "pool_group"),
+            ("kv_core_py.manager", "pool"),
+            ("kv_core_py.cache_state", "layer_group"),
+        )
     ),
     "kLevelOutOfRange": Named((("kv_core_py.manager", "level"), ("kv_core_py.kv_cache", "target_level"))),
     # batch.cc builds "caches[i]" for the `{}`; Python's f-string has "caches[{i}]".

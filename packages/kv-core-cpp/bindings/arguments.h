@@ -66,10 +66,12 @@ inline constexpr char kAdjustNeedsSuspended[] = "adjust() requires every KV cach
 inline constexpr char kBestEfforts[] = "resize: best_efforts=True is not supported";
 inline constexpr char kExpectedPageCopier[] = "page_copier: expected a kv_api.PageCopier, got {}";
 inline constexpr char kExpectedCallable[] = "custom_priority_callback: expected a callable or None";
-// kv_core_py.kv_cache
+// kv_core_py.cache_state
 inline constexpr char kBeamOutOfRange[] = "beam {} out of range (beam width 1)";
 inline constexpr char kPriorityOutside[] = "custom_priority_callback: {} is outside [{}, {}]";  // the bounds
+// kv_core_py.cache_resize
 inline constexpr char kNotEnoughPages[] = "{}: not enough pages";
+// kv_core_py.page_indices
 inline constexpr char kExpectedIndexBuffer[] = "buf: expected a writable int32 buffer, got {}";
 inline constexpr char kIndexBufferFormat[] = "buf: must be a writable 1-D buffer of format 'i' (got format {})";
 inline constexpr char kIndexBufferContiguous[] = "buf: must be contiguous";
