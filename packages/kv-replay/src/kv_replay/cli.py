@@ -22,7 +22,8 @@ from kv_replay import engine_command
 from kv_replay.engine_command import EngineError
 from kv_replay.events_command import EventsError, events
 from kv_replay.flag_types import disk_path_flag, integer, progress_flags, quotas, size
-from kv_replay.model import MAX_LAYERS, ModelError, parse_layers
+from kv_replay.model import MAX_LAYERS, Layers, ModelError
+from kv_replay.options import OptionError, ReplayOptions
 from kv_replay.plot import PlotError
 from kv_replay.publish import PublishError, endpoint
 from kv_replay.replay_command import replay
@@ -55,38 +56,6 @@ def error(message: str) -> None:
     print(f"kvcore: error: {'; '.join(message.splitlines())}", file=sys.stderr)
 
 
-def check_replay_flags(args: argparse.Namespace) -> None:
-    """What no single flag's value says: the tier flags together."""
-    if args.disk_path is not None and args.disk_quota is None:
-        raise UsageError("--disk-path: needs --disk-quota (there is no disk tier without a quota)")
-    if args.router is not None or args.instances > 1:
-        for flag, given in (("--compare", args.compare), ("--quota", len(args.quota) > 1)):
-            if given:
-                raise UsageError(f"{flag}: not with --instances/--router (a cluster replays one config on one backend)")
-        if args.host_quota is not None and len(args.host_quota) > 1:
-            raise UsageError("--host-quota: not a list with --instances/--router (a cluster replays one config)")
-    if len(args.quota) > 1 and args.host_quota is not None and len(args.host_quota) > 1:
-        raise UsageError("--host-quota: a sweep varies one quota: give a list to --quota or to --host-quota, not both")
-    check_publish_flags(args)
-
-
-def check_publish_flags(args: argparse.Namespace) -> None:
-    """``--publish`` streams one manager's events: one replay, on one backend."""
-    if args.wait_subscribers and args.publish is None:
-        raise UsageError("--wait-subscribers: needs --publish (there is nothing to subscribe to without it)")
-    if args.publish is None:
-        return
-    for what, given in (
-        ("--compare", args.compare),
-        ("a --quota list", len(args.quota) > 1),
-        ("a --host-quota list", args.host_quota is not None and len(args.host_quota) > 1),
-        ("--instances", args.instances > 1),
-        ("--router", args.router is not None),
-    ):
-        if given:  # one manager's events on one endpoint: a sequence of managers would restart it
-            raise UsageError(f"--publish: not with {what} (it publishes the events of one replay on one backend)")
-
-
 def routers(text: str) -> list[str]:
     """``--router``: one router, or a comma-separated list of them to compare."""
     names = [part.strip() for part in text.split(",")]
@@ -96,12 +65,12 @@ def routers(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def layers(text: str) -> str:
+def layers(text: str) -> Layers:
+    """``--layers``: parsed, and so checked, once."""
     try:
-        parse_layers(text)
+        return Layers.parse(text)
     except ModelError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("--layers: ")) from None
-    return text
+        raise argparse.ArgumentTypeError(exc.why) from None
 
 
 class _Version(argparse.Action):
@@ -275,15 +244,15 @@ def _default_chosen_by() -> str:
     return "KV_BACKEND" if os.environ.get("KV_BACKEND", "").strip() else "default backend"
 
 
-def chosen_backends(args: argparse.Namespace) -> list[kv_api.Backend]:
-    """The backends to replay on, loaded before anything runs; errors name ``--backend`` or
-    ``KV_BACKEND``, whichever chose."""
-    if args.compare:
+def chosen_backends(name: str | None, compare: bool = False) -> list[kv_api.Backend]:
+    """The backends to replay on (``--backend``, or with ``--compare`` every installed one),
+    loaded before anything runs; errors name ``--backend`` or ``KV_BACKEND``, whichever chose."""
+    if compare:
         return [kv_api.load_backend(n) for n in kv_api.available_backends()]
     try:
-        return [kv_api.load_backend(args.backend)]  # None: the default backend
+        return [kv_api.load_backend(name)]  # None: the default backend
     except BackendError as exc:
-        raise UsageError(f"{'--backend' if args.backend is not None else _default_chosen_by()}: {exc}") from None
+        raise UsageError(f"{'--backend' if name is not None else _default_chosen_by()}: {exc}") from None
 
 
 def backends() -> int:
@@ -323,12 +292,12 @@ def main(argv: list[str] | None = None) -> int:
             return events(args)
         if args.command == "engine":
             with terminate_as_interrupt():
-                (backend,) = chosen_backends(args)
+                (backend,) = chosen_backends(args.backend)
                 return engine_command.engine(args, backend)
-        check_replay_flags(args)
+        options = ReplayOptions.from_flags(args)  # the flags' values checked together
         with terminate_as_interrupt():  # SIGTERM cleans up as Ctrl-C does, below
-            return replay(args, chosen_backends(args))
-    except (UsageError, TraceError, PlotError, ModelError, EventsError, PublishError, EngineError) as exc:
+            return replay(options, chosen_backends(options.backend, options.compare))
+    except (UsageError, TraceError, PlotError, OptionError, EventsError, PublishError, EngineError) as exc:
         message = str(exc)
     except BrokenPipeError:
         raise

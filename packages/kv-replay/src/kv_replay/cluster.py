@@ -22,6 +22,7 @@ from kv_replay.plural import plural
 from kv_replay.replayer import Replayer, ReplayResult
 from kv_replay.report import SUMMARY_SCHEMA, latency_us, summary
 from kv_replay.routers import DynamoRouter, KvOracle, RoundRobin
+from kv_replay.tier_errors import tier_errors
 from kv_replay.trace import Request
 
 __all__ = ["CLUSTER_SCHEMA", "ClusterResult", "cluster_report", "cluster_table", "replay_cluster"]
@@ -104,25 +105,8 @@ def replay_cluster(
         raise
     result = ClusterResult(router, [])
     try:
-        for r in replayers:
-            r.begin()
-        queue = list(reversed(requests))
-        done = 0
-        while queue or any(r.busy for r in replayers):
-            while queue and any(r.open_requests < max_in_flight for r in replayers):
-                request = queue.pop()
-                start = time.perf_counter()
-                pick = picker.pick(replayers, request.scope, request.prompt)
-                result.routing_seconds.append(time.perf_counter() - start)
-                result.routed.append(pick)
-                replayers[pick].submit(request)
-            for r in replayers:
-                if r.busy:
-                    r.step()
-            if progress is not None:
-                done = sum(r.done for r in replayers)
-                progress(done, len(requests))
-        result.instances = [r.end() for r in replayers]
+        with tier_errors(config):  # an instance's level that fails is a TierError naming it
+            _route(replayers, picker, requests, result, max_in_flight, progress)
     finally:
         picker.close()
     # Only after a whole replay: interrupted (Ctrl-C, SIGTERM) or failed, caches are still open
@@ -130,6 +114,35 @@ def replay_cluster(
     for r in replayers:
         r.manager.shutdown()
     return result
+
+
+def _route(
+    replayers: list[Replayer],
+    picker: RoundRobin | KvOracle | DynamoRouter,
+    requests: list[Request],
+    result: ClusterResult,
+    max_in_flight: int,
+    progress: Callable[[int, int], None] | None,
+) -> None:
+    """The requests in trace order, each to the instance ``picker`` picks once one has room;
+    every instance with work steps once per global step."""
+    for r in replayers:
+        r.begin()
+    queue = list(reversed(requests))
+    while queue or any(r.busy for r in replayers):
+        while queue and any(r.open_requests < max_in_flight for r in replayers):
+            request = queue.pop()
+            start = time.perf_counter()
+            pick = picker.pick(replayers, request.scope, request.prompt)
+            result.routing_seconds.append(time.perf_counter() - start)
+            result.routed.append(pick)
+            replayers[pick].submit(request)
+        for r in replayers:
+            if r.busy:
+                r.step()
+        if progress is not None:
+            progress(sum(r.done for r in replayers), len(requests))
+    result.instances = [r.end() for r in replayers]
 
 
 def cluster_report(result: ClusterResult, setup: Setup | None = None) -> dict[str, Any]:

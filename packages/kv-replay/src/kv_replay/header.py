@@ -3,11 +3,12 @@ lines above a table and as fields of the JSON."""
 
 from __future__ import annotations
 
-import argparse
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kv_replay.model import SSM, parse_layers
+from kv_replay.model import SSM, Layers, parse_layers
+from kv_replay.options import ReplayOptions
 from kv_replay.plural import plural
 from kv_replay.sizes import format_size
 
@@ -20,23 +21,23 @@ class Setup:
 
     trace: str  # the trace as named, or "embedded workload (seed N)"
     requests: int
-    layers: str  # the --layers spec
+    layers: Layers
     tokens_per_block: int
     bytes_per_token: int
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, requests: int) -> Setup:
-        trace = args.trace if args.trace is not None else f"embedded workload (seed {args.seed})"
-        return cls(trace, requests, args.layers.replace(" ", ""), args.tokens_per_block, args.bytes_per_token)
+    def from_options(cls, options: ReplayOptions, requests: int) -> Setup:
+        trace = options.trace if options.trace is not None else f"embedded workload (seed {options.seed})"
+        return cls(trace, requests, options.layers, options.tokens_per_block, options.bytes_per_token)
 
     @property
     def num_layers(self) -> int:
-        return sum(count for count, _, _ in parse_layers(self.layers))
+        return self.layers.count
 
     def layout_fields(self) -> dict[str, Any]:
         """The JSON fields of the model's layout."""
         return {
-            "layers": self.layers,
+            "layers": self.layers.spec,
             "num_layers": self.num_layers,
             "tokens_per_block": self.tokens_per_block,
             "bytes_per_token": self.bytes_per_token,
@@ -61,11 +62,11 @@ class Setup:
         )
 
 
-def layout(spec: str) -> str:
-    """A ``--layers`` spec in words: ``4 full-attention layers``, ``1 SSM layer``, or by group,
-    ``34 layers: 24 full-attention, 8 sliding-window (window 4,096, 4 sink tokens), 2 SSM``."""
+def layout(layers: str | Layers) -> str:
+    """A ``--layers`` spec (or its parse) in words: ``4 full-attention layers``, ``1 SSM layer``,
+    or by group, ``34 layers: 24 full-attention, 8 sliding-window (window 4,096, 4 sink tokens), 2 SSM``."""
     groups = []  # (count, kind, detail)
-    for count, window, sinks in parse_layers(spec):
+    for count, window, sinks in layers.groups if isinstance(layers, Layers) else parse_layers(layers):
         if window == SSM:
             groups.append((count, "SSM", ""))
         elif window is None:
@@ -80,11 +81,11 @@ def layout(spec: str) -> str:
     return f"{plural(total, 'layer')}: " + ", ".join(f"{count:,} {kind}{detail}" for count, kind, detail in groups)
 
 
-def quotas(device: list[int], host: list[int] | None, disk: int | None) -> str:
+def quotas(device: Sequence[int], host: Sequence[int] | None, disk: int | None) -> str:
     """``device 128M; no host or disk tier``, ``device 64M; host 256M; disk 1G``; a list (a
     sweep) as ``device 256M, 1G (swept)``."""
 
-    def sizes(values: list[int]) -> str:
+    def sizes(values: Sequence[int]) -> str:
         return ", ".join(format_size(v) for v in values) + (" (swept)" if len(values) > 1 else "")
 
     parts = [f"device {sizes(device)}"]

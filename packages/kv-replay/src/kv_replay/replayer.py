@@ -24,6 +24,9 @@ Termination: every step decodes a token, completes a request or rejects one (the
 request either decodes or is left alone with the whole pool and then rejected), so a
 replay ends within ``len(requests) + total output tokens`` steps; ``run`` raises rather than
 loop if a step ever makes no progress.
+
+Errors: the manager's failures on one cache level, building it or running (memory it cannot
+map, a disk tier's files), are a ``kv_replay.tier_errors.TierError`` naming the level and field.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from kv_api import (
     create_manager,
 )
 from kv_replay import resident
+from kv_replay.tier_errors import tier_errors
 from kv_replay.trace import Request
 
 
@@ -148,7 +152,8 @@ class Replayer:
             raise ValueError("max_in_flight must be >= 1")
         self.backend = backend
         resident.reset_peak()  # this replay's peak, not an earlier one's
-        self.manager = create_manager(config, backend=backend, event_manager=event_manager)
+        with tier_errors(config):  # a level it cannot build is a TierError naming it
+            self.manager = create_manager(config, backend=backend, event_manager=event_manager)
         self.events = event_manager
         self.config = config
         self.tiered = len(config.cache_tiers) > 1  # the tier APIs are only asked for with tiers
@@ -293,13 +298,14 @@ class Replayer:
     # -- the loop ---------------------------------------------------------------------------------------
 
     def run(self, requests: list[Request]) -> ReplayResult:
-        self.begin(requests)
-        while self.busy:
-            self.step()
-        return self.end()
+        with tier_errors(self.config):  # a level that fails (a disk tier's files) is a TierError naming it
+            self.begin(requests)
+            while self.busy:
+                self.step()
+            return self.end()
 
     # A replay in parts, for a cluster that hands each instance its requests as they arrive:
-    # begin(), then submit() and step() while busy, then end().
+    # begin(), then submit() and step() while busy, then end(), inside tier_errors(config).
 
     def begin(self, requests: Sequence[Request] = ()) -> None:
         self.requests: list[Request] = []
