@@ -158,11 +158,12 @@ KVCache::ResizePlan KVCache::resize_plan(std::int64_t num_blocks, std::int64_t c
     }
     const std::vector<Page*>& held = scratch_pages_[group];
     const auto want = static_cast<std::size_t>(scratch_need(group, capacity, history));
+    for (std::size_t i = held.size(); i < want; ++i) {  // after every block's need, as resume orders them
+      plan.needs.emplace_back(-1, group);
+      plan.priorities.push_back(kDefaultPriority);
+    }
     for (std::size_t i = want; i < held.size(); ++i) plan.scratch_freed.push_back(held[i]);
   }
-  const std::vector<Need> scratch = scratch_needs(capacity, history);
-  plan.needs.insert(plan.needs.end(), scratch.begin(), scratch.end());
-  plan.priorities.insert(plan.priorities.end(), scratch.size(), kDefaultPriority);
   return plan;
 }
 

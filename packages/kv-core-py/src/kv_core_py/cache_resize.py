@@ -129,17 +129,12 @@ class CacheResize(CacheRoom, PageIndices):
                 for ordinal in range(a, min(b, len(self._blocks)))
                 if self._blocks[ordinal].pages[group] is not None
             ]
-            scratch_freed += self._scratch_pages[group][self._scratch_need(group, capacity, history) :]
-        scratch = self._scratch_needs(capacity, history)
+            want, held = self._scratch_need(group, capacity, history), self._scratch_pages[group]
+            needs += [(-1, group)] * max(0, want - len(held))  # after every block's need, as resume orders them
+            priorities += [DEFAULT_PRIORITY] * max(0, want - len(held))
+            scratch_freed += held[want:]
         releases = [r for r in self._stale_releases(history) if r[0] < num_blocks]
-        return ResizePlan(
-            shrink[::-1],
-            releases,
-            scratch_drops,
-            scratch_freed,
-            needs + scratch,
-            priorities + [DEFAULT_PRIORITY] * len(scratch),
-        )
+        return ResizePlan(shrink[::-1], releases, scratch_drops, scratch_freed, needs, priorities)
 
     def _apply_resize(
         self,
