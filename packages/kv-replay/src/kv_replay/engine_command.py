@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kv_api import Backend
+from kv_api import Backend, CacheTierConfig, GpuCacheTierConfig, HostCacheTierConfig
 from kv_api.errors import HostOOMError
 from kv_replay.engine_report import Run, report, text
 from kv_replay.flag_types import disk_path_flag, integer, one_size, progress_flags
@@ -41,6 +41,7 @@ from kv_replay.plural import plural
 from kv_replay.progress import ProgressBar
 from kv_replay.replay_command import check_tiers
 from kv_replay.sizes import format_size, parse_size
+from kv_replay.tier_errors import unmapped
 from kv_replay.trace import BUILTIN_TRACES, MAX_TOKENS, Request, load_trace
 from kv_replay.workload import default_workload
 
@@ -277,18 +278,16 @@ def _build(
     try:
         return build(args.host_quota)
     except HostOOMError as exc:
-        flag = f"--device-quota {format_size(args.device_quota)}"
+        tiers: list[CacheTierConfig] = [GpuCacheTierConfig(args.device_quota)]
         if args.host_quota is not None:
-            try:
-                build(None).close()
-            except HostOOMError:
-                pass
-            else:
-                flag = f"--host-quota {format_size(args.host_quota)}"
+            tiers.append(HostCacheTierConfig(args.host_quota))
+        if isinstance(unmapped(tiers), HostCacheTierConfig):
+            flag = f"--host-quota {format_size(args.host_quota)}"
+        else:
+            flag = f"--device-quota {format_size(args.device_quota)}"
         raise EngineError(f"{flag}: {exc}: more address space than this machine has") from None
-    except ValueError as exc:  # the model's layers (model_layout), or the prefill chunk
-        flag = "--prefill-chunk" if "prefill_chunk" in str(exc) else f"--model {args.model}"
-        raise EngineError(f"{flag}: {exc}") from None
+    except ValueError as exc:  # the model's layers (model_layout): main() checked the prefill chunk
+        raise EngineError(f"--model {args.model}: {exc}") from None
 
 
 def _generate(

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from kv_api import CacheTierConfig, DiskCacheTierConfig, HostCacheTierConfig, KVCacheManagerConfig
 from kv_api.errors import DiskOOMError, HostOOMError
 
-__all__ = ["TierError", "tier_errors"]
+__all__ = ["TierError", "tier_errors", "unmapped"]
 
 #: Reserved, not committed, as the backends map pools. The mmap module has the name from
 #: Python 3.13 only; 0x4000 is Linux's (x86-64, arm64).
@@ -43,7 +43,7 @@ def tier_errors(config: KVCacheManagerConfig) -> Iterator[None]:
     try:
         yield
     except HostOOMError as exc:
-        raise TierError(_unmapped(config.cache_tiers), "quota", exc) from None
+        raise TierError(unmapped(config.cache_tiers), "quota", exc) from None
     except (DiskOOMError, OSError) as exc:
         disk = next((t for t in config.cache_tiers if isinstance(t, DiskCacheTierConfig)), None)
         if disk is None or isinstance(exc, BrokenPipeError):
@@ -52,7 +52,7 @@ def tier_errors(config: KVCacheManagerConfig) -> Iterator[None]:
         raise TierError(disk, "quota" if sized else "path", exc) from None
 
 
-def _unmapped(tiers: Sequence[CacheTierConfig]) -> CacheTierConfig:
+def unmapped(tiers: Sequence[CacheTierConfig]) -> CacheTierConfig:
     """The level memory could not be mapped for. The backends map the device level, then the
     host level, each about its quota: the host level when the address space holds the device
     quota but not the host quota beside it, else the device level (its quota, or its minimum
