@@ -180,7 +180,7 @@ Block* RadixTree::add(Node* parent, const Digest& key, const TokenList& source, 
                       std::int64_t ordinal) {
   std::unique_ptr<Block> block;
   if (spare_.empty()) {
-    block = std::make_unique<Block>(key, parent, TokenList{}, ordinal, num_life_cycles_);
+    block = std::make_unique<Block>(key, parent, TokenList{}, ordinal, num_layer_groups_);
   } else {
     block = std::move(spare_.back());
     spare_.pop_back();

@@ -9,7 +9,7 @@ namespace kvcore {
 std::pair<std::int64_t, std::int64_t> ScratchRule::range(const LifeCycleRegistry& registry, std::int64_t capacity,
                                                          std::int64_t history) const {
   const std::int64_t tpb = registry.tokens_per_block();
-  const auto [begin, end] = registry.stale_range(life_cycle, std::max<std::int64_t>(0, capacity - max_rewind_len));
+  const auto [begin, end] = registry.stale_range(layer_group, std::max<std::int64_t>(0, capacity - max_rewind_len));
   const std::int64_t lo = std::max(begin, ceil_div(history, tpb));
   return {lo, std::max(lo, std::min(end, ceil_div(capacity, tpb)))};
 }
@@ -34,13 +34,13 @@ std::vector<std::optional<ScratchRule>> scratch_rules(const KVCacheManagerConfig
       size +=
           b.size * (b.tokens_per_block_override ? static_cast<std::uint64_t>(tpb) / *b.tokens_per_block_override : 1);
     }
-    const int lc = registry.life_cycle_of(layer.layer_id);
-    layer_bytes[lc] = std::max(layer_bytes[lc], size);
+    const int group = registry.layer_group_of(layer.layer_id);
+    layer_bytes[group] = std::max(layer_bytes[group], size);
   }
-  for (const LifeCycle& lc : registry.life_cycles()) {
-    if (!registry.kind(lc.id).has_scratch()) continue;
-    const std::uint64_t slot_bytes = storage.pool_groups()[storage.pool_group_of(lc.id)].slot_bytes();
-    rules[lc.id] = ScratchRule{lc.id, config.swa_scratch_reuse->max_rewind_len, layer_bytes[lc.id], slot_bytes};
+  for (const LifeCycle& life : registry.life_cycles()) {
+    if (!registry.kind(life.id).has_scratch()) continue;
+    const std::uint64_t slot_bytes = storage.pool_groups()[storage.pool_group_of(life.id)].slot_bytes();
+    rules[life.id] = ScratchRule{life.id, config.swa_scratch_reuse->max_rewind_len, layer_bytes[life.id], slot_bytes};
   }
   return rules;
 }

@@ -212,7 +212,7 @@ class CacheCommit(CacheRoom):
         """New device pages holding ``sources``' data (held once each), or None without room."""
         storage = self._context.storage
         try:
-            pages = storage.new_pages([(p.life_cycle, p.priority) for p in sources])
+            pages = storage.new_pages([(p.layer_group, p.priority) for p in sources])
         except OutOfPagesError:
             return None
         for page in pages:

@@ -46,8 +46,8 @@ class KVCache(CacheResize, CacheCommit, kv_api.KVCache):
         self._context = context
         self._tokens_per_block = context.tokens_per_block
         self._layer_groups = context.registry.life_cycles
-        self._block_layer_groups = context.registry.block_life_cycles
-        self._ssm_layer_groups = context.registry.ssm_life_cycles
+        self._block_layer_groups = context.registry.block_layer_groups
+        self._ssm_layer_groups = context.registry.ssm_layer_groups
         self._id = cache_id
         self._reuse_scope = scope
         self._root_key = root_key

@@ -14,8 +14,8 @@ from kv_core_py.storage_config import StorageConfig
 
 @dataclass(frozen=True)
 class ScratchRule:
-    """One sliding-window life cycle's scratch. ``layer_bytes / slot_bytes`` is
-    ``slot_util_frac_max``: the largest share of the life cycle's slot one of its layers takes
+    """One sliding-window layer group's scratch. ``layer_bytes / slot_bytes`` is
+    ``slot_util_frac_max``: the largest share of the layer group's slot one of its layers takes
     (the layer's buffers' bytes per block, expanded, over the pool group's slot bytes), kept as
     two integers so both backends round alike."""
 
@@ -44,7 +44,7 @@ class ScratchRule:
 def scratch_rules(
     config: KVCacheManagerConfig, registry: LifeCycleRegistry, storage: StorageConfig
 ) -> list[ScratchRule | None]:
-    """Per life cycle, its scratch rule: sliding-window life cycles when the config has
+    """Per layer group, its scratch rule: sliding-window layer groups when the config has
     ``swa_scratch_reuse``, else None (full attention is never stale, SSM has no blocks)."""
     reuse = config.swa_scratch_reuse
     if reuse is None:
@@ -54,11 +54,11 @@ def scratch_rules(
     for layer in config.layers:
         if isinstance(layer, SsmLayerConfig):
             continue
-        lc = registry.layer_life_cycle[layer.layer_id]
+        group = registry.layer_group_of[layer.layer_id]
         size = sum(
             b.size * (tpb // b.tokens_per_block_override if b.tokens_per_block_override else 1) for b in layer.buffers
         )
-        layer_bytes[lc] = max(layer_bytes[lc], size)
+        layer_bytes[group] = max(layer_bytes[group], size)
     rules: list[ScratchRule | None] = []
     for life_cycle, kind in zip(registry.life_cycles, registry.kinds, strict=True):
         if not kind.has_scratch:
