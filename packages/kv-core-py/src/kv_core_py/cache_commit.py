@@ -95,7 +95,7 @@ class CacheCommit(CacheRoom):
             if shorter is not None:
                 self._context.storage.adopt(block, shorter)
         ours_by_group = cache_block.pages if pages is None else pages
-        for layer_group in range(len(self._layer_groups)):
+        for layer_group in range(len(self._life_cycles)):
             self._join(block, ordinal, layer_group, ours_by_group[layer_group], len(tokens))
         if cache_block.tree_block is None and full:
             # Later blocks hang under a full block, so it stays in the tree while we are open (we
@@ -197,7 +197,7 @@ class CacheCommit(CacheRoom):
             self.stats.snapshot_skipped([layer_group for layer_group, _ in sources])
             return
         if block is None:
-            override: list[Page | None] = [None] * len(self._layer_groups)
+            override: list[Page | None] = [None] * len(self._life_cycles)
             for (layer_group, _), page in zip(sources, pages, strict=True):
                 override[layer_group] = page
             self._commit_block(len(self._tokens) // self._tokens_per_block, override)
