@@ -169,15 +169,15 @@ std::optional<Digest> KVCacheManager::probe_first_new_block_key(const ReuseScope
   const auto lock = context_.lock();
   require_live();
   const Digest root = root_key(scope);
-  const std::int64_t tpb = config_.tokens_per_block;
+  const std::int64_t tokens_per_block = config_.tokens_per_block;
   std::int64_t reusable = 0;
   for (const auto& step : match(root, tokens, true, max_reused)) reusable += step.second;
-  const std::int64_t k = reusable / tpb;
+  const std::int64_t k = reusable / tokens_per_block;
   const auto n = static_cast<std::int64_t>(tokens.count);
-  if (reusable >= n || (k + 1) * tpb > n) return std::nullopt;
+  if (reusable >= n || (k + 1) * tokens_per_block > n) return std::nullopt;
   std::vector<std::uint8_t> keys(32 * static_cast<std::size_t>(k + 2));
-  chained_keys(root, tokens, 0, static_cast<std::size_t>(k + 1), static_cast<std::size_t>(tpb), config_.key_format,
-               keys.data());
+  chained_keys(root, tokens, 0, static_cast<std::size_t>(k + 1), static_cast<std::size_t>(tokens_per_block),
+               config_.key_format, keys.data());
   Digest key;
   std::memcpy(key.data(), keys.data() + 32 * static_cast<std::size_t>(k + 1), key.size());
   return key;

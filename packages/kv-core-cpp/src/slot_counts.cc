@@ -265,15 +265,15 @@ std::int64_t slots_for_batch(const LifeCycleRegistry& registry, int layer_group,
                              const ScratchRule* scratch) {
   if (!registry.kind(layer_group).has_block_pages())
     return static_cast<std::int64_t>(batch.kv_caches.size());  // a state each
-  const std::int64_t tpb = registry.tokens_per_block();
-  const std::int64_t sys_blocks = batch.system_prompt_length / tpb;
+  const std::int64_t tokens_per_block = registry.tokens_per_block();
+  const std::int64_t sys_blocks = batch.system_prompt_length / tokens_per_block;
   // Counted as ranges, never block by block: a system prompt may span 2**40 blocks. A request's
   // live system-prompt blocks are [0, m) less its stale range [begin, end) and its scratch range
   // [a, b) (which lies above the stale one): at most three ranges.
   std::vector<std::pair<std::int64_t, std::int64_t>> shared;
   std::int64_t total = 0;
   for (const KVCacheDesc& desc : batch.kv_caches) {
-    const std::int64_t num_blocks = ceil_div(desc.capacity, tpb);
+    const std::int64_t num_blocks = ceil_div(desc.capacity, tokens_per_block);
     const auto [begin, end] = registry.stale_range(layer_group, desc.history_length);
     const std::int64_t stale = std::max<std::int64_t>(0, std::min(end, num_blocks) - std::min(begin, num_blocks));
     const auto [a, b] =
@@ -310,7 +310,7 @@ std::int64_t sequence_peak_slots(const LifeCycleRegistry& registry, int layer_gr
 std::int64_t clamp_max_seq_len(const LifeCycleRegistry& registry, const StorageConfig& storage,
                                const std::vector<std::uint64_t>& slots, std::int64_t batch_size,
                                std::int64_t upper_bound) {
-  const std::int64_t tpb = registry.tokens_per_block();
+  const std::int64_t tokens_per_block = registry.tokens_per_block();
   const auto fits = [&](std::int64_t length) {
     for (const PoolGroupConfig& pg : storage.pool_groups()) {
       std::int64_t need = 0;
@@ -320,16 +320,16 @@ std::int64_t clamp_max_seq_len(const LifeCycleRegistry& registry, const StorageC
     return true;
   };
   std::int64_t lo = 0;
-  std::int64_t hi = upper_bound / tpb;  // in blocks: lo fits (0: nothing), nothing above hi does
+  std::int64_t hi = upper_bound / tokens_per_block;  // in blocks: lo fits (0: nothing), nothing above hi does
   while (lo < hi) {
     const std::int64_t mid = lo + (hi - lo + 1) / 2;
-    if (fits(mid * tpb)) {
+    if (fits(mid * tokens_per_block)) {
       lo = mid;
     } else {
       hi = mid - 1;
     }
   }
-  return lo * tpb;
+  return lo * tokens_per_block;
 }
 
 SlotCounts::SlotCounts(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry,

@@ -28,13 +28,13 @@ struct SizeGroup {
 }  // namespace
 
 StorageConfig::StorageConfig(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry) {
-  const std::int64_t tpb = config.tokens_per_block;
+  const std::int64_t tokens_per_block = config.tokens_per_block;
   std::vector<std::vector<SizeGroup>> per_layer_group(registry.size());
   for (const LayerConfig& layer : config.layers) {
     auto& groups = per_layer_group[registry.layer_group_of(layer.layer_id)];
     for (const BufferConfig& b : layer.buffers) {
       const std::int64_t expansion =
-          b.tokens_per_block_override ? tpb / static_cast<std::int64_t>(*b.tokens_per_block_override) : 1;
+          b.tokens_per_block_override ? tokens_per_block / static_cast<std::int64_t>(*b.tokens_per_block_override) : 1;
       const std::uint64_t size = b.size * static_cast<std::uint64_t>(expansion);
       auto it = std::find_if(groups.begin(), groups.end(), [&](const SizeGroup& g) { return g.size == size; });
       if (it == groups.end()) {

@@ -22,7 +22,7 @@ struct ScratchRule {
   std::uint64_t layer_bytes = 0;
   std::uint64_t slot_bytes = 0;
 
-  // stale(max(0, capacity - max_rewind_len)) ∩ [ceil(history / tpb), ceil(capacity / tpb)):
+  // stale(max(0, capacity - max_rewind_len)) ∩ [ceil(history / tokens_per_block), ceil(capacity / tokens_per_block)):
   // empty as {lo, lo}.
   std::pair<std::int64_t, std::int64_t> range(const LifeCycleRegistry& registry, std::int64_t capacity,
                                               std::int64_t history) const;

@@ -80,10 +80,10 @@ class CacheCommit(CacheRoom):
             self._commit_state = CommitState.VIRTUAL_STOP
             return
         cache_block = self._blocks[ordinal]
-        tpb = self._tokens_per_block
-        tokens = tuple(self._tokens[ordinal * tpb : (ordinal + 1) * tpb])
-        full = len(tokens) == tpb
-        key = chained_keys(parent.key, Tokens(tokens, self._context.key_format), 0, 1, tpb)[1]
+        tokens_per_block = self._tokens_per_block
+        tokens = tuple(self._tokens[ordinal * tokens_per_block : (ordinal + 1) * tokens_per_block])
+        full = len(tokens) == tokens_per_block
+        key = chained_keys(parent.key, Tokens(tokens, self._context.key_format), 0, 1, tokens_per_block)[1]
         block = parent.children.get(key)
         if block is None:
             tree = self._context.tree
@@ -161,14 +161,14 @@ class CacheCommit(CacheRoom):
         n = len(self._tokens)
         if n == 0 or self._commit_state == CommitState.VIRTUAL_STOP:
             return None
-        tpb = self._tokens_per_block
+        tokens_per_block = self._tokens_per_block
         states = [
             (layer_group, p)
             for layer_group in self._ssm_layer_groups
             if (p := self._ssm_state[layer_group]) is not None and not p.committed
         ]
-        if n % tpb:
-            cache_block: CacheBlock = self._blocks[n // tpb]
+        if n % tokens_per_block:
+            cache_block: CacheBlock = self._blocks[n // tokens_per_block]
             if cache_block.copy_on_resume:
                 return None  # a reused partial block not copied yet: nothing of ours to snapshot
             live = [
@@ -177,11 +177,11 @@ class CacheCommit(CacheRoom):
                 if (p := cache_block.pages[layer_group]) is not None and not p.committed
             ]
             return None, live + states
-        block = self._blocks[n // tpb - 1].tree_block
+        block = self._blocks[n // tokens_per_block - 1].tree_block
         if block is None:
             return None
         # The full block is in the tree already: only states it lacks.
-        return block, [(g, p) for g, p in states if (t := block.pages[g]) is None or t.num_tokens < tpb]
+        return block, [(g, p) for g, p in states if (t := block.pages[g]) is None or t.num_tokens < tokens_per_block]
 
     def _snapshot(self, move: bool) -> None:
         """commit_min_snapshot: what a request reusing exactly the committed tokens needs enters

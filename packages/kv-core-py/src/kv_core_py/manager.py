@@ -555,12 +555,12 @@ class KVCacheManager(kv_api.KVCacheManager):
             self._require_live()
             _, root_key, toks = self._scope_and_tokens(reuse_scope, tokens)
             cap = _max_reused(max_reused_tokens)
-            tpb = self._config.tokens_per_block
+            tokens_per_block = self._config.tokens_per_block
             reusable = sum(n for _, n in self._match(root_key, toks, max_reused=cap))
-            k = reusable // tpb
-            if reusable >= len(toks) or (k + 1) * tpb > len(toks):
+            k = reusable // tokens_per_block
+            if reusable >= len(toks) or (k + 1) * tokens_per_block > len(toks):
                 return None
-            return chained_keys(root_key, toks, 0, k + 1, tpb)[-1]
+            return chained_keys(root_key, toks, 0, k + 1, tokens_per_block)[-1]
 
     def create_kv_cache(
         self,

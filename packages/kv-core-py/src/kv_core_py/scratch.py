@@ -25,13 +25,14 @@ class ScratchRule:
     slot_bytes: int
 
     def range(self, capacity: int, history: int) -> tuple[int, int]:
-        """``stale(max(0, capacity - max_rewind_len)) ∩ [ceil(history / tpb), ceil(capacity / tpb))``:
-        this step's blocks that are out of the window once the step is done, even if a later
-        step rewinds the history by up to ``max_rewind_len`` tokens. Empty as ``(lo, lo)``."""
-        tpb = self.life_cycle.tokens_per_block
+        """``stale(max(0, capacity - max_rewind_len)) ∩ [ceil(history / tokens_per_block),
+        ceil(capacity / tokens_per_block))``: this step's blocks that are out of the window once the
+        step is done, even if a later step rewinds the history by up to ``max_rewind_len`` tokens.
+        Empty as ``(lo, lo)``."""
+        tokens_per_block = self.life_cycle.tokens_per_block
         begin, end = self.life_cycle.get_stale_range(max(0, capacity - self.max_rewind_len))
-        lo = max(begin, ceil_div(history, tpb))
-        return lo, max(lo, min(end, ceil_div(capacity, tpb)))
+        lo = max(begin, ceil_div(history, tokens_per_block))
+        return lo, max(lo, min(end, ceil_div(capacity, tokens_per_block)))
 
     def slots(self, num_blocks: int) -> int:
         """``ceil(num_blocks * slot_util_frac_max)``: the layers run one after another, so one
@@ -49,14 +50,15 @@ def scratch_rules(
     reuse = config.swa_scratch_reuse
     if reuse is None:
         return [None] * len(registry.life_cycles)
-    tpb = config.tokens_per_block
+    tokens_per_block = config.tokens_per_block
     layer_bytes = [0] * len(registry.life_cycles)
     for layer in config.layers:
         if isinstance(layer, SsmLayerConfig):
             continue
         group = registry.layer_group_of[layer.layer_id]
         size = sum(
-            b.size * (tpb // b.tokens_per_block_override if b.tokens_per_block_override else 1) for b in layer.buffers
+            b.size * (tokens_per_block // b.tokens_per_block_override if b.tokens_per_block_override else 1)
+            for b in layer.buffers
         )
         layer_bytes[group] = max(layer_bytes[group], size)
     rules: list[ScratchRule | None] = []

@@ -65,15 +65,15 @@ def slots_for_batch(
     have no page of their own: their ``n`` cost ``scratch.slots(n)``."""
     if not registry.kinds[layer_group].has_block_pages:
         return len(batch.kv_caches)  # a state each
-    tpb = registry.tokens_per_block
-    sys_blocks = batch.system_prompt_length // tpb
+    tokens_per_block = registry.tokens_per_block
+    sys_blocks = batch.system_prompt_length // tokens_per_block
     # Counted as ranges, never block by block: a system prompt may span 2**40 blocks. A request's
     # live system-prompt blocks are [0, m) less its stale range [begin, end) and its scratch range
     # [a, b) (which lies above the stale one): at most three ranges.
     shared: list[tuple[int, int]] = []
     total = 0
     for desc in batch.kv_caches:
-        num_blocks = ceil_div(desc.capacity, tpb)
+        num_blocks = ceil_div(desc.capacity, tokens_per_block)
         begin, end = registry.stale_range(layer_group, desc.history_length)
         stale = max(0, min(end, num_blocks) - min(begin, num_blocks))
         a, b = (end, end) if scratch is None else scratch.range(desc.capacity, desc.history_length)
@@ -93,7 +93,7 @@ def sequence_peak_slots(registry: LifeCycleRegistry, layer_group: int, length: i
     """The most slots one layer group needs at once for a request growing one token per step to
     ``length`` tokens (history ``h``, capacity ``h + 1`` for each ``h < length``): never fewer
     at a longer length. A window's need is periodic once its blocks turn stale, highest just
-    before its stale range grows (``(h + 2 - W) % tpb == 0``), so the last such step and the
+    before its stale range grows (``(h + 2 - W) % tokens_per_block == 0``), so the last such step and the
     final one bound it."""
     last = length - 1
     need = slots_for_batch(registry, layer_group, BatchDesc([KVCacheDesc(length, last)]))
@@ -110,7 +110,7 @@ def clamp_max_seq_len(
     one-token requests (capacity 1, history 0: a slot each in every layer group) and one request
     growing to ``L`` tokens (``sequence_peak_slots``) fit ``slots`` in every pool group; 0 if
     none does. The need grows with ``L``, so a binary search finds it."""
-    tpb = registry.tokens_per_block
+    tokens_per_block = registry.tokens_per_block
 
     def fits(length: int) -> bool:
         return all(
@@ -119,14 +119,14 @@ def clamp_max_seq_len(
             for pg in storage.pool_groups
         )
 
-    lo, hi = 0, upper_bound // tpb  # in blocks: lo fits (0: nothing), nothing above hi does
+    lo, hi = 0, upper_bound // tokens_per_block  # in blocks: lo fits (0: nothing), nothing above hi does
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if fits(mid * tpb):
+        if fits(mid * tokens_per_block):
             lo = mid
         else:
             hi = mid - 1
-    return lo * tpb
+    return lo * tokens_per_block
 
 
 def union_length(ranges: list[tuple[int, int]]) -> int:

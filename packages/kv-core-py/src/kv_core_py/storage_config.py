@@ -41,12 +41,12 @@ class StorageConfig:
     pool group; pool groups are numbered in order of first appearance."""
 
     def __init__(self, config: KVCacheManagerConfig, registry: LifeCycleRegistry) -> None:
-        tpb = config.tokens_per_block
+        tokens_per_block = config.tokens_per_block
         per_layer_group: list[list[tuple[int, list[tuple[BufferId, int]]]]] = [[] for _ in registry.life_cycles]
         for layer in config.layers:
             groups = per_layer_group[registry.layer_group_of[layer.layer_id]]
             for b in layer.buffers:
-                expansion = tpb // b.tokens_per_block_override if b.tokens_per_block_override else 1
+                expansion = tokens_per_block // b.tokens_per_block_override if b.tokens_per_block_override else 1
                 size = b.size * expansion
                 group = next((g for s, g in groups if s == size), None)
                 if group is None:
