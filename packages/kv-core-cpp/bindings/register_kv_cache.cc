@@ -49,13 +49,13 @@ int group_arg(PyKVCache& self, nb::handle layer_group, nb::handle beam) {
   return static_cast<int>(group);
 }
 
-bool resize(PyKVCache& self, nb::handle capacity, nb::handle history_length) {
+bool resize(PyKVCache& self, nb::handle capacity_arg, nb::handle history_length_arg) {
   const ManagerLock lock(self.cache->context());
   self.cache->require(CacheStatus::kActive, "resize");
-  const auto cap = arg::optional_count("capacity", capacity, kTokenLimit);
-  const auto hist = arg::optional_count("history_length", history_length, kTokenLimit);
+  const auto capacity = arg::optional_count("capacity", capacity_arg, kTokenLimit);
+  const auto history = arg::optional_count("history_length", history_length_arg, kTokenLimit);
   nb::gil_scoped_release release;
-  return self.cache->resize(cap, hist);
+  return self.cache->resize(capacity, history);
 }
 
 // The `capacity` and `history_length` setters: resize with one length, an int. None is refused

@@ -54,9 +54,11 @@ KVCacheManagerConfig manager_config(nb::handle c) {
     l.layer_id = nb::cast<std::int64_t>(layer.attr("layer_id"));
     l.ssm = nb::isinstance(layer, ssm);
     for (nb::handle b : layer.attr("buffers")) {
-      nb::object o = b.attr("tokens_per_block_override");
+      nb::object tokens_per_block_override = b.attr("tokens_per_block_override");
       l.buffers.push_back({nb::cast<std::string>(b.attr("role")), nb::cast<std::uint64_t>(b.attr("size")),
-                           o.is_none() ? std::nullopt : std::optional<std::uint64_t>(nb::cast<std::uint64_t>(o))});
+                           tokens_per_block_override.is_none()
+                               ? std::nullopt
+                               : std::optional<std::uint64_t>(nb::cast<std::uint64_t>(tokens_per_block_override))});
     }
     if (!l.ssm) {
       l.sliding_window_size = int_or_none(layer.attr("sliding_window_size"));

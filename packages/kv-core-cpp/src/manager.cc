@@ -96,14 +96,14 @@ MatchPath KVCacheManager::prune(MatchPath path, bool ssm) const {
     for (int layer_group : registry_.block_layer_groups()) {
       if (changed) break;
       const auto [begin, end] = registry_.stale_range(layer_group, total);
-      for (std::size_t o = 0; o < path.size(); ++o) {
-        const auto ordinal = static_cast<std::int64_t>(o);
+      for (std::size_t i = 0; i < path.size(); ++i) {
+        const auto ordinal = static_cast<std::int64_t>(i);
         if (begin <= ordinal && ordinal < end) continue;
-        Block* block = path[o].first;
+        Block* block = path[i].first;
         const Page* page = block->pages[layer_group];
         const std::int64_t coverage = page ? page->num_tokens : 0;
-        if (coverage < path[o].second) {
-          path.resize(o);
+        if (coverage < path[i].second) {
+          path.resize(i);
           if (coverage) path.emplace_back(block, coverage);
           changed = true;
           break;
@@ -119,9 +119,9 @@ bool KVCacheManager::prune_ssm(MatchPath& path) const {
   // length (a state is valid at one position only); empty without one. Whether it changed.
   for (int layer_group : registry_.ssm_layer_groups()) {
     std::size_t keep = 0;
-    for (std::size_t o = 0; o < path.size(); ++o) {
-      const Page* page = path[o].first->pages[layer_group];
-      if (page != nullptr && 0 < page->num_tokens && page->num_tokens <= path[o].second) keep = o + 1;
+    for (std::size_t ordinal = 0; ordinal < path.size(); ++ordinal) {
+      const Page* page = path[ordinal].first->pages[layer_group];
+      if (page != nullptr && 0 < page->num_tokens && page->num_tokens <= path[ordinal].second) keep = ordinal + 1;
     }
     if (keep == 0) {
       path.clear();

@@ -46,9 +46,9 @@ def chained_keys(parent: bytes, tokens: Tokens, first: int, count: int, tokens_p
     if packed is not None:
         step = tokens_per_block * tokens.width
         # The hot loop, inlined: a generator or a call per block costs more than the hashing.
-        for o in range(first * step, min(len(packed), (first + count) * step), step):
+        for offset in range(first * step, min(len(packed), (first + count) * step), step):
             h = new()
-            h.update(key + packed[o : o + step])
+            h.update(key + packed[offset : offset + step])
             key = h.digest()
             append(key)
         return keys

@@ -484,13 +484,13 @@ class KVCacheManager(kv_api.KVCacheManager):
             total = sum(n for _, n in path)
             for layer_group in self._registry.block_layer_groups:
                 begin, end = self._registry.stale_range(layer_group, total)
-                for o, (block, n) in enumerate(path):
-                    if begin <= o < end:
+                for ordinal, (block, n) in enumerate(path):
+                    if begin <= ordinal < end:
                         continue
                     page = block.pages[layer_group]
                     coverage = page.num_tokens if page is not None else 0
                     if coverage < n:
-                        path[o:] = [(block, coverage)] if coverage else []
+                        path[ordinal:] = [(block, coverage)] if coverage else []
                         changed = True
                         break
                 if changed:
@@ -503,10 +503,10 @@ class KVCacheManager(kv_api.KVCacheManager):
         it changed."""
         for layer_group in self._registry.ssm_layer_groups:
             keep = 0
-            for o, (block, n) in enumerate(path):
+            for ordinal, (block, n) in enumerate(path):
                 page = block.pages[layer_group]
                 if page is not None and 0 < page.num_tokens <= n:
-                    keep = o + 1
+                    keep = ordinal + 1
             if keep == 0:
                 path.clear()
                 return True
@@ -525,8 +525,8 @@ class KVCacheManager(kv_api.KVCacheManager):
         with self._context.lock:
             self._require_live()
             _, root_key, toks = self._scope_and_tokens(reuse_scope, tokens)
-            cap = _max_reused(max_reused_tokens)
-            return sum(n for _, n in self._match(root_key, toks, max_reused=cap))
+            max_reused = _max_reused(max_reused_tokens)
+            return sum(n for _, n in self._match(root_key, toks, max_reused=max_reused))
 
     def probe_reuse_match(
         self, reuse_scope: ReuseScope | None = None, tokens: Any = None, max_reused_tokens: int | None = None
@@ -536,11 +536,11 @@ class KVCacheManager(kv_api.KVCacheManager):
         with self._context.lock:
             self._require_live()
             _, root_key, toks = self._scope_and_tokens(reuse_scope, tokens)
-            cap = _max_reused(max_reused_tokens)
+            max_reused = _max_reused(max_reused_tokens)
             config = self._config
             walked = self._tree.walk(root_key, toks, config.tokens_per_block, config.enable_partial_reuse)
             divergence = sum(n for _, n in walked)
-            backed = self._back_off(walked, cap)
+            backed = self._back_off(walked, max_reused)
             attention = sum(n for _, n in self._prune(list(backed), ssm=False))
             reused = sum(n for _, n in self._prune(backed))
             return ReuseMatch(len(toks), divergence, attention, reused)
@@ -554,9 +554,9 @@ class KVCacheManager(kv_api.KVCacheManager):
         with self._context.lock:
             self._require_live()
             _, root_key, toks = self._scope_and_tokens(reuse_scope, tokens)
-            cap = _max_reused(max_reused_tokens)
+            max_reused = _max_reused(max_reused_tokens)
             tokens_per_block = self._config.tokens_per_block
-            reusable = sum(n for _, n in self._match(root_key, toks, max_reused=cap))
+            reusable = sum(n for _, n in self._match(root_key, toks, max_reused=max_reused))
             k = reusable // tokens_per_block
             if reusable >= len(toks) or (k + 1) * tokens_per_block > len(toks):
                 return None
@@ -591,12 +591,12 @@ class KVCacheManager(kv_api.KVCacheManager):
                 raise TypeError(f"text_only: expected a bool or None, got {type(text_only).__name__}")
             if not isinstance(enable_request_stats, bool):
                 raise TypeError(f"enable_request_stats: expected a bool, got {type(enable_request_stats).__name__}")
-            cap = _max_reused(max_reused_tokens)
+            max_reused = _max_reused(max_reused_tokens)
             text = self._config.text_only if text_only is None else text_only
             if text and toks.packed is None and (digest := first_digest(toks.to_list())) is not None:
                 raise text_only_error("input_tokens", digest)
             stats = RequestStats(self._stats, cache_id, enable_request_stats, expected, text)
-            path = self._match(root_key, toks, max_reused=cap)
+            path = self._match(root_key, toks, max_reused=max_reused)
             reused = sum(n for _, n in path)
             cache = KVCache(
                 self,
