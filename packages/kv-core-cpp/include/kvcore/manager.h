@@ -23,7 +23,7 @@ namespace kvcore {
 
 class KVCacheManager {
  public:
-  // `copier` (nullptr: host-memory copies) moves page bytes between memory levels; the caller keeps it alive.
+  // `copier` (nullptr: host-memory copies) moves page bytes between memory tiers; the caller keeps it alive.
   KVCacheManager(const KVCacheManagerConfig& config, KVCacheEventManager* events, PageCopier* copier = nullptr);
   ~KVCacheManager();
   KVCacheManager(const KVCacheManager&) = delete;

@@ -119,7 +119,7 @@ class Storage {
   std::uint64_t num_evicted = 0;    // pages evicted from the device level
   std::uint64_t num_onboarded = 0;  // pages moved up to the device level
   std::uint64_t num_corrupt = 0;    // pages whose bytes failed their checksum on the way up
-  std::uint64_t num_disk_full = 0;  // times a disk level's file system was full (the level shrank)
+  std::uint64_t num_disk_full = 0;  // times the disk tier's file system was full (its level shrank)
 
  private:
   void update(Page* page);   // queued or not as its status says; a page staying evictable keeps its place

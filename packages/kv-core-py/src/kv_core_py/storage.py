@@ -55,7 +55,7 @@ class Storage:
         self.num_evicted = 0  # pages evicted from the device level
         self.num_onboarded = 0  # pages moved up to the device level
         self.num_corrupt = 0  # pages whose bytes failed their checksum on the way up
-        self.num_disk_full = 0  # times a disk level's file system was full (the level shrank)
+        self.num_disk_full = 0  # times the disk tier's file system was full (its level shrank)
 
     @property
     def pool_groups(self) -> list[PoolGroup]:
