@@ -36,11 +36,11 @@ def ns_per_compression(repeat: int) -> float:
     return best_of(lambda: hashlib.sha256(data).digest(), repeat) / (len(data) // 64) * 1e9
 
 
-def compressions(n_tokens: int, tpb: int, width: int) -> int:
+def compressions(n_tokens: int, tokens_per_block: int, width: int) -> int:
     """SHA-256 compressions for the root and every block key."""
     total = 1  # the root: one byte of scope, padded to one block
-    for start in range(0, n_tokens, tpb):
-        message = 32 + min(tpb, n_tokens - start) * width
+    for start in range(0, n_tokens, tokens_per_block):
+        message = 32 + min(tokens_per_block, n_tokens - start) * width
         total += (message + 9 + 63) // 64
     return total
 
@@ -62,15 +62,15 @@ def sequence(backend: kv_api.Backend, *args: Any) -> int:
     return iterate(backend.sequence_to_blockchain_keys(*args))
 
 
-def reference_pairs(tpb: int, tokens: list[int]) -> Iterator[tuple[list[int], bytes]]:
+def reference_pairs(tokens_per_block: int, tokens: list[int]) -> Iterator[tuple[list[int], bytes]]:
     """The reference system's pure-Python sequence_to_blockchain_keys, as fast as it can be
     written: a generator (as the reference's is) that slices the caller's list per block and
     hashes parent key + the slice packed as u32. The reference also takes digest tokens, so its
     own packing looks at each token's type; packing ints only can only make this one faster."""
     key = hashlib.sha256(b"\x00").digest()
     yield [], key
-    for i in range(0, len(tokens), tpb):
-        chunk = tokens[i : i + tpb]
+    for i in range(0, len(tokens), tokens_per_block):
+        chunk = tokens[i : i + tokens_per_block]
         key = hashlib.sha256(key + array("I", chunk).tobytes()).digest()
         yield chunk, key
 
@@ -156,18 +156,20 @@ def main() -> None:
     for name in kv_api.available_backends():
         backend = kv_api.load_backend(name)
         for key_format, width in (("sha256-u32", 4), ("sha256-u64", 8)):
-            for tpb in (32, 64):
-                limit = compressions(args.tokens, tpb, width) * per_compression
+            for tokens_per_block in (32, 64):
+                limit = compressions(args.tokens, tokens_per_block, width) * per_compression
                 for label, tokens in containers(ids).items():
                     runs: list[tuple[str, Callable[[], object]]] = [
-                        ("block_keys", partial(backend.block_keys, tpb, None, tokens, key_format))
+                        ("block_keys", partial(backend.block_keys, tokens_per_block, None, tokens, key_format))
                     ]
                     if label == "int32 buffer":
-                        runs.append(("sequence", partial(sequence, backend, tpb, None, tokens, key_format)))
+                        runs.append(
+                            ("sequence", partial(sequence, backend, tokens_per_block, None, tokens, key_format))
+                        )
                     for fn_name, fn in runs:
                         seconds = best_of(fn, args.repeat)
                         print(
-                            f"| {name} | {fn_name} | {key_format} | {tpb} | {label} | "
+                            f"| {name} | {fn_name} | {key_format} | {tokens_per_block} | {label} | "
                             f"{seconds / args.tokens * 1e9:.2f} | {seconds * 1e9 / limit:.2f} |"
                         )
     interleaved(per_compression, max(args.repeat, 20))

@@ -38,12 +38,14 @@ from kv_api import (
 )
 
 
-def config(tokens: int, tpb: int, tiers_in: str | None = None, hybrid: bool = False) -> KVCacheManagerConfig:
+def config(
+    tokens: int, tokens_per_block: int, tiers_in: str | None = None, hybrid: bool = False
+) -> KVCacheManagerConfig:
     """Room for two prompts with headroom; with ``tiers_in``, a host and a disk tier (in that
     directory) of the device's size below it. ``hybrid``: one full-attention, one window and one
     SSM layer instead of two full-attention layers."""
     kv = [BufferConfig("key", 512), BufferConfig("value", 512)]
-    quota = 4 * (tokens // tpb + 16) * 2 * 1024
+    quota = 4 * (tokens // tokens_per_block + 16) * 2 * 1024
     tiers: list[CacheTierConfig] = [GpuCacheTierConfig(quota)]
     if tiers_in is not None:
         tiers += [HostCacheTierConfig(quota), DiskCacheTierConfig(quota, tiers_in)]
@@ -53,9 +55,9 @@ def config(tokens: int, tpb: int, tiers_in: str | None = None, hybrid: bool = Fa
             AttentionLayerConfig(1, kv, sliding_window_size=4096),
             SsmLayerConfig(2, [BufferConfig("state", 4096)]),
         ]
-        return KVCacheManagerConfig(tpb, tiers, layers, commit_min_snapshot=True)
+        return KVCacheManagerConfig(tokens_per_block, tiers, layers, commit_min_snapshot=True)
     return KVCacheManagerConfig(
-        tokens_per_block=tpb,
+        tokens_per_block=tokens_per_block,
         cache_tiers=tiers,
         layers=[AttentionLayerConfig(0, kv), AttentionLayerConfig(1, kv)],
     )
@@ -76,23 +78,23 @@ def admit(manager: Any, tokens: Any) -> tuple[float, Any]:
 def measure(
     backend: kv_api.Backend,
     tokens: np.ndarray[Any, Any],
-    tpb: int,
+    tokens_per_block: int,
     repeat: int,
     steps: int,
     tiers_in: str | None = None,
     hybrid: bool = False,
 ) -> dict[str, float]:
     out: dict[str, float] = {}
-    out["hash"] = best_of(lambda: timed(lambda: backend.block_keys(tpb, None, tokens)), repeat)
+    out["hash"] = best_of(lambda: timed(lambda: backend.block_keys(tokens_per_block, None, tokens)), repeat)
 
     def cold() -> float:
-        manager = backend.KVCacheManager(config(len(tokens), tpb, tiers_in, hybrid))
+        manager = backend.KVCacheManager(config(len(tokens), tokens_per_block, tiers_in, hybrid))
         seconds, cache = admit(manager, tokens)
         cache.close()
         return seconds
 
     out["cold"] = best_of(cold, repeat)
-    manager = backend.KVCacheManager(config(len(tokens), tpb, tiers_in, hybrid))
+    manager = backend.KVCacheManager(config(len(tokens), tokens_per_block, tiers_in, hybrid))
     _, first = admit(manager, tokens)
     first.commit(tokens)
     first.close()
@@ -121,10 +123,14 @@ def measure(
     return out
 
 
-def iteration(backend: kv_api.Backend, running: int, tpb: int, repeat: int, steps: int) -> dict[str, float]:
+def iteration(
+    backend: kv_api.Backend, running: int, tokens_per_block: int, repeat: int, steps: int
+) -> dict[str, float]:
     """Seconds per iteration of ``running`` requests, batched and one call per cache."""
     prompt = 64
-    manager = backend.KVCacheManager(config(running * (prompt + 2 * repeat * steps + 2 * tpb), tpb))
+    manager = backend.KVCacheManager(
+        config(running * (prompt + 2 * repeat * steps + 2 * tokens_per_block), tokens_per_block)
+    )
     rng = np.random.default_rng(1)
     caches = manager.admit_many(
         [None] * running, [rng.integers(0, 2**31, prompt, dtype=np.int32) for _ in range(running)]
@@ -163,11 +169,11 @@ def iteration(backend: kv_api.Backend, running: int, tpb: int, repeat: int, step
     return out
 
 
-def churn(backend: kv_api.Backend, tpb: int, prompts: int, length: int, rounds: int) -> dict[str, float]:
+def churn(backend: kv_api.Backend, tokens_per_block: int, prompts: int, length: int, rounds: int) -> dict[str, float]:
     """Seconds per block: the evicting resize, the prefill commit, and the prompts' hashing."""
     rng = np.random.default_rng(2)
     inputs = [rng.integers(0, 2**31, length, dtype=np.int32) for _ in range(prompts)]
-    manager = backend.KVCacheManager(config(length, tpb))
+    manager = backend.KVCacheManager(config(length, tokens_per_block))
     resize = commit = 0.0
     for _ in range(rounds):
         for prompt in inputs:
@@ -181,9 +187,13 @@ def churn(backend: kv_api.Backend, tpb: int, prompts: int, length: int, rounds: 
             resize += sized - start
             commit += done - sized
             cache.close()
-    blocks = rounds * prompts * (length // tpb)
-    hashing = min(timed(lambda: [backend.block_keys(tpb, None, p) for p in inputs]) for _ in range(rounds))
-    return {"resize": resize / blocks, "commit": commit / blocks, "hash": hashing / (prompts * (length // tpb))}
+    blocks = rounds * prompts * (length // tokens_per_block)
+    hashing = min(timed(lambda: [backend.block_keys(tokens_per_block, None, p) for p in inputs]) for _ in range(rounds))
+    return {
+        "resize": resize / blocks,
+        "commit": commit / blocks,
+        "hash": hashing / (prompts * (length // tokens_per_block)),
+    }
 
 
 def timed(fn: Callable[[], object]) -> float:

@@ -108,19 +108,19 @@ nb::list resize_many(nb::handle self_handle, nb::handle caches_arg_, nb::handle 
   const nb::tuple capacities = items("capacities", capacities_arg);
   same_length("capacities", capacities.size(), "caches", caches.size());
   std::vector<KVCache*> targets;
-  std::vector<std::optional<std::int64_t>> caps;
+  std::vector<std::optional<std::int64_t>> values;
   targets.reserve(caches.size());
-  caps.reserve(caches.size());
+  values.reserve(caches.size());
   for (std::size_t i = 0; i < caches.size(); ++i) {
     targets.push_back(cache_arg(self_handle, caches[i], i));
-    caps.push_back(item("resize_many", "capacities", i,
-                        [&] { return arg::optional_count("capacity", capacities[i], kTokenLimit); }));
+    values.push_back(item("resize_many", "capacities", i,
+                          [&] { return arg::optional_count("capacity", capacities[i], kTokenLimit); }));
   }
   std::vector<bool> results;
   std::optional<BatchFailure> failure;
   {
     nb::gil_scoped_release release;
-    failure = kvcore::resize_many(targets, caps, results);
+    failure = kvcore::resize_many(targets, values, results);
   }
   nb::list out;
   for (bool r : results) out.append(r);
@@ -179,7 +179,7 @@ nb::list admit_many(nb::handle self_handle, nb::handle scopes_arg, nb::handle pr
   const nb::tuple prompts = items("prompts", prompts_arg);
   same_length("prompts", prompts.size(), "reuse_scopes", scopes.size());
   const std::size_t n = scopes.size();
-  nb::tuple ids, callbacks, caps;
+  nb::tuple ids, callbacks, max_reused_items;
   if (!ids_arg.is_none()) {
     ids = items("ids", ids_arg);
     same_length("ids", ids.size(), "reuse_scopes", n);
@@ -189,10 +189,10 @@ nb::list admit_many(nb::handle self_handle, nb::handle scopes_arg, nb::handle pr
     same_length("priority_callbacks", callbacks.size(), "reuse_scopes", n);
   }
   if (!max_reused_arg.is_none()) {
-    caps = items("max_reused_tokens", max_reused_arg);
-    same_length("max_reused_tokens", caps.size(), "reuse_scopes", n);
+    max_reused_items = items("max_reused_tokens", max_reused_arg);
+    same_length("max_reused_tokens", max_reused_items.size(), "reuse_scopes", n);
   }
-  // create_kv_cache's order for each prompt: the callback, the scope, the tokens, the id, the cap.
+  // create_kv_cache's order for each prompt: the callback, the scope, the tokens, the id, max_reused_tokens.
   std::vector<std::unique_ptr<TokenInput>> inputs;
   std::vector<Admission> admissions;
   const KeyFormat format = self.manager->config().key_format;
@@ -207,11 +207,11 @@ nb::list admit_many(nb::handle self_handle, nb::handle scopes_arg, nb::handle pr
     const std::optional<std::int64_t> id = ids_arg.is_none() ? std::nullopt : item("admit_many", "ids", i, [&] {
       return arg::optional_count("id", ids[i], kCacheIdLimit);
     });
-    const std::optional<std::int64_t> cap =
+    const std::optional<std::int64_t> max_reused_tokens =
         max_reused_arg.is_none() ? std::nullopt : item("admit_many", "max_reused_tokens", i, [&] {
-          return arg::optional_count("max_reused_tokens", caps[i], kTokenLimit);
+          return arg::optional_count("max_reused_tokens", max_reused_items[i], kTokenLimit);
         });
-    admissions.push_back({scope, &inputs.back()->tokens(), id, priority_callback(callback, self), cap});
+    admissions.push_back({scope, &inputs.back()->tokens(), id, priority_callback(callback, self), max_reused_tokens});
   }
   std::vector<std::unique_ptr<KVCache>> created;
   std::optional<BatchFailure> failure;

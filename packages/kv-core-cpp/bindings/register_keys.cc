@@ -26,10 +26,10 @@ struct KeyArgs {
   KeyFormat format;
 };
 
-KeyArgs key_args(nb::handle tokens_per_block, nb::handle scope, nb::handle format) {
-  const std::uint64_t tpb = arg::int_at_least("tokens_per_block", tokens_per_block, 1);
+KeyArgs key_args(nb::handle tokens_per_block_arg, nb::handle scope, nb::handle format) {
+  const std::uint64_t tokens_per_block = arg::int_at_least("tokens_per_block", tokens_per_block_arg, 1);
   const ReuseScope s = arg::reuse_scope(scope);
-  return {static_cast<std::size_t>(tpb), s, arg::key_format(format)};
+  return {static_cast<std::size_t>(tokens_per_block), s, arg::key_format(format)};
 }
 
 nb::bytes digest_bytes(const Digest& d) { return nb::bytes(reinterpret_cast<const char*>(d.data()), d.size()); }
@@ -72,8 +72,8 @@ std::size_t sequence_size(nb::handle seq) {
 
 // The order of kv_api.keys.block_keys_many: tokens_per_block, reuse_scopes (the list, then each
 // item), key_format, token_inputs (the list, its length, then each input). All before hashing.
-nb::list py_block_keys_many(nb::handle tokens_per_block, nb::handle scopes, nb::handle inputs, nb::handle format) {
-  const std::uint64_t tpb = arg::int_at_least("tokens_per_block", tokens_per_block, 1);
+nb::list py_block_keys_many(nb::handle tokens_per_block_arg, nb::handle scopes, nb::handle inputs, nb::handle format) {
+  const std::uint64_t tokens_per_block = arg::int_at_least("tokens_per_block", tokens_per_block_arg, 1);
   const bool one_scope = scopes.is_none();
   std::vector<ReuseScope> scope_list;
   if (!one_scope) {
@@ -108,7 +108,7 @@ nb::list py_block_keys_many(nb::handle tokens_per_block, nb::handle scopes, nb::
   std::size_t total = 0;
   for (std::size_t i = 0; i < count; ++i) {
     const Tokens& t = read[i]->tokens();
-    const std::size_t size = 32 * (1 + ceil_div(t.count, static_cast<std::size_t>(tpb)));
+    const std::size_t size = 32 * (1 + ceil_div(t.count, static_cast<std::size_t>(tokens_per_block)));
     nb::object keys = nb::steal(PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(size)));
     if (!keys.is_valid()) throw nb::python_error();
     chains.push_back(
@@ -118,9 +118,9 @@ nb::list py_block_keys_many(nb::handle tokens_per_block, nb::handle scopes, nb::
   }
   if (total > kReleaseGilTokens) {
     nb::gil_scoped_release release;
-    block_keys_many(static_cast<std::size_t>(tpb), chains.data(), chains.size(), fmt);
+    block_keys_many(static_cast<std::size_t>(tokens_per_block), chains.data(), chains.size(), fmt);
   } else {
-    block_keys_many(static_cast<std::size_t>(tpb), chains.data(), chains.size(), fmt);
+    block_keys_many(static_cast<std::size_t>(tokens_per_block), chains.data(), chains.size(), fmt);
   }
   return out;
 }

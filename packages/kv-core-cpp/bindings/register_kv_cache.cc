@@ -28,7 +28,7 @@ PyKVCache::~PyKVCache() {
     }
   }
   cache.reset();
-  for (auto& [lc, view] : buffers) PyBuffer_Release(&view);
+  for (auto& [group, view] : buffers) PyBuffer_Release(&view);
 }
 
 namespace {
@@ -43,19 +43,19 @@ nb::object int_array(const std::vector<std::int32_t>& values) {
 }
 
 int group_arg(PyKVCache& self, nb::handle layer_group, nb::handle beam) {
-  const auto lg =
+  const auto group =
       arg::index_below("layer_group", layer_group, static_cast<std::size_t>(self.cache->num_layer_groups()));
   arg::beam(beam);
-  return static_cast<int>(lg);
+  return static_cast<int>(group);
 }
 
-bool resize(PyKVCache& self, nb::handle capacity, nb::handle history_length) {
+bool resize(PyKVCache& self, nb::handle capacity_arg, nb::handle history_length_arg) {
   const ManagerLock lock(self.cache->context());
   self.cache->require(CacheStatus::kActive, "resize");
-  const auto cap = arg::optional_count("capacity", capacity, kTokenLimit);
-  const auto hist = arg::optional_count("history_length", history_length, kTokenLimit);
+  const auto capacity = arg::optional_count("capacity", capacity_arg, kTokenLimit);
+  const auto history = arg::optional_count("history_length", history_length_arg, kTokenLimit);
   nb::gil_scoped_release release;
-  return self.cache->resize(cap, hist);
+  return self.cache->resize(capacity, history);
 }
 
 // The `capacity` and `history_length` setters: resize with one length, an int. None is refused
@@ -87,13 +87,13 @@ void set_buffer(PyKVCache& self, nb::handle beam, nb::handle layer_group, nb::ha
   // Held to the end: the exported view must change with the core's buffer, or a racing call could
   // release the view the core still writes through.
   const ManagerLock lock(self.cache->context());
-  const int lg = group_arg(self, layer_group, beam);
+  const int group = group_arg(self, layer_group, beam);
   if (buf.is_none()) {
     {
       nb::gil_scoped_release release;
-      self.cache->set_base_page_index_buf(lg, IndexBuffer{});
+      self.cache->set_base_page_index_buf(group, IndexBuffer{});
     }
-    auto it = self.buffers.find(lg);
+    auto it = self.buffers.find(group);
     if (it != self.buffers.end()) {
       PyBuffer_Release(&it->second);
       self.buffers.erase(it);
@@ -104,14 +104,14 @@ void set_buffer(PyKVCache& self, nb::handle beam, nb::handle layer_group, nb::ha
   try {
     nb::gil_scoped_release release;
     self.cache->set_base_page_index_buf(
-        lg, IndexBuffer{static_cast<std::int32_t*>(view.buf), static_cast<std::size_t>(view.shape[0])});
+        group, IndexBuffer{static_cast<std::int32_t*>(view.buf), static_cast<std::size_t>(view.shape[0])});
   } catch (...) {
     PyBuffer_Release(&view);
     throw;
   }
-  auto it = self.buffers.find(lg);
+  auto it = self.buffers.find(group);
   if (it != self.buffers.end()) PyBuffer_Release(&it->second);
-  self.buffers[lg] = view;
+  self.buffers[group] = view;
 }
 
 template <typename F>
@@ -212,32 +212,32 @@ void register_kv_cache(nb::module_& m) {
           "get_base_page_indices",
           [](PyKVCache& self, nb::handle layer_group, nb::handle beam) {
             const ManagerLock lock(self.cache->context());
-            const int lg = group_arg(self, layer_group, beam);
-            return int_array(unlocked([&] { return self.cache->get_base_page_indices(lg); }));
+            const int group = group_arg(self, layer_group, beam);
+            return int_array(unlocked([&] { return self.cache->get_base_page_indices(group); }));
           },
           nb::arg("layer_group").none(), nb::arg("beam").none() = 0)
       .def(
           "get_ssm_block_base_index",
           [](PyKVCache& self, nb::handle layer_group) {
             const ManagerLock lock(self.cache->context());
-            const int lg = group_arg(self, layer_group, nb::int_(0));
-            return unlocked([&] { return self.cache->get_ssm_block_base_index(lg); });
+            const int group = group_arg(self, layer_group, nb::int_(0));
+            return unlocked([&] { return self.cache->get_ssm_block_base_index(group); });
           },
           nb::arg("layer_group").none())
       .def(
           "get_page_levels",
           [](PyKVCache& self, nb::handle layer_group, nb::handle beam) {
             const ManagerLock lock(self.cache->context());
-            const int lg = group_arg(self, layer_group, beam);
-            return int_array(unlocked([&] { return self.cache->get_page_levels(lg); }));
+            const int group = group_arg(self, layer_group, beam);
+            return int_array(unlocked([&] { return self.cache->get_page_levels(group); }));
           },
           nb::arg("layer_group").none(), nb::arg("beam").none() = 0)
       .def(
           "get_aggregated_page_indices",
           [](PyKVCache& self, nb::handle layer_group, nb::handle beam, nb::handle valid_only) {
             const ManagerLock lock(self.cache->context());
-            const int lg = group_arg(self, layer_group, beam);
-            std::vector<std::int32_t> idx = unlocked([&] { return self.cache->get_base_page_indices(lg); });
+            const int group = group_arg(self, layer_group, beam);
+            std::vector<std::int32_t> idx = unlocked([&] { return self.cache->get_base_page_indices(group); });
             if (arg::truthy(valid_only)) idx.erase(std::remove(idx.begin(), idx.end(), kBadPageIndex), idx.end());
             return int_array(idx);
           },
@@ -259,8 +259,8 @@ void register_kv_cache(nb::module_& m) {
           "get_scratch_desc",
           [](PyKVCache& self, nb::handle layer_group) -> nb::object {
             const ManagerLock lock(self.cache->context());
-            const int lg = group_arg(self, layer_group, nb::int_(0));
-            const auto desc = self.cache->get_scratch_desc(lg);
+            const int group = group_arg(self, layer_group, nb::int_(0));
+            const auto desc = self.cache->get_scratch_desc(group);
             if (!desc) return nb::none();
             nb::list slots;
             for (std::int32_t s : desc->second) slots.append(s);

@@ -54,9 +54,11 @@ KVCacheManagerConfig manager_config(nb::handle c) {
     l.layer_id = nb::cast<std::int64_t>(layer.attr("layer_id"));
     l.ssm = nb::isinstance(layer, ssm);
     for (nb::handle b : layer.attr("buffers")) {
-      nb::object o = b.attr("tokens_per_block_override");
+      nb::object tokens_per_block_override = b.attr("tokens_per_block_override");
       l.buffers.push_back({nb::cast<std::string>(b.attr("role")), nb::cast<std::uint64_t>(b.attr("size")),
-                           o.is_none() ? std::nullopt : std::optional<std::uint64_t>(nb::cast<std::uint64_t>(o))});
+                           tokens_per_block_override.is_none()
+                               ? std::nullopt
+                               : std::optional<std::uint64_t>(nb::cast<std::uint64_t>(tokens_per_block_override))});
     }
     if (!l.ssm) {
       l.sliding_window_size = int_or_none(layer.attr("sliding_window_size"));
@@ -89,9 +91,9 @@ KVCacheManagerConfig manager_config(nb::handle c) {
 
 nb::tuple life_cycle_objects(const KVCacheManager& manager) {
   nb::list out;
-  for (const LifeCycle& lc : manager.registry().life_cycles()) {
-    out.append(api("LifeCycle")(lc.id, optional_int(lc.window), lc.num_sink_blocks,
-                                manager.registry().tokens_per_block(), lc.ssm));
+  for (const LifeCycle& life : manager.registry().life_cycles()) {
+    out.append(api("LifeCycle")(life.id, optional_int(life.window), life.num_sink_blocks,
+                                manager.registry().tokens_per_block(), life.ssm));
   }
   return nb::tuple(out);
 }
@@ -139,7 +141,7 @@ namespace {
 const BufferPlacement& placement(PyManager& self, nb::handle layer_id, nb::handle role) {
   self.manager->require_live();
   const std::int64_t layer = arg::layer_id(layer_id);
-  self.manager->registry().life_cycle_of(layer);  // KeyError "no layer L"
+  self.manager->registry().layer_group_of(layer);  // KeyError "no layer L"
   // A role that is no UTF-8 names no buffer: the same KeyError as any unknown role.
   const std::optional<std::string> name = arg::name("role", role);
   try {
@@ -197,9 +199,9 @@ PriorityCallback priority_callback(nb::handle callback, PyManager& self) {
   if (callback.is_none()) return {};
   PyObject* fn = callback.ptr();
   PyObject* life_cycles = self.life_cycles.ptr();
-  return [fn, life_cycles](std::int64_t ordinal, int lc) -> int {
+  return [fn, life_cycles](std::int64_t ordinal, int layer_group) -> int {
     nb::gil_scoped_acquire acquire;
-    return arg::priority(nb::handle(fn)(ordinal, nb::handle(PyTuple_GET_ITEM(life_cycles, lc))));
+    return arg::priority(nb::handle(fn)(ordinal, nb::handle(PyTuple_GET_ITEM(life_cycles, layer_group))));
   };
 }
 
@@ -321,10 +323,10 @@ nb::list pool_group_descs(PyManager& self) {
     for (const MemoryPool& pool : groups[pg.index].pools) {
       pools.append(api("PoolDesc")(reinterpret_cast<std::uintptr_t>(pool.data()), pool.slot_size()));
     }
-    nb::list lcs;
-    for (int lc : pg.life_cycles) lcs.append(lc);
-    out.append(
-        api("PoolGroupDesc")(pg.index, self.manager->counts().slots[pg.index], nb::tuple(lcs), nb::tuple(pools)));
+    nb::list layer_groups;
+    for (int group : pg.life_cycles) layer_groups.append(group);
+    out.append(api("PoolGroupDesc")(pg.index, self.manager->counts().slots[pg.index], nb::tuple(layer_groups),
+                                    nb::tuple(pools)));
   }
   return out;
 }
@@ -377,7 +379,7 @@ void register_manager(nb::module_& m) {
           [](PyManager& self, nb::handle layer_id) {
             const ManagerLock lock(self.manager->context());
             self.manager->require_live();
-            return self.manager->registry().life_cycle_of(arg::layer_id(layer_id));
+            return self.manager->registry().layer_group_of(arg::layer_id(layer_id));
           },
           nb::arg("layer_id").none())
       .def(
@@ -499,8 +501,8 @@ void register_manager(nb::module_& m) {
                taken = self.manager->get_and_reset_iteration_stats_by_life_cycle();
              }
              nb::dict out;
-             for (const auto& [lc, s] : taken) {
-               out[nb::int_(lc)] = api("stats.LifeCycleStats")(s.allocated_pages, s.committed_pages);
+             for (const auto& [group, s] : taken) {
+               out[nb::int_(group)] = api("stats.LifeCycleStats")(s.allocated_pages, s.committed_pages);
              }
              return out;
            })

@@ -58,16 +58,16 @@ std::vector<HashedAhead> hash_ahead(const std::vector<KVCache*>& caches, const T
   std::vector<std::size_t> filling;  // the caches whose commit fills a block
   for (std::size_t i = 0; i < caches.size(); ++i) {
     const KVCache* c = caches[i];
-    const auto tpb = static_cast<std::size_t>(c->tokens_per_block());
+    const auto tokens_per_block = static_cast<std::size_t>(c->tokens_per_block());
     const std::size_t committed = c->committed_tokens().size(), added = starts[i + 1] - starts[i];
-    if ((committed + added) / tpb > committed / tpb) filling.push_back(i);
+    if ((committed + added) / tokens_per_block > committed / tokens_per_block) filling.push_back(i);
   }
   if (filling.size() < 2) return out;  // one chain: the commit hashes it itself, as fast
   std::vector<KVCache*> sorted(caches);
   std::sort(sorted.begin(), sorted.end());
   out.reserve(filling.size());  // the runs point into it
   std::vector<KeyChainRun> runs;
-  std::size_t tpb = 0;
+  std::size_t tokens_per_block = 0;
   for (const std::size_t i : filling) {
     KVCache* c = caches[i];
     const auto [lo, hi] = std::equal_range(sorted.begin(), sorted.end(), c);
@@ -77,17 +77,17 @@ std::vector<HashedAhead> hash_ahead(const std::vector<KVCache*>& caches, const T
     if (static_cast<std::int64_t>(committed + added) > c->capacity()) continue;
     const std::optional<Digest> parent = c->commit_keys_parent();
     if (!parent) continue;
-    tpb = static_cast<std::size_t>(c->tokens_per_block());
-    const std::size_t first = committed / tpb, last = (committed + added) / tpb;
+    tokens_per_block = static_cast<std::size_t>(c->tokens_per_block());
+    const std::size_t first = committed / tokens_per_block, last = (committed + added) / tokens_per_block;
     HashedAhead& h = out.emplace_back();
     h.index = i;
-    h.filled = c->committed_tokens().slice(first * tpb, committed);
-    h.filled.append(tokens, starts[i], starts[i] + (last * tpb - committed));
+    h.filled = c->committed_tokens().slice(first * tokens_per_block, committed);
+    h.filled.append(tokens, starts[i], starts[i] + (last * tokens_per_block - committed));
     h.view = h.filled.view();
     h.keys.resize(32 * (last - first + 1));
     runs.push_back({*parent, &h.view, 0, last - first, h.keys.data()});
   }
-  if (!runs.empty()) chained_keys_many(tpb, runs.data(), runs.size(), format);
+  if (!runs.empty()) chained_keys_many(tokens_per_block, runs.data(), runs.size(), format);
   return out;
 }
 

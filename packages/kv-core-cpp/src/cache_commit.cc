@@ -250,7 +250,7 @@ void KVCache::snapshot(bool move) {
 std::vector<Page*> KVCache::copies(const std::vector<Page*>& sources) {
   Storage& storage = context_.storage();
   std::vector<std::pair<int, int>> requests;
-  for (const Page* p : sources) requests.emplace_back(p->life_cycle, p->priority);
+  for (const Page* p : sources) requests.emplace_back(p->layer_group, p->priority);
   std::vector<Page*> pages;
   try {
     pages = storage.new_pages(requests);

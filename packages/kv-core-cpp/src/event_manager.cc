@@ -135,11 +135,11 @@ void KVCacheEventManager::resync_to(std::vector<std::uint64_t> num_blocks_per_ca
   created.kind = Event::Kind::kCreated;
   created.num_blocks_per_cache_level = std::move(num_blocks_per_cache_level);
   queue(std::move(created), std::nullopt);
-  for (int lc = 0; lc < static_cast<int>(windows_.size()); ++lc) {
+  for (int group = 0; group < static_cast<int>(windows_.size()); ++group) {
     for (Block* block : blocks) {
-      const Page* page = block->pages[lc];
-      if (page != nullptr && stored_.count({block->key, lc}) != 0)
-        append_stored(block, lc, page->priority, page->level);
+      const Page* page = block->pages[group];
+      if (page != nullptr && stored_.count({block->key, group}) != 0)
+        append_stored(block, group, page->priority, page->level);
     }
   }
   for (Event& e : pending_) ring_.push_back(std::move(e));
@@ -155,21 +155,21 @@ void KVCacheEventManager::created(std::vector<std::uint64_t> num_blocks_per_cach
   queue(std::move(e), std::nullopt);
 }
 
-void KVCacheEventManager::stored(Block* block, int life_cycle, int priority, int cache_level) {
-  if (!stored_.insert({block->key, life_cycle}).second) return;
+void KVCacheEventManager::stored(Block* block, int layer_group, int priority, int cache_level) {
+  if (!stored_.insert({block->key, layer_group}).second) return;
   std::lock_guard<std::mutex> lock(mutex_);
   flush_removed();
-  append_stored(block, life_cycle, priority, cache_level);
+  append_stored(block, layer_group, priority, cache_level);
 }
 
-void KVCacheEventManager::append_stored(Block* block, int life_cycle, int priority, int cache_level) {
+void KVCacheEventManager::append_stored(Block* block, int layer_group, int priority, int cache_level) {
   // With mutex_ held: merged into the last queued event where it extends that event's chain.
   std::optional<BlockHash> parent_hash;
   if (!block->parent->is_root()) parent_hash = hash(static_cast<Block*>(block->parent));
   StoredBlockEvent sb{hash(block), block->tokens, cache_level, priority, block->lora_id};
   if (!pending_.empty()) {
     Event& last = pending_.back();
-    if (last.kind == Event::Kind::kStored && last.layer_group_id == life_cycle && parent_hash &&
+    if (last.kind == Event::Kind::kStored && last.layer_group_id == layer_group && parent_hash &&
         last.blocks.back().block_hash == *parent_hash) {
       last.blocks.push_back(std::move(sb));
       return;
@@ -179,49 +179,49 @@ void KVCacheEventManager::append_stored(Block* block, int life_cycle, int priori
   e.kind = Event::Kind::kStored;
   e.parent_hash = parent_hash;
   e.blocks.push_back(std::move(sb));
-  queue(std::move(e), life_cycle);
+  queue(std::move(e), layer_group);
 }
 
-void KVCacheEventManager::removed(Block* block, int life_cycle) {
-  if (stored_.erase({block->key, life_cycle}) == 0) return;  // never announced
+void KVCacheEventManager::removed(Block* block, int layer_group) {
+  if (stored_.erase({block->key, layer_group}) == 0) return;  // never announced
   BlockHash h = hash(block);
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = std::find_if(removed_.begin(), removed_.end(), [&](const auto& r) { return r.first == life_cycle; });
+  auto it = std::find_if(removed_.begin(), removed_.end(), [&](const auto& r) { return r.first == layer_group; });
   if (it == removed_.end()) {
-    removed_.push_back({life_cycle, {}});
+    removed_.push_back({layer_group, {}});
     it = removed_.end() - 1;
   }
   it->second.push_back(std::move(h));
 }
 
-void KVCacheEventManager::updated(Block* block, int life_cycle, int old_level, int new_level) {
-  if (stored_.count({block->key, life_cycle}) == 0) return;
+void KVCacheEventManager::updated(Block* block, int layer_group, int old_level, int new_level) {
+  if (stored_.count({block->key, layer_group}) == 0) return;
   Event e;
   e.kind = Event::Kind::kUpdated;
   e.block_hashes.push_back(hash(block));
   e.cache_level = {old_level, new_level};
   std::lock_guard<std::mutex> lock(mutex_);
-  queue(std::move(e), life_cycle);
+  queue(std::move(e), layer_group);
 }
 
-void KVCacheEventManager::queue(Event event, std::optional<int> life_cycle) {
+void KVCacheEventManager::queue(Event event, std::optional<int> layer_group) {
   flush_removed();
   event.id = next_id_++;
-  event.layer_group_id = life_cycle;
-  if (life_cycle) event.window_size = windows_[*life_cycle];
+  event.layer_group_id = layer_group;
+  if (layer_group) event.window_size = windows_[*layer_group];
   pending_.push_back(std::move(event));
 }
 
 void KVCacheEventManager::flush_removed() {
   std::vector<std::pair<int, std::vector<BlockHash>>> removed;
   removed.swap(removed_);
-  for (auto& [lc, hashes] : removed) {
+  for (auto& [group, hashes] : removed) {
     Event e;
     e.kind = Event::Kind::kRemoved;
     e.block_hashes = std::move(hashes);
     e.id = next_id_++;
-    e.layer_group_id = lc;
-    e.window_size = windows_[lc];
+    e.layer_group_id = group;
+    e.window_size = windows_[group];
     pending_.push_back(std::move(e));
   }
 }

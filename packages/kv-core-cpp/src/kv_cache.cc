@@ -32,11 +32,11 @@ KVCache::KVCache(CacheContext& context, std::int64_t id, const ReuseScope& scope
       capacity_(history_),
       tokens_per_block_(context.tokens_per_block()),
       num_layer_groups_(context.registry().size()),
-      block_layer_groups_(context.registry().block_life_cycles()),
+      block_layer_groups_(context.registry().block_layer_groups()),
       full_attention_only_(
           std::none_of(context.registry().life_cycles().begin(), context.registry().life_cycles().end(),
                        [&context](const LifeCycle& life) { return context.registry().kind(life.id).goes_stale(); })),
-      ssm_layer_groups_(context.registry().ssm_life_cycles()),
+      ssm_layer_groups_(context.registry().ssm_layer_groups()),
       num_reused_(history_),
       index_(num_layer_groups_),
       stale_scan_(num_layer_groups_, 0),

@@ -49,9 +49,9 @@ std::optional<std::int64_t> SlidingWindow::planned_drop_first(std::int64_t num_t
 
 std::optional<std::int64_t> SlidingWindow::peak_history(std::int64_t last) const {
   // The need is periodic once blocks turn stale, highest just before the stale range grows:
-  // (h + 2 - W) mod tpb == 0, the modulo non-negative as Python's.
-  const std::int64_t tpb = tokens_per_block_;
-  const std::int64_t h = last - (((last + 2 - *life_cycle_.window) % tpb) + tpb) % tpb;
+  // (h + 2 - W) mod tokens_per_block == 0, the modulo non-negative as Python's.
+  const std::int64_t h =
+      last - (((last + 2 - *life_cycle_.window) % tokens_per_block_) + tokens_per_block_) % tokens_per_block_;
   if (h < 0) return std::nullopt;
   return h;
 }

@@ -14,15 +14,15 @@ LifeCycleRegistry::LifeCycleRegistry(const KVCacheManagerConfig& config) : token
     const auto window = ssm ? std::nullopt : layer.sliding_window_size;
     // No window means no sinks (a count of 0 is allowed there): a plain full-attention layer.
     const std::int64_t sinks = window ? ceil_div(layer.num_sink_tokens.value_or(0), tokens_per_block_) : 0;
-    auto it = std::find_if(life_cycles_.begin(), life_cycles_.end(), [&](const LifeCycle& lc) {
-      return lc.window == window && lc.num_sink_blocks == sinks && lc.ssm == ssm;
+    auto it = std::find_if(life_cycles_.begin(), life_cycles_.end(), [&](const LifeCycle& life) {
+      return life.window == window && life.num_sink_blocks == sinks && life.ssm == ssm;
     });
     int id;
     if (it == life_cycles_.end()) {
       id = static_cast<int>(life_cycles_.size());
       life_cycles_.push_back({id, window, sinks, ssm});
       kinds_.push_back(kind_of(life_cycles_.back(), tokens_per_block_));
-      (kinds_.back()->has_block_pages() ? block_life_cycles_ : ssm_life_cycles_).push_back(id);
+      (kinds_.back()->has_block_pages() ? block_layer_groups_ : ssm_layer_groups_).push_back(id);
     } else {
       id = it->id;
     }
@@ -31,19 +31,19 @@ LifeCycleRegistry::LifeCycleRegistry(const KVCacheManagerConfig& config) : token
   }
 }
 
-int LifeCycleRegistry::life_cycle_of(std::int64_t layer_id) const {
+int LifeCycleRegistry::layer_group_of(std::int64_t layer_id) const {
   const auto it = layer_index_.find(layer_id);
   if (it == layer_index_.end()) throw Error(ErrorKind::kKey, "no layer " + std::to_string(layer_id));
   return it->second;
 }
 
-std::int64_t LifeCycleRegistry::min_slots_floor(int life_cycle) const {
+std::int64_t LifeCycleRegistry::min_slots_floor(int layer_group) const {
   std::vector<std::int64_t> window_floors;
   for (const auto& kind : kinds_) {
     if (const auto* window = dynamic_cast<const SlidingWindow*>(kind.get()))
       window_floors.push_back(window->window_floor());
   }
-  return kind(life_cycle).slots_floor(window_floors);
+  return kind(layer_group).slots_floor(window_floors);
 }
 
 }  // namespace kvcore

@@ -13,7 +13,7 @@ namespace {
 KVCacheEventManager* bind_events(KVCacheEventManager* events, const LifeCycleRegistry& registry) {
   if (events != nullptr) {
     std::vector<std::optional<std::int64_t>> windows;
-    for (const LifeCycle& lc : registry.life_cycles()) windows.push_back(lc.window);
+    for (const LifeCycle& life : registry.life_cycles()) windows.push_back(life.window);
     events->bind(std::move(windows));
   }
   return events;
@@ -58,7 +58,7 @@ void KVCacheManager::require_live() const {
 MatchPath KVCacheManager::match(const Digest& root_key, const Tokens& tokens, bool with_backoff,
                                 std::optional<std::int64_t> max_reused) {
   // The reusable prefix: walk, back off and cap (unless not `with_backoff`), then cut until the endpoint
-  // has an SSM snapshot taken exactly there and every attention life cycle has, for each block it
+  // has an SSM snapshot taken exactly there and every attention layer group has, for each block it
   // needs at the endpoint, a page covering the matched tokens.
   MatchPath path =
       tree_.walk(root_key, tokens, config_.tokens_per_block, config_.key_format, config_.enable_partial_reuse);
@@ -93,17 +93,17 @@ MatchPath KVCacheManager::prune(MatchPath path, bool ssm) const {
     if (changed) continue;
     std::int64_t total = 0;
     for (const auto& step : path) total += step.second;
-    for (int lc : registry_.block_life_cycles()) {
+    for (int layer_group : registry_.block_layer_groups()) {
       if (changed) break;
-      const auto [begin, end] = registry_.stale_range(lc, total);
-      for (std::size_t o = 0; o < path.size(); ++o) {
-        const auto ordinal = static_cast<std::int64_t>(o);
+      const auto [begin, end] = registry_.stale_range(layer_group, total);
+      for (std::size_t i = 0; i < path.size(); ++i) {
+        const auto ordinal = static_cast<std::int64_t>(i);
         if (begin <= ordinal && ordinal < end) continue;
-        Block* block = path[o].first;
-        const Page* page = block->pages[lc];
+        Block* block = path[i].first;
+        const Page* page = block->pages[layer_group];
         const std::int64_t coverage = page ? page->num_tokens : 0;
-        if (coverage < path[o].second) {
-          path.resize(o);
+        if (coverage < path[i].second) {
+          path.resize(i);
           if (coverage) path.emplace_back(block, coverage);
           changed = true;
           break;
@@ -117,18 +117,18 @@ MatchPath KVCacheManager::prune(MatchPath path, bool ssm) const {
 bool KVCacheManager::prune_ssm(MatchPath& path) const {
   // Cut to the last block with an SSM snapshot inside its matched tokens, at the snapshot's
   // length (a state is valid at one position only); empty without one. Whether it changed.
-  for (int lc : registry_.ssm_life_cycles()) {
+  for (int layer_group : registry_.ssm_layer_groups()) {
     std::size_t keep = 0;
-    for (std::size_t o = 0; o < path.size(); ++o) {
-      const Page* page = path[o].first->pages[lc];
-      if (page != nullptr && 0 < page->num_tokens && page->num_tokens <= path[o].second) keep = o + 1;
+    for (std::size_t ordinal = 0; ordinal < path.size(); ++ordinal) {
+      const Page* page = path[ordinal].first->pages[layer_group];
+      if (page != nullptr && 0 < page->num_tokens && page->num_tokens <= path[ordinal].second) keep = ordinal + 1;
     }
     if (keep == 0) {
       path.clear();
       return true;
     }
     Block* block = path[keep - 1].first;
-    const std::int64_t coverage = block->pages[lc]->num_tokens;
+    const std::int64_t coverage = block->pages[layer_group]->num_tokens;
     if (keep < path.size() || coverage != path[keep - 1].second) {
       path.resize(keep - 1);
       path.emplace_back(block, coverage);
@@ -169,15 +169,15 @@ std::optional<Digest> KVCacheManager::probe_first_new_block_key(const ReuseScope
   const auto lock = context_.lock();
   require_live();
   const Digest root = root_key(scope);
-  const std::int64_t tpb = config_.tokens_per_block;
+  const std::int64_t tokens_per_block = config_.tokens_per_block;
   std::int64_t reusable = 0;
   for (const auto& step : match(root, tokens, true, max_reused)) reusable += step.second;
-  const std::int64_t k = reusable / tpb;
+  const std::int64_t k = reusable / tokens_per_block;
   const auto n = static_cast<std::int64_t>(tokens.count);
-  if (reusable >= n || (k + 1) * tpb > n) return std::nullopt;
+  if (reusable >= n || (k + 1) * tokens_per_block > n) return std::nullopt;
   std::vector<std::uint8_t> keys(32 * static_cast<std::size_t>(k + 2));
-  chained_keys(root, tokens, 0, static_cast<std::size_t>(k + 1), static_cast<std::size_t>(tpb), config_.key_format,
-               keys.data());
+  chained_keys(root, tokens, 0, static_cast<std::size_t>(k + 1), static_cast<std::size_t>(tokens_per_block),
+               config_.key_format, keys.data());
   Digest key;
   std::memcpy(key.data(), keys.data() + 32 * static_cast<std::size_t>(k + 1), key.size());
   return key;
@@ -207,7 +207,7 @@ std::unique_ptr<KVCache> KVCacheManager::create_kv_cache(const ReuseScope& scope
   next_id_ = std::max(next_id_, cache_id) + 1;
   context_.register_cache(cache.get());
   cache->stats.created(tokens.count, static_cast<std::uint64_t>(reused),
-                       !path.empty() && !registry_.ssm_life_cycles().empty());
+                       !path.empty() && !registry_.ssm_layer_groups().empty());
   return cache;
 }
 
@@ -223,23 +223,23 @@ std::vector<std::pair<std::pair<int, int>, std::uint64_t>> KVCacheManager::get_b
 }
 
 KVCacheManager::BufferLocation KVCacheManager::buffer_location(const BufferPlacement& p) const {
-  return {storage_config_.pool_group_of(p.life_cycle), p.pool, p.page_size};
+  return {storage_config_.pool_group_of(p.layer_group), p.pool, p.page_size};
 }
 
 std::uintptr_t KVCacheManager::mem_pool_base_address(const BufferPlacement& p, bool shared) {
-  const int group = storage_config_.pool_group_of(p.life_cycle);
+  const int group = storage_config_.pool_group_of(p.layer_group);
   const auto base = reinterpret_cast<std::uintptr_t>(storage_.pool_groups()[group].pools[p.pool].data());
   return base + (shared ? static_cast<std::uint64_t>(p.position) * p.size : 0);
 }
 
 std::int64_t KVCacheManager::page_index_upper_bound(const BufferPlacement& p) const {
-  const auto slots = static_cast<std::int64_t>(counts().slots[storage_config_.pool_group_of(p.life_cycle)]);
+  const auto slots = static_cast<std::int64_t>(counts().slots[storage_config_.pool_group_of(p.layer_group)]);
   return (p.scale * slots - p.position) * p.expansion;
 }
 
 std::vector<std::vector<std::int64_t>> KVCacheManager::layer_grouping() const {
   std::vector<std::vector<std::int64_t>> groups(registry_.size());
-  for (const auto& [layer, lc] : registry_.layers()) groups[lc].push_back(layer);
+  for (const auto& [layer, group] : registry_.layers()) groups[group].push_back(layer);
   return groups;
 }
 

@@ -39,7 +39,7 @@ std::vector<std::uint64_t> PageTransfer::copy(CacheLevel& src, CacheLevel& dst, 
   PoolGroup& to = dst.pool_groups[pool_group];
   std::uint64_t bytes = 0;
   std::vector<std::uint64_t> bad;
-  if (src.is_disk() && dst.is_disk()) {  // within the disk level (a quota resize's defragmentation)
+  if (src.is_disk() && dst.is_disk()) {  // within the disk tier (a quota resize's defragmentation)
     for (std::size_t p = 0; p < from.disk_pools.size(); ++p) {
       DiskPool& disk = from.disk_pools[p];
       const std::uint64_t size = from.slot_sizes[p];

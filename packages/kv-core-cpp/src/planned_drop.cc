@@ -62,11 +62,11 @@ std::unique_ptr<PlannedDropHandle> plan_drop(CacheContext& context, const Digest
   if (matched != n) return nullptr;
   const auto end = static_cast<std::int64_t>(path.size());
   std::vector<Page*> pages;
-  for (const LifeCycle& lc : context.registry().life_cycles()) {
-    const std::optional<std::int64_t> first = context.registry().kind(lc.id).planned_drop_first(n, end);
+  for (const LifeCycle& life : context.registry().life_cycles()) {
+    const std::optional<std::int64_t> first = context.registry().kind(life.id).planned_drop_first(n, end);
     if (!first) continue;
-    for (std::int64_t o = *first; o < end; ++o) {
-      Page* page = path[static_cast<std::size_t>(o)].first->pages[lc.id];
+    for (std::int64_t ordinal = *first; ordinal < end; ++ordinal) {
+      Page* page = path[static_cast<std::size_t>(ordinal)].first->pages[life.id];
       if (page == nullptr) return nullptr;  // the match validated these: defensive
       pages.push_back(page);
     }

@@ -121,8 +121,8 @@ MatchPath RadixTree::walk(const Digest& root_key, const Tokens& tokens, std::int
   MatchPath path;
   const Node* node = find_root(root_key);
   if (node == nullptr) return path;
-  const std::size_t tpb = static_cast<std::size_t>(tokens_per_block);
-  const std::size_t blocks = ceil_div(tokens.count, tpb);
+  const auto tokens_per_block_unsigned = static_cast<std::size_t>(tokens_per_block);
+  const std::size_t blocks = ceil_div(tokens.count, tokens_per_block_unsigned);
   std::vector<std::uint8_t> keys(32 * (kKeyBatch + 1));
   std::size_t batch_first = 0, batch_count = 0, batch_size = kFirstKeyBatch;
   for (std::size_t b = 0; b < blocks; ++b) {
@@ -130,16 +130,16 @@ MatchPath RadixTree::walk(const Digest& root_key, const Tokens& tokens, std::int
       batch_first = b;
       batch_count = std::min(batch_size, blocks - b);
       batch_size = std::min(2 * batch_size, kKeyBatch);
-      chained_keys(node->key, tokens, b, batch_count, tpb, format, keys.data());
+      chained_keys(node->key, tokens, b, batch_count, tokens_per_block_unsigned, format, keys.data());
     }
     Digest key;
     std::memcpy(key.data(), keys.data() + 32 * (b - batch_first + 1), key.size());
-    const std::size_t start = b * tpb;
-    const std::size_t end = std::min(start + tpb, tokens.count);
+    const std::size_t start = b * tokens_per_block_unsigned;
+    const std::size_t end = std::min(start + tokens_per_block_unsigned, tokens.count);
     Block* child = node->child(key);
     if (child != nullptr) {
       path.emplace_back(child, static_cast<std::int64_t>(end - start));
-      if (end - start == tpb) {
+      if (end - start == tokens_per_block_unsigned) {
         node = child;
         continue;
       }
@@ -180,7 +180,7 @@ Block* RadixTree::add(Node* parent, const Digest& key, const TokenList& source, 
                       std::int64_t ordinal) {
   std::unique_ptr<Block> block;
   if (spare_.empty()) {
-    block = std::make_unique<Block>(key, parent, TokenList{}, ordinal, num_life_cycles_);
+    block = std::make_unique<Block>(key, parent, TokenList{}, ordinal, num_layer_groups_);
   } else {
     block = std::move(spare_.back());
     spare_.pop_back();

@@ -51,9 +51,9 @@ std::vector<double> Rebalancer::target_ratio() const {
   std::vector<std::uint64_t> slots;
   for (const PoolGroupConfig& pg : storage_.pool_groups()) {
     std::int64_t n = 0;
-    for (int lc : pg.life_cycles) {
-      const ScratchRule* rule = scratch_[lc] ? &*scratch_[lc] : nullptr;  // as the initial ratio counts scratch
-      n += slots_for_batch(registry_, lc, two, rule) - slots_for_batch(registry_, lc, one, rule);
+    for (int group : pg.life_cycles) {
+      const ScratchRule* rule = scratch_[group] ? &*scratch_[group] : nullptr;  // as the initial ratio counts scratch
+      n += slots_for_batch(registry_, group, two, rule) - slots_for_batch(registry_, group, one, rule);
     }
     slots.push_back(static_cast<std::uint64_t>(n));
   }

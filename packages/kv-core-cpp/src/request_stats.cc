@@ -5,14 +5,15 @@
 namespace kvcore {
 
 StatsBook::StatsBook(CacheContext& context)
-    : context(context), is_ssm(context.registry().size(), false), life_cycles(context.registry().size()) {
-  for (int lc : context.registry().ssm_life_cycles()) is_ssm[static_cast<std::size_t>(lc)] = true;
+    : context(context), is_ssm(context.registry().size(), false), layer_group_stats(context.registry().size()) {
+  for (int group : context.registry().ssm_layer_groups()) is_ssm[static_cast<std::size_t>(group)] = true;
 }
 
 std::map<int, LifeCycleStats> StatsBook::take_life_cycle_stats() {
   std::map<int, LifeCycleStats> out;
-  for (std::size_t lc = 0; lc < life_cycles.size(); ++lc) out[static_cast<int>(lc)] = life_cycles[lc];
-  life_cycles.assign(life_cycles.size(), LifeCycleStats{});
+  for (std::size_t group = 0; group < layer_group_stats.size(); ++group)
+    out[static_cast<int>(group)] = layer_group_stats[group];
+  layer_group_stats.assign(layer_group_stats.size(), LifeCycleStats{});
   return out;
 }
 
@@ -74,7 +75,7 @@ void RequestStats::created(std::uint64_t lookup_tokens, std::uint64_t reused_tok
 void RequestStats::allocated(const std::vector<std::pair<std::int64_t, int>>& needs) {
   if (!excluded) {
     book_.context.count(&CacheStats::allocated_pages, needs.size());
-    for (const auto& need : needs) ++book_.life_cycles[static_cast<std::size_t>(need.second)].allocated_pages;
+    for (const auto& need : needs) ++book_.layer_group_stats[static_cast<std::size_t>(need.second)].allocated_pages;
   }
   if (enabled_) {
     KVCacheStatsDelta d;
@@ -93,16 +94,16 @@ void RequestStats::committed_block() {
   }
 }
 
-void RequestStats::attached(int lc) {
+void RequestStats::attached(int layer_group) {
   if (excluded) return;
-  const auto i = static_cast<std::size_t>(lc);
-  ++book_.life_cycles[i].committed_pages;
+  const auto i = static_cast<std::size_t>(layer_group);
+  ++book_.layer_group_stats[i].committed_pages;
   book_.ssm.stored += book_.is_ssm[i];
 }
 
-void RequestStats::snapshot_skipped(const std::vector<int>& lcs) {
+void RequestStats::snapshot_skipped(const std::vector<int>& layer_groups) {
   if (excluded) return;
-  for (int lc : lcs) book_.ssm.skipped += book_.is_ssm[static_cast<std::size_t>(lc)];
+  for (int group : layer_groups) book_.ssm.skipped += book_.is_ssm[static_cast<std::size_t>(group)];
 }
 
 void RequestStats::require_enabled(const char* api) const {

@@ -8,10 +8,10 @@ namespace kvcore {
 
 std::pair<std::int64_t, std::int64_t> ScratchRule::range(const LifeCycleRegistry& registry, std::int64_t capacity,
                                                          std::int64_t history) const {
-  const std::int64_t tpb = registry.tokens_per_block();
-  const auto [begin, end] = registry.stale_range(life_cycle, std::max<std::int64_t>(0, capacity - max_rewind_len));
-  const std::int64_t lo = std::max(begin, ceil_div(history, tpb));
-  return {lo, std::max(lo, std::min(end, ceil_div(capacity, tpb)))};
+  const std::int64_t tokens_per_block = registry.tokens_per_block();
+  const auto [begin, end] = registry.stale_range(layer_group, std::max<std::int64_t>(0, capacity - max_rewind_len));
+  const std::int64_t lo = std::max(begin, ceil_div(history, tokens_per_block));
+  return {lo, std::max(lo, std::min(end, ceil_div(capacity, tokens_per_block)))};
 }
 
 std::int64_t ScratchRule::slots(std::int64_t num_blocks) const {
@@ -25,22 +25,23 @@ std::vector<std::optional<ScratchRule>> scratch_rules(const KVCacheManagerConfig
                                                       const LifeCycleRegistry& registry, const StorageConfig& storage) {
   std::vector<std::optional<ScratchRule>> rules(registry.size());
   if (!config.swa_scratch_reuse) return rules;
-  const std::int64_t tpb = config.tokens_per_block;
+  const std::int64_t tokens_per_block = config.tokens_per_block;
   std::vector<std::uint64_t> layer_bytes(registry.size(), 0);
   for (const LayerConfig& layer : config.layers) {
     if (layer.ssm) continue;
     std::uint64_t size = 0;  // below 2**63: the config checks one block of every buffer
     for (const BufferConfig& b : layer.buffers) {
-      size +=
-          b.size * (b.tokens_per_block_override ? static_cast<std::uint64_t>(tpb) / *b.tokens_per_block_override : 1);
+      size += b.size * (b.tokens_per_block_override
+                            ? static_cast<std::uint64_t>(tokens_per_block) / *b.tokens_per_block_override
+                            : 1);
     }
-    const int lc = registry.life_cycle_of(layer.layer_id);
-    layer_bytes[lc] = std::max(layer_bytes[lc], size);
+    const int group = registry.layer_group_of(layer.layer_id);
+    layer_bytes[group] = std::max(layer_bytes[group], size);
   }
-  for (const LifeCycle& lc : registry.life_cycles()) {
-    if (!registry.kind(lc.id).has_scratch()) continue;
-    const std::uint64_t slot_bytes = storage.pool_groups()[storage.pool_group_of(lc.id)].slot_bytes();
-    rules[lc.id] = ScratchRule{lc.id, config.swa_scratch_reuse->max_rewind_len, layer_bytes[lc.id], slot_bytes};
+  for (const LifeCycle& life : registry.life_cycles()) {
+    if (!registry.kind(life.id).has_scratch()) continue;
+    const std::uint64_t slot_bytes = storage.pool_groups()[storage.pool_group_of(life.id)].slot_bytes();
+    rules[life.id] = ScratchRule{life.id, config.swa_scratch_reuse->max_rewind_len, layer_bytes[life.id], slot_bytes};
   }
   return rules;
 }

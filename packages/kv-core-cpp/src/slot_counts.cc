@@ -52,26 +52,27 @@ double round_half_even(double v) { return std::nearbyint(v); }
 
 std::vector<std::uint64_t> compute_min_slots(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry,
                                              const StorageConfig& storage) {
-  std::vector<std::uint64_t> per_lc;
+  std::vector<std::uint64_t> per_layer_group;
   const auto rules = scratch_rules(config, registry, storage);
-  for (int lc = 0; lc < static_cast<int>(registry.size()); ++lc) {
-    std::int64_t floor = registry.min_slots_floor(lc);
-    const ScratchRule* rule = rules[lc] ? &*rules[lc] : nullptr;
+  for (int layer_group = 0; layer_group < static_cast<int>(registry.size()); ++layer_group) {
+    std::int64_t floor = registry.min_slots_floor(layer_group);
+    const ScratchRule* rule = rules[layer_group] ? &*rules[layer_group] : nullptr;
     for (const BatchDesc& batch : config.constraints) {
       // The same float division as slot_counts.py; checked before the cast, which would be
       // undefined for inf or anything beyond int64.
-      const double need = static_cast<double>(slots_for_batch(registry, lc, batch, rule)) / config.max_util_for_resume;
+      const double need =
+          static_cast<double>(slots_for_batch(registry, layer_group, batch, rule)) / config.max_util_for_resume;
       if (!(need < kQuotaLimitDouble)) throw_min_quota_error();
       floor = std::max(floor, static_cast<std::int64_t>(std::ceil(need)));
     }
-    per_lc.push_back(static_cast<std::uint64_t>(floor));
+    per_layer_group.push_back(static_cast<std::uint64_t>(floor));
   }
   std::vector<std::uint64_t> out;
   for (const PoolGroupConfig& pg : storage.pool_groups()) {
     std::uint64_t sum = 0;
     // Each term is below 2**63, so a sum of two never wraps; at 2**63 slots the bytes are too.
-    for (int lc : pg.life_cycles) {
-      sum += per_lc[lc];
+    for (int group : pg.life_cycles) {
+      sum += per_layer_group[group];
       if (sum >= kQuotaLimit) throw_min_quota_error();
     }
     out.push_back(sum);
@@ -97,7 +98,7 @@ std::uint64_t min_quota(const std::vector<std::uint64_t>& minimum, const std::ve
 }
 
 // Per pool group, the sum of its layer groups' entries (one per layer group), added in
-// life-cycle order as slot_counts.py does.
+// layer-group order as slot_counts.py does.
 std::vector<double> pool_group_ratio(const std::vector<double>& ratio, const std::vector<PoolGroupConfig>& groups) {
   std::size_t layer_groups = 0;
   for (const PoolGroupConfig& pg : groups) layer_groups += pg.life_cycles.size();
@@ -109,7 +110,7 @@ std::vector<double> pool_group_ratio(const std::vector<double>& ratio, const std
   std::vector<double> out;
   for (const PoolGroupConfig& pg : groups) {
     double share = 0.0;
-    for (int lc : pg.life_cycles) share += ratio[lc];
+    for (int group : pg.life_cycles) share += ratio[group];
     out.push_back(share);
   }
   return out;
@@ -127,8 +128,9 @@ std::vector<double> initial_ratio(const KVCacheManagerConfig& config, const Life
     const auto rules = scratch_rules(config, registry, storage);
     for (const PoolGroupConfig& pg : groups) {
       std::uint64_t n = 0;
-      for (int lc : pg.life_cycles) {
-        n += static_cast<std::uint64_t>(slots_for_batch(registry, lc, batch, rules[lc] ? &*rules[lc] : nullptr));
+      for (int group : pg.life_cycles) {
+        n += static_cast<std::uint64_t>(
+            slots_for_batch(registry, group, batch, rules[group] ? &*rules[group] : nullptr));
       }
       slots.push_back(n);
     }
@@ -259,20 +261,20 @@ std::uint64_t max_slots(std::uint64_t grains, const std::vector<std::uint64_t>& 
   return lo;
 }
 
-std::int64_t slots_for_batch(const LifeCycleRegistry& registry, int life_cycle, const BatchDesc& batch,
+std::int64_t slots_for_batch(const LifeCycleRegistry& registry, int layer_group, const BatchDesc& batch,
                              const ScratchRule* scratch) {
-  if (!registry.kind(life_cycle).has_block_pages())
+  if (!registry.kind(layer_group).has_block_pages())
     return static_cast<std::int64_t>(batch.kv_caches.size());  // a state each
-  const std::int64_t tpb = registry.tokens_per_block();
-  const std::int64_t sys_blocks = batch.system_prompt_length / tpb;
+  const std::int64_t tokens_per_block = registry.tokens_per_block();
+  const std::int64_t sys_blocks = batch.system_prompt_length / tokens_per_block;
   // Counted as ranges, never block by block: a system prompt may span 2**40 blocks. A request's
   // live system-prompt blocks are [0, m) less its stale range [begin, end) and its scratch range
   // [a, b) (which lies above the stale one): at most three ranges.
   std::vector<std::pair<std::int64_t, std::int64_t>> shared;
   std::int64_t total = 0;
   for (const KVCacheDesc& desc : batch.kv_caches) {
-    const std::int64_t num_blocks = ceil_div(desc.capacity, tpb);
-    const auto [begin, end] = registry.stale_range(life_cycle, desc.history_length);
+    const std::int64_t num_blocks = ceil_div(desc.capacity, tokens_per_block);
+    const auto [begin, end] = registry.stale_range(layer_group, desc.history_length);
     const std::int64_t stale = std::max<std::int64_t>(0, std::min(end, num_blocks) - std::min(begin, num_blocks));
     const auto [a, b] =
         scratch == nullptr ? std::pair{end, end} : scratch->range(registry, desc.capacity, desc.history_length);
@@ -296,11 +298,11 @@ std::int64_t slots_for_batch(const LifeCycleRegistry& registry, int life_cycle, 
   return total + union_length(std::move(shared));
 }
 
-std::int64_t sequence_peak_slots(const LifeCycleRegistry& registry, int life_cycle, std::int64_t length) {
+std::int64_t sequence_peak_slots(const LifeCycleRegistry& registry, int layer_group, std::int64_t length) {
   const std::int64_t last = length - 1;
-  std::int64_t need = slots_for_batch(registry, life_cycle, BatchDesc{{KVCacheDesc{length, last}}, 0});
-  if (const auto h = registry.kind(life_cycle).peak_history(last)) {
-    need = std::max(need, slots_for_batch(registry, life_cycle, BatchDesc{{KVCacheDesc{*h + 1, *h}}, 0}));
+  std::int64_t need = slots_for_batch(registry, layer_group, BatchDesc{{KVCacheDesc{length, last}}, 0});
+  if (const auto h = registry.kind(layer_group).peak_history(last)) {
+    need = std::max(need, slots_for_batch(registry, layer_group, BatchDesc{{KVCacheDesc{*h + 1, *h}}, 0}));
   }
   return need;
 }
@@ -308,26 +310,26 @@ std::int64_t sequence_peak_slots(const LifeCycleRegistry& registry, int life_cyc
 std::int64_t clamp_max_seq_len(const LifeCycleRegistry& registry, const StorageConfig& storage,
                                const std::vector<std::uint64_t>& slots, std::int64_t batch_size,
                                std::int64_t upper_bound) {
-  const std::int64_t tpb = registry.tokens_per_block();
+  const std::int64_t tokens_per_block = registry.tokens_per_block();
   const auto fits = [&](std::int64_t length) {
     for (const PoolGroupConfig& pg : storage.pool_groups()) {
       std::int64_t need = 0;
-      for (int lc : pg.life_cycles) need += batch_size - 1 + sequence_peak_slots(registry, lc, length);
+      for (int group : pg.life_cycles) need += batch_size - 1 + sequence_peak_slots(registry, group, length);
       if (static_cast<std::uint64_t>(need) > slots[static_cast<std::size_t>(pg.index)]) return false;
     }
     return true;
   };
   std::int64_t lo = 0;
-  std::int64_t hi = upper_bound / tpb;  // in blocks: lo fits (0: nothing), nothing above hi does
+  std::int64_t hi = upper_bound / tokens_per_block;  // in blocks: lo fits (0: nothing), nothing above hi does
   while (lo < hi) {
     const std::int64_t mid = lo + (hi - lo + 1) / 2;
-    if (fits(mid * tpb)) {
+    if (fits(mid * tokens_per_block)) {
       lo = mid;
     } else {
       hi = mid - 1;
     }
   }
-  return lo * tpb;
+  return lo * tokens_per_block;
 }
 
 SlotCounts::SlotCounts(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry,

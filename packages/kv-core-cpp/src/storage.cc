@@ -13,8 +13,8 @@ namespace kvcore {
 Storage::Storage(const KVCacheManagerConfig& manager_config, const StorageConfig& config,
                  const LifeCycleRegistry& registry, RadixTree& tree, KVCacheEventManager* events, PageCopier* copier)
     : config_(config), registry_(registry), tree_(tree), events_(events), transfer_(copier) {
-  for (int l = 0; l < static_cast<int>(manager_config.cache_tiers.size()); ++l)
-    levels_.push_back(std::make_unique<CacheLevel>(l, manager_config, registry, config));
+  for (int level = 0; level < static_cast<int>(manager_config.cache_tiers.size()); ++level)
+    levels_.push_back(std::make_unique<CacheLevel>(level, manager_config, registry, config));
 }
 
 std::vector<StorageStatistics> Storage::statistics(int level) const { return levels_[level]->statistics(); }
@@ -117,11 +117,11 @@ std::vector<Page*> Storage::new_pages(const std::vector<std::pair<int, int>>& re
   for (PoolGroup& pg : pool_groups()) slots.push_back(pg.allocator.allocate(need[pg.index]));
   std::vector<std::size_t> next(pool_groups().size(), 0);
   std::vector<Page*> pages;
-  for (const auto& [lc, priority] : requests) {
-    const int p = config_.pool_group_of(lc);
+  for (const auto& [layer_group, priority] : requests) {
+    const int p = config_.pool_group_of(layer_group);
     Page* page = new_record();
     page->slot = slots[p][next[p]++];
-    page->life_cycle = lc;
+    page->layer_group = layer_group;
     page->pool_group = p;
     page->priority = priority;
     pages.push_back(page);
@@ -285,8 +285,8 @@ void Storage::forget_corrupt(const std::vector<Page*>& pages) {
   for (Page* page : pages) {
     Block* block = page->block;
     if (block == nullptr) continue;
-    block->pages[page->life_cycle] = nullptr;
-    if (events_) events_->removed(block, page->life_cycle);
+    block->pages[page->layer_group] = nullptr;
+    if (events_) events_->removed(block, page->layer_group);
     orphan(page);
     tree_.prune(block);
   }
@@ -353,7 +353,7 @@ void Storage::move(const std::vector<Page*>& pages, int dst_level) {
     free(page);
     page->level = dst_level;
     page->slot = slots[i];
-    if (page->committed() && events_ != nullptr) events_->updated(page->block, page->life_cycle, src_level, dst_level);
+    if (page->committed() && events_ != nullptr) events_->updated(page->block, page->layer_group, src_level, dst_level);
     update(page);
   }
   if (dst_level == 0) num_onboarded += pages.size();
@@ -419,30 +419,30 @@ void Storage::adopt(Block* block, Block* sibling) {
   // reusable; the sibling leaves the tree (Removed). A page a cache holds leaves with it: that
   // cache (the sibling's writer, or a reader yet to copy it) holds none of the block's other
   // pages, so evicting those would take the block from under it.
-  for (int lc = 0; lc < static_cast<int>(sibling->pages.size()); ++lc) {
-    Page* page = sibling->pages[lc];
+  for (int layer_group = 0; layer_group < static_cast<int>(sibling->pages.size()); ++layer_group) {
+    Page* page = sibling->pages[layer_group];
     if (page == nullptr) continue;
-    sibling->pages[lc] = nullptr;
-    if (events_) events_->removed(sibling, lc);
+    sibling->pages[layer_group] = nullptr;
+    if (events_) events_->removed(sibling, layer_group);
     if (page->holders) {
       orphan(page);
     } else {
       page->block = block;
-      block->pages[lc] = page;
+      block->pages[layer_group] = page;
     }
   }
   tree_.recycle(tree_.detach(sibling));
 }
 
-void Storage::replace(Block* block, int life_cycle, Page* page) {
-  Page* old = block->pages[life_cycle];
+void Storage::replace(Block* block, int layer_group, Page* page) {
+  Page* old = block->pages[layer_group];
   page->block = block;
   page->num_tokens = old->num_tokens;
-  block->pages[life_cycle] = page;
+  block->pages[layer_group] = page;
   const int old_level = old->level;
   orphan(old);
   update(page);
-  if (events_ && old_level != page->level) events_->updated(block, life_cycle, old_level, page->level);
+  if (events_ && old_level != page->level) events_->updated(block, layer_group, old_level, page->level);
 }
 
 void Storage::orphan(Page* page) {
@@ -460,22 +460,22 @@ void Storage::drop(Page* page) {
   // Losing a full-attention or sink page makes every later block unusable, so the block's
   // whole subtree goes; a window page or an SSM snapshot goes alone. Then empty, page-less ancestors are pruned.
   Block* block = page->block;
-  const int lc = page->life_cycle;
-  discard(block, lc);
-  if (registry_.kind(lc).drop_takes_subtree(block->ordinal)) {
+  const int layer_group = page->layer_group;
+  discard(block, layer_group);
+  if (registry_.kind(layer_group).drop_takes_subtree(block->ordinal)) {
     const auto release = [this](Block* b) {
       if (b->pins) {
         throw poison::corrupted("a pinned block in a removed subtree (block " + std::to_string(b->ordinal) + ")");
       }
-      for (int l = 0; l < static_cast<int>(b->pages.size()); ++l) {
-        Page* p = b->pages[l];
+      for (int layer_group = 0; layer_group < static_cast<int>(b->pages.size()); ++layer_group) {
+        Page* p = b->pages[layer_group];
         if (p == nullptr) continue;
         if (p->holders) {
           throw poison::corrupted("held page in a removed subtree (block " + std::to_string(b->ordinal) +
-                                  ", life cycle " + std::to_string(l) + ")");
+                                  ", life cycle " + std::to_string(layer_group) + ")");
         }
         dequeue(p);
-        discard(b, l);
+        discard(b, layer_group);
       }
     };
     // A leaf is the usual case (a closed request's pages are evicted last block first): no
@@ -499,13 +499,13 @@ void Storage::drop_now(Page* page) {
   drop(page);
 }
 
-void Storage::discard(Block* block, int life_cycle) {
-  Page* page = block->pages[life_cycle];
-  block->pages[life_cycle] = nullptr;
+void Storage::discard(Block* block, int layer_group) {
+  Page* page = block->pages[layer_group];
+  block->pages[layer_group] = nullptr;
   page->block = nullptr;
   free(page);
   retire(page);
-  if (events_) events_->removed(block, life_cycle);
+  if (events_) events_->removed(block, layer_group);
 }
 
 void Storage::clear() {
@@ -513,11 +513,11 @@ void Storage::clear() {
     const ChildList& children = root->children();
     for (Block* child : std::vector<Block*>(children.begin(), children.end())) {
       for (Block* b : RadixTree::subtree(child)) {
-        for (int l = 0; l < static_cast<int>(b->pages.size()); ++l) {
-          Page* p = b->pages[l];
+        for (int layer_group = 0; layer_group < static_cast<int>(b->pages.size()); ++layer_group) {
+          Page* p = b->pages[layer_group];
           if (p == nullptr) continue;
           dequeue(p);
-          discard(b, l);
+          discard(b, layer_group);
         }
       }
     }

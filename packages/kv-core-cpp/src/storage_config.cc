@@ -28,13 +28,13 @@ struct SizeGroup {
 }  // namespace
 
 StorageConfig::StorageConfig(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry) {
-  const std::int64_t tpb = config.tokens_per_block;
-  std::vector<std::vector<SizeGroup>> per_lc(registry.size());
+  const std::int64_t tokens_per_block = config.tokens_per_block;
+  std::vector<std::vector<SizeGroup>> per_layer_group(registry.size());
   for (const LayerConfig& layer : config.layers) {
-    auto& groups = per_lc[registry.life_cycle_of(layer.layer_id)];
+    auto& groups = per_layer_group[registry.layer_group_of(layer.layer_id)];
     for (const BufferConfig& b : layer.buffers) {
       const std::int64_t expansion =
-          b.tokens_per_block_override ? tpb / static_cast<std::int64_t>(*b.tokens_per_block_override) : 1;
+          b.tokens_per_block_override ? tokens_per_block / static_cast<std::int64_t>(*b.tokens_per_block_override) : 1;
       const std::uint64_t size = b.size * static_cast<std::uint64_t>(expansion);
       auto it = std::find_if(groups.begin(), groups.end(), [&](const SizeGroup& g) { return g.size == size; });
       if (it == groups.end()) {
@@ -44,8 +44,8 @@ StorageConfig::StorageConfig(const KVCacheManagerConfig& config, const LifeCycle
       it->members.push_back({layer.layer_id, b.role, expansion});
     }
   }
-  for (int lc = 0; lc < static_cast<int>(per_lc.size()); ++lc) {
-    std::vector<SizeGroup> pools = per_lc[lc];
+  for (int layer_group = 0; layer_group < static_cast<int>(per_layer_group.size()); ++layer_group) {
+    std::vector<SizeGroup> pools = per_layer_group[layer_group];
     std::stable_sort(pools.begin(), pools.end(), [](const SizeGroup& a, const SizeGroup& b) {
       return a.size * a.members.size() > b.size * b.members.size();
     });
@@ -55,7 +55,7 @@ StorageConfig::StorageConfig(const KVCacheManagerConfig& config, const LifeCycle
       slot_sizes.push_back(g.size * g.members.size());
       for (std::size_t pos = 0; pos < g.members.size(); ++pos) {
         const Member& m = g.members[pos];
-        placements_[{m.layer_id, m.role}] = {lc,
+        placements_[{m.layer_id, m.role}] = {layer_group,
                                              pool,
                                              static_cast<std::int64_t>(pos),
                                              static_cast<std::int64_t>(g.members.size()),
@@ -67,11 +67,11 @@ StorageConfig::StorageConfig(const KVCacheManagerConfig& config, const LifeCycle
     auto match = std::find_if(pool_groups_.begin(), pool_groups_.end(),
                               [&](const PoolGroupConfig& pg) { return pg.slot_sizes == slot_sizes; });
     if (match == pool_groups_.end()) {
-      pool_groups_.push_back({static_cast<int>(pool_groups_.size()), {lc}, slot_sizes});
-      life_cycle_pool_group_.push_back(pool_groups_.back().index);
+      pool_groups_.push_back({static_cast<int>(pool_groups_.size()), {layer_group}, slot_sizes});
+      layer_group_pool_group_.push_back(pool_groups_.back().index);
     } else {
-      match->life_cycles.push_back(lc);
-      life_cycle_pool_group_.push_back(match->index);
+      match->life_cycles.push_back(layer_group);
+      layer_group_pool_group_.push_back(match->index);
     }
   }
 }

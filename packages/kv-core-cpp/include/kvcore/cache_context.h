@@ -64,9 +64,11 @@ class CacheContext {
   KeyFormat key_format() const { return key_format_; }
   double max_util_for_resume() const { return max_util_for_resume_; }
   bool commit_min_snapshot() const { return commit_min_snapshot_; }
-  // Sliding-window scratch: configured or not, and per life cycle its rule (none: never).
+  // Sliding-window scratch: configured or not, and per layer group its rule (none: never).
   const std::optional<SwaScratchReuseConfig>& swa_scratch_reuse() const { return swa_scratch_reuse_; }
-  const ScratchRule* scratch(int life_cycle) const { return scratch_[life_cycle] ? &*scratch_[life_cycle] : nullptr; }
+  const ScratchRule* scratch(int layer_group) const {
+    return scratch_[layer_group] ? &*scratch_[layer_group] : nullptr;
+  }
 
   const LifeCycleRegistry& registry() const { return registry_; }
   Storage& storage() { return storage_; }

@@ -32,8 +32,8 @@ class PoolGroup {
 
   int index;
   SlotAllocator allocator;
-  std::vector<MemoryPool> pools;     // memory levels
-  std::vector<DiskPool> disk_pools;  // the disk level
+  std::vector<MemoryPool> pools;     // memory tiers
+  std::vector<DiskPool> disk_pools;  // the disk tier
   std::vector<std::uint64_t> slot_sizes;
   EvictionQueue evictable;
   std::vector<MemoryPool> retired_pools;  // replaced by a quota resize, kept for the views exported

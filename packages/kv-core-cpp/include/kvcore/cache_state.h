@@ -9,7 +9,7 @@
 #include <functional>
 
 #include "kvcore/page.h"
-#include "kvcore/per_life_cycle.h"
+#include "kvcore/per_layer_group.h"
 #include "kvcore/radix_tree.h"
 
 namespace kvcore {
@@ -28,8 +28,8 @@ using PriorityCallback = std::function<int(std::int64_t, int)>;
 struct CacheBlock {
   explicit CacheBlock(std::size_t num_layer_groups)
       : pages(num_layer_groups, nullptr), locked(num_layer_groups, false) {}
-  PerLifeCycle<Page*> pages;
-  PerLifeCycle<bool> locked;
+  PerLayerGroup<Page*> pages;
+  PerLayerGroup<bool> locked;
   Block* tree_block = nullptr;  // the tree block once this block is committed
   bool copy_on_resume = false;  // pages are a reused partial block's, shared with the tree
 };

@@ -64,18 +64,18 @@ class KVCacheEventManager {
   // manager going away; it waits for a resync under way).
   void set_resync(std::function<void()> resync);
   // With the manager's lock held: the ring and the queued events dropped (counted), then Created
-  // and the announced pages of the tree under `roots` (per life cycle, parent before child,
+  // and the announced pages of the tree under `roots` (per layer group, parent before child,
   // siblings in key order).
   void resync_to(std::vector<std::uint64_t> num_blocks_per_cache_level, const std::vector<Root*>& roots);
   void created(std::vector<std::uint64_t> num_blocks_per_cache_level);
-  void stored(Block* block, int life_cycle, int priority, int cache_level = 0);
-  void removed(Block* block, int life_cycle);
+  void stored(Block* block, int layer_group, int priority, int cache_level = 0);
+  void removed(Block* block, int layer_group);
   // A page of an announced block moved between cache levels.
-  void updated(Block* block, int life_cycle, int old_level, int new_level);
+  void updated(Block* block, int layer_group, int old_level, int new_level);
 
  private:
-  void queue(Event event, std::optional<int> life_cycle);
-  void append_stored(Block* block, int life_cycle, int priority, int cache_level);
+  void queue(Event event, std::optional<int> layer_group);
+  void append_stored(Block* block, int layer_group, int priority, int cache_level);
   void flush_removed();
   BlockHash hash(Block* block);
   std::uint64_t v1(Block* block);
@@ -86,7 +86,7 @@ class KVCacheEventManager {
   std::condition_variable published_;
   std::deque<Event> ring_;
   std::vector<Event> pending_;
-  std::vector<std::pair<int, std::vector<BlockHash>>> removed_;  // per life cycle, first-use order
+  std::vector<std::pair<int, std::vector<BlockHash>>> removed_;  // per layer group, first-use order
   std::set<std::pair<Digest, int>> stored_;
   std::int64_t next_id_ = 0;
   std::vector<std::optional<std::int64_t>> windows_;

@@ -93,7 +93,7 @@ class KVCache {
   void commit(const TokenList& tokens, bool is_end, const std::uint8_t* keys = nullptr);
   // The same for tokens [begin, end) of `src`, read in place (a batch's share of its buffer).
   void commit(const Tokens& src, std::size_t begin, std::size_t end, bool is_end, const std::uint8_t* keys = nullptr);
-  // The key the full blocks a commit fills chain from (block num_committed / tpb's parent), or
+  // The key the full blocks a commit fills chain from (block num_committed / tokens_per_block's parent), or
   // nullopt when the commit puts no block into the tree (committing stopped). Changes nothing.
   std::optional<Digest> commit_keys_parent() const;
   void stop_committing();

@@ -48,7 +48,7 @@ class LifeCycleKind {
   virtual std::optional<std::int64_t> peak_history(std::int64_t last) const;
 
  protected:
-  // min(ceil(history / tpb), sink blocks): the sink blocks a history has reached, never stale.
+  // min(ceil(history / tokens_per_block), sink blocks): the sink blocks a history has reached, never stale.
   std::int64_t sinks_reached(std::int64_t history) const;
 
   LifeCycle life_cycle_;

@@ -23,7 +23,7 @@ namespace kvcore {
 
 class KVCacheManager {
  public:
-  // `copier` (nullptr: host-memory copies) moves page bytes between memory levels; the caller keeps it alive.
+  // `copier` (nullptr: host-memory copies) moves page bytes between memory tiers; the caller keeps it alive.
   KVCacheManager(const KVCacheManagerConfig& config, KVCacheEventManager* events, PageCopier* copier = nullptr);
   ~KVCacheManager();
   KVCacheManager(const KVCacheManager&) = delete;
@@ -115,7 +115,7 @@ class KVCacheManager {
   // reuse_match_backoff tokens off the tail, then down to `max_reused` tokens
   MatchPath back_off(MatchPath path, std::optional<std::int64_t> max_reused) const;
   // Cut until the path ends on an SSM snapshot taken there (unless `ssm` is false: the
-  // attention-only length) and every attention life cycle's needed pages cover the match.
+  // attention-only length) and every attention layer group's needed pages cover the match.
   MatchPath prune(MatchPath path, bool ssm = true) const;
   bool prune_ssm(MatchPath& path) const;
   void require_no_open_caches(const char* api) const;
@@ -131,7 +131,7 @@ class KVCacheManager {
   KVCacheEventManager* events_;
   Storage storage_;
   CacheContext context_;  // the lock, the open caches, the shut-down flag and the statistics, shared with the caches
-  StatsBook stats_;       // excluded and dirty ids, per-life-cycle counters
+  StatsBook stats_;       // excluded and dirty ids, per-layer-group counters
   std::int64_t next_id_ = 0;
   std::int64_t layout_version_ = 0;  // successful device-level resizes and adjustments
   std::uint64_t evicted_mark_ = 0;

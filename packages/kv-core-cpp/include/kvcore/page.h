@@ -1,4 +1,4 @@
-// Pages: one slot of one life cycle's pool group at one cache level, holding one block's KV data
+// Pages: one slot of one layer group's pool group at one cache level, holding one block's KV data
 // (see page.py). Page records are Storage's, stable while the page moves between levels and
 // slots; a record is recycled only after the page is freed (never inside a make_room plan).
 #pragma once
@@ -12,7 +12,7 @@ class Block;
 struct Page {
   std::uint64_t slot = 0;
   int level = 0;  // the cache level its slot is at
-  int life_cycle = 0;
+  int layer_group = 0;
   int pool_group = 0;
   int priority = 0;
   Block* block = nullptr;       // set once committed

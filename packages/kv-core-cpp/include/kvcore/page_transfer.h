@@ -1,5 +1,5 @@
-// How page bytes move between cache levels (see page_transfer.py): between memory levels through
-// a PageCopier (the default copies host memory), to and from the disk level by positioned I/O
+// How page bytes move between cache levels (see page_transfer.py): between memory tiers through
+// a PageCopier (the default copies host memory), to and from the disk tier by positioned I/O
 // straight from or into the other level's memory. Contiguous slots go in one run.
 #pragma once
 
@@ -35,7 +35,7 @@ class PageTransfer {
   // Copies every pool of pool group `pool_group` from `src`'s slots to `dst`'s: all of it, or it
   // throws (the copier's error, Error(kDiskOOM) or Error(kOS)) and the destination slots hold
   // whatever was written. Counts the bytes once all are copied. The source slots (in move order)
-  // whose bytes read from disk failed their checksum in some pool; within the disk level their
+  // whose bytes read from disk failed their checksum in some pool; within the disk tier their
   // copies fail it too.
   std::vector<std::uint64_t> copy(CacheLevel& src, CacheLevel& dst, int pool_group, const SlotMoves& moves);
   // Per (src_level, dst_level), in the order each direction first moved bytes (a Python dict's).

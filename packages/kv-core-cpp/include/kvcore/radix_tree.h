@@ -15,7 +15,7 @@
 #include "kvcore/block_keys.h"
 #include "kvcore/child_list.h"
 #include "kvcore/page.h"
-#include "kvcore/per_life_cycle.h"
+#include "kvcore/per_layer_group.h"
 #include "kvcore/tokens.h"
 
 namespace kvcore {
@@ -77,12 +77,12 @@ class Root : public Node {
 
 class Block : public Node {
  public:
-  Block(const Digest& key, Node* parent, TokenList tokens, std::int64_t ordinal, std::size_t num_life_cycles)
+  Block(const Digest& key, Node* parent, TokenList tokens, std::int64_t ordinal, std::size_t num_layer_groups)
       : Node(key, parent),
         lora_id(lora_of(parent)),
         tokens(std::move(tokens)),
         ordinal(ordinal),
-        pages(num_life_cycles, nullptr) {}
+        pages(num_layer_groups, nullptr) {}
   bool is_root() const override { return false; }
   bool has_pages() const;
   // A spare block (childless, out of the tree) made new under `parent`; its token and child
@@ -93,7 +93,7 @@ class Block : public Node {
   std::optional<std::uint64_t> lora_id;
   TokenList tokens;
   std::int64_t ordinal;
-  PerLifeCycle<Page*> pages;                              // one per life cycle
+  PerLayerGroup<Page*> pages;                             // one per layer group
   std::optional<std::pair<std::uint64_t, bool>> v1_hash;  // cached by the event manager
   int pins = 0;  // open caches whose next commits hang under this block: never pruned
 
@@ -108,7 +108,7 @@ using MatchPath = std::vector<std::pair<Block*, std::int64_t>>;
 
 class RadixTree {
  public:
-  explicit RadixTree(std::size_t num_life_cycles) : num_life_cycles_(num_life_cycles) {}
+  explicit RadixTree(std::size_t num_layer_groups) : num_layer_groups_(num_layer_groups) {}
 
   // The longest chain of blocks matching `tokens` (see RadixTree.walk in radix_tree.py). Keys
   // are computed in batches through the chain kernel, a few blocks past a miss at most.
@@ -140,7 +140,7 @@ class RadixTree {
   void clear();
 
  private:
-  std::size_t num_life_cycles_;
+  std::size_t num_layer_groups_;
   std::unordered_map<Digest, std::unique_ptr<Root>, DigestHash> roots_;
   std::vector<Root*> root_order_;
   std::vector<std::unique_ptr<Block>> spare_;

@@ -47,7 +47,7 @@ class Rebalancer {
   const KVCacheManagerConfig& config_;
   const LifeCycleRegistry& registry_;
   const StorageConfig& storage_;
-  std::vector<std::optional<ScratchRule>> scratch_;  // per life cycle (scratch_rules)
+  std::vector<std::optional<ScratchRule>> scratch_;  // per layer group (scratch_rules)
   // Decayed sums: each mean is its sum over the decayed weight.
   double weight_ = 0.0;
   double reused_ = 0.0;

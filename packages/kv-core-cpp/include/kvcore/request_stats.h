@@ -1,5 +1,5 @@
 // Statistics beyond the manager's CacheStats (see request_stats.py): excluded and dirty cache ids,
-// per-life-cycle and SSM-snapshot iteration counters (StatsBook, one per manager) and each cache's
+// per-layer-group and SSM-snapshot iteration counters (StatsBook, one per manager) and each cache's
 // pending per-request stats (RequestStats, one per cache).
 #pragma once
 
@@ -44,11 +44,11 @@ class StatsBook {
   SsmSnapshotStats take_ssm_stats();
 
   CacheContext& context;
-  std::vector<bool> is_ssm;  // per life cycle
+  std::vector<bool> is_ssm;  // per layer group
   // Ids stay excluded for the manager's life: the ids it hands out never repeat.
   std::set<std::int64_t> excluded;
   std::set<std::int64_t> dirty;
-  std::vector<LifeCycleStats> life_cycles;
+  std::vector<LifeCycleStats> layer_group_stats;  // per layer group
   SsmSnapshotStats ssm;
 };
 
@@ -65,12 +65,12 @@ class RequestStats {
                bool text_only);
 
   void created(std::uint64_t lookup_tokens, std::uint64_t reused_tokens, bool reused_snapshot);
-  // Pages for `needs` (ordinal, life cycle) were handed to the cache.
+  // Pages for `needs` (ordinal, layer group) were handed to the cache.
   void allocated(const std::vector<std::pair<std::int64_t, int>>& needs);
   void committed_block();
-  void attached(int lc);  // one of the cache's pages entered the tree in `lc`
-  // A commit found no room to copy its states in `lcs` (SSM ones count).
-  void snapshot_skipped(const std::vector<int>& lcs);
+  void attached(int layer_group);  // one of the cache's pages entered the tree in `layer_group`
+  // A commit found no room to copy its states in `layer_groups` (SSM ones count).
+  void snapshot_skipped(const std::vector<int>& layer_groups);
   KVCacheStatsDelta commit();  // Error(kLogic) unless enabled
   void discard();              // Error(kLogic) unless enabled
 

@@ -13,16 +13,16 @@
 
 namespace kvcore {
 
-// One sliding-window life cycle's scratch. layer_bytes / slot_bytes is slot_util_frac_max: the
-// largest share of the life cycle's slot one of its layers takes, kept as two integers so both
+// One sliding-window layer group's scratch. layer_bytes / slot_bytes is slot_util_frac_max: the
+// largest share of the layer group's slot one of its layers takes, kept as two integers so both
 // backends round alike.
 struct ScratchRule {
-  int life_cycle = 0;
+  int layer_group = 0;
   std::int64_t max_rewind_len = 0;
   std::uint64_t layer_bytes = 0;
   std::uint64_t slot_bytes = 0;
 
-  // stale(max(0, capacity - max_rewind_len)) ∩ [ceil(history / tpb), ceil(capacity / tpb)):
+  // stale(max(0, capacity - max_rewind_len)) ∩ [ceil(history / tokens_per_block), ceil(capacity / tokens_per_block)):
   // empty as {lo, lo}.
   std::pair<std::int64_t, std::int64_t> range(const LifeCycleRegistry& registry, std::int64_t capacity,
                                               std::int64_t history) const;
@@ -30,7 +30,7 @@ struct ScratchRule {
   std::int64_t slots(std::int64_t num_blocks) const;
 };
 
-// Per life cycle, its scratch rule: sliding-window life cycles when the config has
+// Per layer group, its scratch rule: sliding-window layer groups when the config has
 // swa_scratch_reuse, else none.
 std::vector<std::optional<ScratchRule>> scratch_rules(const KVCacheManagerConfig& config,
                                                       const LifeCycleRegistry& registry, const StorageConfig& storage);

@@ -20,11 +20,11 @@ const char* tier_name(CacheTier tier);  // "device", "host", "disk"
 std::uint64_t grains_for(std::uint64_t slots, const std::vector<std::uint64_t>& slot_sizes, std::uint64_t granularity);
 std::uint64_t max_slots(std::uint64_t grains, const std::vector<std::uint64_t>& slot_sizes, std::uint64_t granularity);
 // With a scratch rule, a request's scratch blocks have no page of their own: their n cost rule->slots(n).
-std::int64_t slots_for_batch(const LifeCycleRegistry& registry, int life_cycle, const BatchDesc& batch,
+std::int64_t slots_for_batch(const LifeCycleRegistry& registry, int layer_group, const BatchDesc& batch,
                              const ScratchRule* scratch = nullptr);
-// The most slots one life cycle needs at once for a request growing one token per step to
+// The most slots one layer group needs at once for a request growing one token per step to
 // `length` tokens (see slot_counts.py).
-std::int64_t sequence_peak_slots(const LifeCycleRegistry& registry, int life_cycle, std::int64_t length);
+std::int64_t sequence_peak_slots(const LifeCycleRegistry& registry, int layer_group, std::int64_t length);
 // The largest multiple of tokens_per_block <= upper_bound such that batch_size - 1 one-token
 // requests and one request growing to it fit `slots` in every pool group; 0 if none does.
 std::int64_t clamp_max_seq_len(const LifeCycleRegistry& registry, const StorageConfig& storage,

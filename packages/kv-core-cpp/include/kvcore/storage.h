@@ -65,7 +65,7 @@ class Storage {
   void free(Page* page);  // releases its slot (the record stays: see retire)
 
   // -- new pages and copies --
-  // One device page per (life cycle, priority), all or none (Error kOutOfPages, nothing changed).
+  // One device page per (layer group, priority), all or none (Error kOutOfPages, nothing changed).
   std::vector<Page*> new_pages(const std::vector<std::pair<int, int>>& requests);
   // From any level; a source that fails its checksum is forgotten (Error(kOS), EIO).
   void copy(Page* src, const Page* dst);
@@ -109,7 +109,7 @@ class Storage {
   void adopt(Block* block, Block* sibling);
   // `page` leaves the tree undropped (a wider page or a longer block replaced it): freed now if
   // nobody holds it, else when its holders let go, as an uncommitted page is.
-  void replace(Block* block, int life_cycle, Page* page);
+  void replace(Block* block, int layer_group, Page* page);
   void orphan(Page* page);
   void drop(Page* page);
   // Drops a committed droppable page out of turn (a planned drop): as an eviction would, but not
@@ -119,7 +119,7 @@ class Storage {
   std::uint64_t num_evicted = 0;    // pages evicted from the device level
   std::uint64_t num_onboarded = 0;  // pages moved up to the device level
   std::uint64_t num_corrupt = 0;    // pages whose bytes failed their checksum on the way up
-  std::uint64_t num_disk_full = 0;  // times a disk level's file system was full (the level shrank)
+  std::uint64_t num_disk_full = 0;  // times the disk tier's file system was full (its level shrank)
 
  private:
   void update(Page* page);   // queued or not as its status says; a page staying evictable keeps its place
@@ -128,7 +128,7 @@ class Storage {
   bool back_disks(int level, const std::vector<Plan>& plans);
   void evict_drop(Page* page);
   void move_down(const std::vector<Page*>& pages, int dst_level);
-  void discard(Block* block, int life_cycle);
+  void discard(Block* block, int layer_group);
   Page* new_record();
   void retire(Page* page);  // the record is unreferenced: recycled (once no RecordGuard lives)
   void recycle();

@@ -1,4 +1,4 @@
-// How buffers are coalesced into pools and life cycles into pool groups (see storage_config.py).
+// How buffers are coalesced into pools and layer groups into pool groups (see storage_config.py).
 #pragma once
 
 #include <cstdint>
@@ -13,9 +13,9 @@
 namespace kvcore {
 
 // Where one buffer lives: the position-th of `scale` buffers of `size` bytes in each slot of
-// pool `pool` of its life cycle's pool group.
+// pool `pool` of its layer group's pool group.
 struct BufferPlacement {
-  int life_cycle = 0;
+  int layer_group = 0;
   int pool = 0;
   std::int64_t position = 0;
   std::int64_t scale = 0;
@@ -26,7 +26,7 @@ struct BufferPlacement {
 
 struct PoolGroupConfig {
   int index = 0;
-  std::vector<int> life_cycles;
+  std::vector<int> life_cycles;           // its layer groups, named as kv_api.PoolGroupDesc.life_cycles
   std::vector<std::uint64_t> slot_sizes;  // one per pool, descending
   std::uint64_t slot_bytes() const;
 };
@@ -36,13 +36,13 @@ class StorageConfig {
   StorageConfig(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry);
 
   const std::vector<PoolGroupConfig>& pool_groups() const { return pool_groups_; }
-  int pool_group_of(int life_cycle) const { return life_cycle_pool_group_[life_cycle]; }
+  int pool_group_of(int layer_group) const { return layer_group_pool_group_[layer_group]; }
   const BufferPlacement& placement(std::int64_t layer_id, const std::string& role) const;  // Error(kKey)
 
  private:
   std::map<std::pair<std::int64_t, std::string>, BufferPlacement> placements_;
   std::vector<PoolGroupConfig> pool_groups_;
-  std::vector<int> life_cycle_pool_group_;
+  std::vector<int> layer_group_pool_group_;
 };
 
 }  // namespace kvcore

@@ -72,13 +72,13 @@ def in_order(api: str, n: int, results: list[Any]) -> Iterator[None]:
 
 def resize_many(manager: KVCacheManager, caches: Any, capacities: Any) -> list[bool]:
     cs = items("caches", caches)
-    caps = items("capacities", capacities)
-    same_length("capacities", len(caps), "caches", len(cs))
+    capacity_items = items("capacities", capacities)
+    same_length("capacities", len(capacity_items), "caches", len(cs))
     targets: list[KVCache] = []
     values: list[int | None] = []
     for i in range(len(cs)):
         targets.append(cache_arg(manager, cs[i], i))
-        values.append(item("resize_many", "capacities", i, _optional_count, "capacity", caps[i], TOKEN_LIMIT))
+        values.append(item("resize_many", "capacities", i, _optional_count, "capacity", capacity_items[i], TOKEN_LIMIT))
     results: list[bool] = []
     with in_order("resize_many", len(targets), results):
         for cache, capacity in zip(targets, values, strict=True):
@@ -123,11 +123,11 @@ def admit_many(
     if priority_callbacks is not None:
         callbacks = items("priority_callbacks", priority_callbacks)
         same_length("priority_callbacks", len(callbacks), "reuse_scopes", n)
-    caps: tuple[Any, ...] = (None,) * n
+    max_reused_items: tuple[Any, ...] = (None,) * n
     if max_reused is not None:
-        caps = items("max_reused_tokens", max_reused)
-        same_length("max_reused_tokens", len(caps), "reuse_scopes", n)
-    # create_kv_cache's order for each prompt: the callback, the scope, the tokens, the id, the cap.
+        max_reused_items = items("max_reused_tokens", max_reused)
+        same_length("max_reused_tokens", len(max_reused_items), "reuse_scopes", n)
+    # create_kv_cache's order for each prompt: the callback, the scope, the tokens, the id, max_reused_tokens.
     calls: list[tuple[Any, ...]] = []
     for i in range(n):
         prompt = ps[i]
@@ -137,13 +137,17 @@ def admit_many(
             "admit_many", "prompts", i, Tokens, [] if prompt is None else prompt, manager.init_config.key_format
         )
         cache_id = item("admit_many", "ids", i, _optional_count, "id", id_items[i], CACHE_ID_LIMIT)
-        cap = item("admit_many", "max_reused_tokens", i, _optional_count, "max_reused_tokens", caps[i], TOKEN_LIMIT)
+        max_reused_tokens = item(
+            "admit_many", "max_reused_tokens", i, _optional_count, "max_reused_tokens", max_reused_items[i], TOKEN_LIMIT
+        )
         # converted once, as kv_core_cpp reads them
-        calls.append((scope, toks.to_list(), cache_id, callbacks[i], cap))
+        calls.append((scope, toks.to_list(), cache_id, callbacks[i], max_reused_tokens))
     created: list[kv_api.KVCache] = []
     with in_order("admit_many", n, created):
-        for scope, prompt, cache_id, cb, cap in calls:
-            created.append(manager.create_kv_cache(scope, prompt, cache_id, cb, max_reused_tokens=cap))
+        for scope, prompt, cache_id, callback, max_reused_tokens in calls:
+            created.append(
+                manager.create_kv_cache(scope, prompt, cache_id, callback, max_reused_tokens=max_reused_tokens)
+            )
     return created
 
 

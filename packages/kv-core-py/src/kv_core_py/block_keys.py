@@ -46,26 +46,27 @@ def chained_keys(parent: bytes, tokens: Tokens, first: int, count: int, tokens_p
     if packed is not None:
         step = tokens_per_block * tokens.width
         # The hot loop, inlined: a generator or a call per block costs more than the hashing.
-        for o in range(first * step, min(len(packed), (first + count) * step), step):
+        for offset in range(first * step, min(len(packed), (first + count) * step), step):
             h = new()
-            h.update(key + packed[o : o + step])
+            h.update(key + packed[offset : offset + step])
             key = h.digest()
             append(key)
         return keys
-    tpb = tokens_per_block
-    for start in range(first * tpb, min(len(tokens), (first + count) * tpb), tpb):
+    for start in range(
+        first * tokens_per_block, min(len(tokens), (first + count) * tokens_per_block), tokens_per_block
+    ):
         h = new()
-        h.update(key + tokens.payload(start, start + tpb))
+        h.update(key + tokens.payload(start, start + tokens_per_block))
         key = h.digest()
         append(key)
     return keys
 
 
 def _prepare(tokens_per_block: Any, reuse_scope: Any, tokens: Any, key_format: Any) -> tuple[int, bytes, Tokens]:
-    tpb = int_in_range("tokens_per_block", tokens_per_block, 1)
+    tokens_per_block = int_in_range("tokens_per_block", tokens_per_block, 1)
     root = root_key(reuse_scope)
     fmt = check_key_format(key_format)
-    return tpb, root, Tokens(tokens, fmt)
+    return tokens_per_block, root, Tokens(tokens, fmt)
 
 
 def block_keys(
@@ -74,8 +75,8 @@ def block_keys(
     tokens: Any,
     key_format: str = DEFAULT_KEY_FORMAT,
 ) -> bytes:
-    tpb, root, toks = _prepare(tokens_per_block, reuse_scope, tokens, key_format)
-    return b"".join(chained_keys(root, toks, 0, ceil_div(len(toks), tpb), tpb))
+    tokens_per_block, root, toks = _prepare(tokens_per_block, reuse_scope, tokens, key_format)
+    return b"".join(chained_keys(root, toks, 0, ceil_div(len(toks), tokens_per_block), tokens_per_block))
 
 
 def block_keys_many(
@@ -86,7 +87,7 @@ def block_keys_many(
 ) -> list[bytes]:
     """``block_keys`` per input; every argument and input is checked before any hashing, in
     ``kv_api.keys.block_keys_many``'s order (C++ ``block_keys_many``; hashlib has no interleaved form)."""
-    tpb = int_in_range("tokens_per_block", tokens_per_block, 1)
+    tokens_per_block = int_in_range("tokens_per_block", tokens_per_block, 1)
     scopes = check_many_scopes(reuse_scopes)
     fmt = check_key_format(key_format)
     inputs = check_many_inputs(token_inputs, scopes)
@@ -94,7 +95,7 @@ def block_keys_many(
     out = []
     for i, t in enumerate(toks):
         root = root_key(None if scopes is None else scopes[i])
-        out.append(b"".join(chained_keys(root, t, 0, ceil_div(len(t), tpb), tpb)))
+        out.append(b"".join(chained_keys(root, t, 0, ceil_div(len(t), tokens_per_block), tokens_per_block)))
     return out
 
 
@@ -105,8 +106,11 @@ SEGMENT_TOKENS = 8192
 
 def _blocks(ids: list[Token], tokens_per_block: int) -> Iterator[list[Token]]:
     """``ids`` in blocks, sliced in C (a generator frame resumed per block costs more)."""
-    tpb, n = tokens_per_block, len(ids)
-    return map(ids.__getitem__, map(slice, range(0, n, tpb), range(tpb, n + tpb, tpb)))
+    n = len(ids)
+    return map(
+        ids.__getitem__,
+        map(slice, range(0, n, tokens_per_block), range(tokens_per_block, n + tokens_per_block, tokens_per_block)),
+    )
 
 
 def _drain(items: list[Tokens]) -> Iterator[Tokens]:
@@ -137,12 +141,12 @@ def sequence_to_blockchain_keys(
     """Validates everything now; hashes as the iteration goes, a segment at a time. A list or
     tuple of plain ints is read in segments (``int_segments``); anything else is read whole and
     sliced into segments as it is hashed."""
-    tpb = int_in_range("tokens_per_block", tokens_per_block, 1)
+    tokens_per_block = int_in_range("tokens_per_block", tokens_per_block, 1)
     root = root_key(reuse_scope)
     fmt = check_key_format(key_format)
-    size = max(1, SEGMENT_TOKENS // tpb) * tpb
+    size = max(1, SEGMENT_TOKENS // tokens_per_block) * tokens_per_block
     segments = int_segments(tokens, fmt, size) if type(tokens) in (list, tuple) else None
     if segments is not None:
-        return _pairs(root, _drain(segments), tpb)
+        return _pairs(root, _drain(segments), tokens_per_block)
     toks = Tokens(tokens, fmt)
-    return _pairs(root, (toks.segment(b, b + size) for b in range(0, len(toks), size)), tpb)
+    return _pairs(root, (toks.segment(b, b + size) for b in range(0, len(toks), size)), tokens_per_block)

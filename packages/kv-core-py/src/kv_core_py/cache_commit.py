@@ -80,10 +80,10 @@ class CacheCommit(CacheRoom):
             self._commit_state = CommitState.VIRTUAL_STOP
             return
         cache_block = self._blocks[ordinal]
-        tpb = self._tokens_per_block
-        tokens = tuple(self._tokens[ordinal * tpb : (ordinal + 1) * tpb])
-        full = len(tokens) == tpb
-        key = chained_keys(parent.key, Tokens(tokens, self._context.key_format), 0, 1, tpb)[1]
+        tokens_per_block = self._tokens_per_block
+        tokens = tuple(self._tokens[ordinal * tokens_per_block : (ordinal + 1) * tokens_per_block])
+        full = len(tokens) == tokens_per_block
+        key = chained_keys(parent.key, Tokens(tokens, self._context.key_format), 0, 1, tokens_per_block)[1]
         block = parent.children.get(key)
         if block is None:
             tree = self._context.tree
@@ -95,7 +95,7 @@ class CacheCommit(CacheRoom):
             if shorter is not None:
                 self._context.storage.adopt(block, shorter)
         ours_by_group = cache_block.pages if pages is None else pages
-        for layer_group in range(len(self._layer_groups)):
+        for layer_group in range(len(self._life_cycles)):
             self._join(block, ordinal, layer_group, ours_by_group[layer_group], len(tokens))
         if cache_block.tree_block is None and full:
             # Later blocks hang under a full block, so it stays in the tree while we are open (we
@@ -161,14 +161,14 @@ class CacheCommit(CacheRoom):
         n = len(self._tokens)
         if n == 0 or self._commit_state == CommitState.VIRTUAL_STOP:
             return None
-        tpb = self._tokens_per_block
+        tokens_per_block = self._tokens_per_block
         states = [
             (layer_group, p)
             for layer_group in self._ssm_layer_groups
             if (p := self._ssm_state[layer_group]) is not None and not p.committed
         ]
-        if n % tpb:
-            cache_block: CacheBlock = self._blocks[n // tpb]
+        if n % tokens_per_block:
+            cache_block: CacheBlock = self._blocks[n // tokens_per_block]
             if cache_block.copy_on_resume:
                 return None  # a reused partial block not copied yet: nothing of ours to snapshot
             live = [
@@ -177,11 +177,11 @@ class CacheCommit(CacheRoom):
                 if (p := cache_block.pages[layer_group]) is not None and not p.committed
             ]
             return None, live + states
-        block = self._blocks[n // tpb - 1].tree_block
+        block = self._blocks[n // tokens_per_block - 1].tree_block
         if block is None:
             return None
         # The full block is in the tree already: only states it lacks.
-        return block, [(g, p) for g, p in states if (t := block.pages[g]) is None or t.num_tokens < tpb]
+        return block, [(g, p) for g, p in states if (t := block.pages[g]) is None or t.num_tokens < tokens_per_block]
 
     def _snapshot(self, move: bool) -> None:
         """commit_min_snapshot: what a request reusing exactly the committed tokens needs enters
@@ -197,7 +197,7 @@ class CacheCommit(CacheRoom):
             self.stats.snapshot_skipped([layer_group for layer_group, _ in sources])
             return
         if block is None:
-            override: list[Page | None] = [None] * len(self._layer_groups)
+            override: list[Page | None] = [None] * len(self._life_cycles)
             for (layer_group, _), page in zip(sources, pages, strict=True):
                 override[layer_group] = page
             self._commit_block(len(self._tokens) // self._tokens_per_block, override)
@@ -212,7 +212,7 @@ class CacheCommit(CacheRoom):
         """New device pages holding ``sources``' data (held once each), or None without room."""
         storage = self._context.storage
         try:
-            pages = storage.new_pages([(p.life_cycle, p.priority) for p in sources])
+            pages = storage.new_pages([(p.layer_group, p.priority) for p in sources])
         except OutOfPagesError:
             return None
         for page in pages:

@@ -41,7 +41,7 @@ class CacheContext:
         self.key_format = config.key_format
         self.max_util_for_resume = config.max_util_for_resume
         self.commit_min_snapshot = config.commit_min_snapshot
-        # Sliding-window scratch: configured or not, and per life cycle its rule (None: never).
+        # Sliding-window scratch: configured or not, and per layer group its rule (None: never).
         self.swa_scratch_reuse = config.swa_scratch_reuse
         self.scratch = scratch_rules(config, registry, storage.config)
         self.registry = registry

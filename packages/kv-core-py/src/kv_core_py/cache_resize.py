@@ -114,7 +114,7 @@ class CacheResize(CacheRoom, PageIndices):
         shrink = [
             (ordinal, group)
             for ordinal in range(num_blocks, len(self._blocks))
-            for group in range(len(self._layer_groups))
+            for group in range(len(self._life_cycles))
         ]
         needs = self._missing(len(self._blocks), num_blocks, capacity, history)
         priorities = [self._priority_of(ordinal, group) for ordinal, group in needs]

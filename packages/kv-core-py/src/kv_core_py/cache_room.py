@@ -166,7 +166,7 @@ class CacheRoom(CacheScratch):
         try:
             blocks: list[CacheBlock | None] = [None] * n  # sized at once: a table beyond memory fails here
             for i in range(n):
-                blocks[i] = CacheBlock(len(self._layer_groups))
+                blocks[i] = CacheBlock(len(self._life_cycles))
             return cast(list[CacheBlock], blocks), array("i", [BAD_PAGE_INDEX]) * n
         except MemoryError:
             raise HostOOMError(f"resize: cannot allocate {n} blocks") from None
@@ -196,7 +196,7 @@ class CacheRoom(CacheScratch):
         """Unlock every page and free the scratch slots: a suspend, and what a resize whose
         allocation failed falls back to."""
         for ordinal in range(len(self._blocks)):
-            for group in range(len(self._layer_groups)):
+            for group in range(len(self._life_cycles)):
                 self._unlock_page(ordinal, group)
         self._unlock_states()
         for group in self._block_layer_groups:

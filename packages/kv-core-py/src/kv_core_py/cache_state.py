@@ -48,7 +48,7 @@ class CacheState:
     _manager: kv_api.KVCacheManager  # a cache keeps its manager alive
     _context: CacheContext  # all the cache uses of its manager's state (the manager owns it)
     _tokens_per_block: int
-    _layer_groups: list[LifeCycle]
+    _life_cycles: list[LifeCycle]  # per layer group, its life cycle (what priority callbacks see)
     _block_layer_groups: list[int]  # layer groups with a page per block: attention
     _ssm_layer_groups: list[int]
     _id: int
@@ -84,8 +84,8 @@ class CacheState:
 
     def _check_group(self, layer_group: Any, beam: Any) -> int:
         checked = int_in_range("layer_group", layer_group, 0)
-        if checked >= len(self._layer_groups):
-            raise IndexError(f"layer_group {checked} out of range (0..{len(self._layer_groups) - 1})")
+        if checked >= len(self._life_cycles):
+            raise IndexError(f"layer_group {checked} out of range (0..{len(self._life_cycles) - 1})")
         b = int_in_range("beam", beam, 0)
         if b != 0:
             raise IndexError(f"beam {b} out of range (beam width 1)")
@@ -94,7 +94,7 @@ class CacheState:
     def _priority_of(self, ordinal: int, layer_group: int) -> int:
         if self._priority is None:
             return DEFAULT_PRIORITY
-        value = self._priority(ordinal, self._layer_groups[layer_group])
+        value = self._priority(ordinal, self._life_cycles[layer_group])
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"custom_priority_callback: expected an int, got {type(value).__name__}")
         if not MIN_PRIORITY <= value <= MAX_PRIORITY:

@@ -1,7 +1,7 @@
 """KV-cache events for KV-aware routers (docs/manager.md, "Events").
 
-Stored events are per life cycle (``layer_group_id``) and merge while they extend the same
-chain; Removed hashes are buffered per life cycle and flushed, each as one event, before any
+Stored events are per layer group (``layer_group_id``) and merge while they extend the same
+chain; Removed hashes are buffered per layer group and flushed, each as one event, before any
 other event and at ``flush_iteration_events``. Ids are given when an event is queued (a
 Removed event when it is flushed). ``flush_iteration_events`` moves queued events to a ring
 of ``max_kv_event_entries``; ``get_latest_events`` drains it.
@@ -136,7 +136,7 @@ class KVCacheEventManager(kv_api.KVCacheEventManager):
 
     def resync_to(self, num_blocks_per_cache_level: tuple[int, ...], roots: list[Root]) -> None:
         """With the manager's lock held: drop the ring and the queued events (counted), then
-        publish ``Created`` and the announced pages of the tree under ``roots``, per life cycle,
+        publish ``Created`` and the announced pages of the tree under ``roots``, per layer group,
         parent before child, siblings in key order (so every backend sends the same)."""
         with self._cond:
             self._flush_removed()
@@ -144,11 +144,11 @@ class KVCacheEventManager(kv_api.KVCacheEventManager):
             self._ring.clear()
             self._pending.clear()
             self._queue(Created(num_blocks_per_cache_level), None)
-            for lc in range(len(self._windows)):
+            for group in range(len(self._windows)):
                 for block in _blocks_in_key_order(roots):
-                    page = block.pages[lc]
-                    if page is not None and (block.key, lc) in self._stored:
-                        self._append_stored(block, lc, page.priority, page.level)
+                    page = block.pages[group]
+                    if page is not None and (block.key, group) in self._stored:
+                        self._append_stored(block, group, page.priority, page.level)
             self._ring.extend(self._pending)
             self._pending.clear()
             self._cond.notify_all()
@@ -156,17 +156,17 @@ class KVCacheEventManager(kv_api.KVCacheEventManager):
     def created(self, num_blocks_per_cache_level: tuple[int, ...]) -> None:
         self._queue(Created(num_blocks_per_cache_level), None)
 
-    def stored(self, block: Block, life_cycle: int, priority: int, cache_level: int = 0) -> None:
-        if (block.key, life_cycle) in self._stored:
+    def stored(self, block: Block, layer_group: int, priority: int, cache_level: int = 0) -> None:
+        if (block.key, layer_group) in self._stored:
             return
-        self._stored.add((block.key, life_cycle))
+        self._stored.add((block.key, layer_group))
         with self._cond:
             self._flush_removed()
-            self._append_stored(block, life_cycle, priority, cache_level)
+            self._append_stored(block, layer_group, priority, cache_level)
 
-    def _append_stored(self, block: Block, life_cycle: int, priority: int, cache_level: int) -> None:
+    def _append_stored(self, block: Block, layer_group: int, priority: int, cache_level: int) -> None:
         """With the lock held: ``block`` stored, merged into the last queued event where it
-        extends that event's chain in the same life cycle."""
+        extends that event's chain in the same layer group."""
         parent = block.parent
         parent_hash = self._hash(parent) if isinstance(parent, Block) else None
         tokens = tuple(UniqueToken(t.hex() if isinstance(t, bytes) else t) for t in block.tokens)
@@ -175,40 +175,42 @@ class KVCacheEventManager(kv_api.KVCacheEventManager):
         if (
             last is not None
             and isinstance(last.data, Stored)
-            and last.layer_group_id == life_cycle
+            and last.layer_group_id == layer_group
             and last.data.blocks[-1].block_hash == parent_hash
         ):
             merged = Stored(last.data.parent_hash, (*last.data.blocks, new))
-            self._pending[-1] = KVCacheEvent(last.event_id, merged, last.window_size, self._hash_algo, None, life_cycle)
+            self._pending[-1] = KVCacheEvent(
+                last.event_id, merged, last.window_size, self._hash_algo, None, layer_group
+            )
             return
-        self._queue(Stored(parent_hash, (new,)), life_cycle)
+        self._queue(Stored(parent_hash, (new,)), layer_group)
 
-    def removed(self, block: Block, life_cycle: int) -> None:
-        if (block.key, life_cycle) not in self._stored:
+    def removed(self, block: Block, layer_group: int) -> None:
+        if (block.key, layer_group) not in self._stored:
             return  # never announced, nothing to retract
-        self._stored.discard((block.key, life_cycle))
+        self._stored.discard((block.key, layer_group))
         with self._cond:
-            self._removed.setdefault(life_cycle, []).append(self._hash(block))
+            self._removed.setdefault(layer_group, []).append(self._hash(block))
 
-    def updated(self, block: Block, life_cycle: int, old_level: int, new_level: int) -> None:
+    def updated(self, block: Block, layer_group: int, old_level: int, new_level: int) -> None:
         """A page of an announced block moved between cache levels."""
-        if (block.key, life_cycle) in self._stored:
-            self._queue(Updated(self._hash(block), cache_level=Diff(old_level, new_level)), life_cycle)
+        if (block.key, layer_group) in self._stored:
+            self._queue(Updated(self._hash(block), cache_level=Diff(old_level, new_level)), layer_group)
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _queue(self, data: Any, life_cycle: int | None) -> None:
+    def _queue(self, data: Any, layer_group: int | None) -> None:
         with self._cond:
             self._flush_removed()
-            window = self._windows[life_cycle] if life_cycle is not None else None
-            self._pending.append(KVCacheEvent(self._next_id, data, window, self._hash_algo, None, life_cycle))
+            window = self._windows[layer_group] if layer_group is not None else None
+            self._pending.append(KVCacheEvent(self._next_id, data, window, self._hash_algo, None, layer_group))
             self._next_id += 1
 
     def _flush_removed(self) -> None:
         removed, self._removed = self._removed, {}
-        for lc, hashes in removed.items():
+        for group, hashes in removed.items():
             self._pending.append(
-                KVCacheEvent(self._next_id, Removed(tuple(hashes)), self._windows[lc], self._hash_algo, None, lc)
+                KVCacheEvent(self._next_id, Removed(tuple(hashes)), self._windows[group], self._hash_algo, None, group)
             )
             self._next_id += 1
 

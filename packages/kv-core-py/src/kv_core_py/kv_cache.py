@@ -45,9 +45,9 @@ class KVCache(CacheResize, CacheCommit, kv_api.KVCache):
         self._manager = manager
         self._context = context
         self._tokens_per_block = context.tokens_per_block
-        self._layer_groups = context.registry.life_cycles
-        self._block_layer_groups = context.registry.block_life_cycles
-        self._ssm_layer_groups = context.registry.ssm_life_cycles
+        self._life_cycles = context.registry.life_cycles
+        self._block_layer_groups = context.registry.block_layer_groups
+        self._ssm_layer_groups = context.registry.ssm_layer_groups
         self._id = cache_id
         self._reuse_scope = scope
         self._root_key = root_key
@@ -58,7 +58,7 @@ class KVCache(CacheResize, CacheCommit, kv_api.KVCache):
         self._tokens = tokens
         self._history = self._capacity = len(tokens)
         self._blocks = []
-        num_groups = len(self._layer_groups)
+        num_groups = len(self._life_cycles)
         self._index = [array("i") for _ in range(num_groups)]
         self._user_buffers = {}
         self._stale_scan = [0] * num_groups
@@ -86,7 +86,7 @@ class KVCache(CacheResize, CacheCommit, kv_api.KVCache):
             if path and (page := path[-1][0].pages[group]) is not None
         ]
         for block, matched in path:
-            cache_block = CacheBlock(len(self._layer_groups))
+            cache_block = CacheBlock(len(self._life_cycles))
             if matched == len(block.tokens) == self._tokens_per_block:
                 cache_block.tree_block = block
                 block.pins += 1
@@ -260,7 +260,7 @@ class KVCache(CacheResize, CacheCommit, kv_api.KVCache):
             (ordinal, group)
             for ordinal, cache_block in enumerate(self._blocks)
             if cache_block.copy_on_resume
-            for group in range(len(self._layer_groups))
+            for group in range(len(self._life_cycles))
             if cache_block.pages[group] is not None
         ]
         # A new SSM state is filed under the block of the next token (for its priority).
@@ -342,7 +342,7 @@ class KVCache(CacheResize, CacheCommit, kv_api.KVCache):
                 return
             self._stop_committing_locked()
             for ordinal in reversed(range(len(self._blocks))):
-                for group in range(len(self._layer_groups)):
+                for group in range(len(self._life_cycles)):
                     self._release_page(ordinal, group)
             self._unlock_states()
             for group in self._block_layer_groups:

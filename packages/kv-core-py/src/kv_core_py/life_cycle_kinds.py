@@ -66,10 +66,10 @@ class SlidingWindow(LifeCycleKind):
     @property
     def window_floor(self) -> int:
         """A window straddles one extra block while it slides."""
-        tpb = self.life_cycle.tokens_per_block
+        tokens_per_block = self.life_cycle.tokens_per_block
         window = self.life_cycle.window
         assert window is not None
-        return self.life_cycle.num_sink_blocks + (window + tpb - 2) // tpb + 1
+        return self.life_cycle.num_sink_blocks + (window + tokens_per_block - 2) // tokens_per_block + 1
 
     def slots_floor(self, window_floors: list[int]) -> int:
         return self.window_floor
@@ -83,7 +83,7 @@ class SlidingWindow(LifeCycleKind):
 
     def peak_history(self, last: int) -> int | None:
         # The need is periodic once blocks turn stale, highest just before the stale range
-        # grows: ``(h + 2 - W) % tpb == 0``.
+        # grows: ``(h + 2 - W) % tokens_per_block == 0``.
         window = self.life_cycle.window
         assert window is not None
         h = last - (last + 2 - window) % self.life_cycle.tokens_per_block

@@ -75,7 +75,7 @@ class KVCacheManager(kv_api.KVCacheManager):
                 method = resync()
                 return method is not None and method()
 
-            event_manager.bind([lc.window for lc in self._registry.life_cycles], resync_events)
+            event_manager.bind([life.window for life in self._registry.life_cycles], resync_events)
         # The default copier is memmove in this process: no Python call per batch.
         copier = None if page_copier is None or type(page_copier) is HostMemoryCopier else page_copier
         self._storage = Storage(
@@ -88,7 +88,7 @@ class KVCacheManager(kv_api.KVCacheManager):
         self._context.rematch = lambda key, tokens: cast(Callable[..., list[tuple[Block, int]]], match())(
             key, tokens, False
         )
-        self._stats = StatsBook(self._context)  # excluded and dirty ids, per-life-cycle counters
+        self._stats = StatsBook(self._context)  # excluded and dirty ids, per-layer-group counters
         self._next_id = 0
         self._layout_version = 0
         if event_manager is not None:
@@ -124,22 +124,22 @@ class KVCacheManager(kv_api.KVCacheManager):
 
     @property
     def layer_grouping(self) -> list[list[int]]:
-        """Layer ids per layer group (= life cycle), in config order."""
+        """Layer ids per layer group (``LifeCycle.id``), in config order."""
         poison.check()
         groups: list[list[int]] = [[] for _ in self._registry.life_cycles]
-        for layer, lc in self._registry.layer_life_cycle.items():
-            groups[lc].append(layer)
+        for layer, group in self._registry.layer_group_of.items():
+            groups[group].append(layer)
         return groups
 
     @property
     def layer_ids(self) -> list[int]:
         poison.check()
-        return list(self._registry.layer_life_cycle)
+        return list(self._registry.layer_group_of)
 
     @property
     def num_layers(self) -> int:
         poison.check()
-        return len(self._registry.layer_life_cycle)
+        return len(self._registry.layer_group_of)
 
     def get_layer_group_id(self, layer_id: int) -> int:
         poison.check()
@@ -147,7 +147,7 @@ class KVCacheManager(kv_api.KVCacheManager):
             self._require_live()
             layer = as_int("layer_id", layer_id)  # looked up as __index__ gives it (numpy scalars too)
             try:
-                return self._registry.layer_life_cycle[layer]
+                return self._registry.layer_group_of[layer]
             except KeyError:
                 raise KeyError(f"no layer {layer}") from None
 
@@ -162,7 +162,7 @@ class KVCacheManager(kv_api.KVCacheManager):
         id (an int, then a known layer), then the role (a str, then one of the layer's buffers)."""
         self._require_live()
         layer = as_int("layer_id", layer_id)
-        if layer not in self._registry.layer_life_cycle:
+        if layer not in self._registry.layer_group_of:
             raise KeyError(f"no layer {layer}")
         return self._storage_config.placement(layer, as_str("role", role))
 
@@ -177,7 +177,7 @@ class KVCacheManager(kv_api.KVCacheManager):
                 raise ValueError("get_mem_pool_base_address: index_mode is required with swa_scratch_reuse")
             mode = PageIndexMode.PER_LAYER if index_mode is None else PageIndexMode(index_mode)
             base = (
-                self._storage.pool_groups[self._storage_config.pool_group_of(p.life_cycle)].pools[p.pool].base_address
+                self._storage.pool_groups[self._storage_config.pool_group_of(p.layer_group)].pools[p.pool].base_address
             )
             return base + (p.position * p.size if mode == PageIndexMode.SHARED else 0)
 
@@ -196,14 +196,14 @@ class KVCacheManager(kv_api.KVCacheManager):
         poison.check()
         with self._context.lock:
             p = self._placement(layer_id, role)
-            num_slots = self._counts.slots[self._storage_config.pool_group_of(p.life_cycle)]
+            num_slots = self._counts.slots[self._storage_config.pool_group_of(p.layer_group)]
             return (p.scale * num_slots - p.position) * p.expansion
 
     def get_buffer_location(self, layer_id: int, role: str) -> BufferLocation:
         poison.check()
         with self._context.lock:
             p = self._placement(layer_id, role)
-            return BufferLocation(self._storage_config.pool_group_of(p.life_cycle), p.pool, p.page_size)
+            return BufferLocation(self._storage_config.pool_group_of(p.layer_group), p.pool, p.page_size)
 
     @property
     def pool_group_descs(self) -> list[PoolGroupDesc]:
@@ -450,7 +450,7 @@ class KVCacheManager(kv_api.KVCacheManager):
         self, root_key: bytes, tokens: Tokens, with_backoff: bool = True, max_reused: int | None = None
     ) -> list[tuple[Block, int]]:
         """The reusable prefix: walk, back off and cap (unless not ``with_backoff``), then cut
-        until the endpoint has an SSM snapshot taken exactly there and every attention life cycle
+        until the endpoint has an SSM snapshot taken exactly there and every attention layer group
         has, for each block it needs at the endpoint, a page covering the matched tokens."""
         config = self._config
         path = self._tree.walk(root_key, tokens, config.tokens_per_block, config.enable_partial_reuse)
@@ -474,7 +474,7 @@ class KVCacheManager(kv_api.KVCacheManager):
 
     def _prune(self, path: list[tuple[Block, int]], ssm: bool = True) -> list[tuple[Block, int]]:
         """Cut ``path`` until it ends on an SSM snapshot taken there (unless ``ssm`` is False:
-        the attention-only length) and every attention life cycle has, for each block it needs
+        the attention-only length) and every attention layer group has, for each block it needs
         at the endpoint, a page covering the matched tokens."""
         changed = True
         while changed and path:
@@ -482,15 +482,15 @@ class KVCacheManager(kv_api.KVCacheManager):
             if changed:
                 continue
             total = sum(n for _, n in path)
-            for lc in self._registry.block_life_cycles:
-                begin, end = self._registry.stale_range(lc, total)
-                for o, (block, n) in enumerate(path):
-                    if begin <= o < end:
+            for layer_group in self._registry.block_layer_groups:
+                begin, end = self._registry.stale_range(layer_group, total)
+                for ordinal, (block, n) in enumerate(path):
+                    if begin <= ordinal < end:
                         continue
-                    page = block.pages[lc]
+                    page = block.pages[layer_group]
                     coverage = page.num_tokens if page is not None else 0
                     if coverage < n:
-                        path[o:] = [(block, coverage)] if coverage else []
+                        path[ordinal:] = [(block, coverage)] if coverage else []
                         changed = True
                         break
                 if changed:
@@ -501,17 +501,17 @@ class KVCacheManager(kv_api.KVCacheManager):
         """Cut ``path`` to the last block with an SSM snapshot inside its matched tokens, at the
         snapshot's length (a state is valid at one position only); empty without one. Whether
         it changed."""
-        for lc in self._registry.ssm_life_cycles:
+        for layer_group in self._registry.ssm_layer_groups:
             keep = 0
-            for o, (block, n) in enumerate(path):
-                page = block.pages[lc]
+            for ordinal, (block, n) in enumerate(path):
+                page = block.pages[layer_group]
                 if page is not None and 0 < page.num_tokens <= n:
-                    keep = o + 1
+                    keep = ordinal + 1
             if keep == 0:
                 path.clear()
                 return True
             block, n = path[keep - 1]
-            coverage = block.pages[lc].num_tokens  # type: ignore[union-attr]
+            coverage = block.pages[layer_group].num_tokens  # type: ignore[union-attr]
             if keep < len(path) or coverage != n:
                 path[keep - 1 :] = [(block, coverage)]
                 return True
@@ -525,8 +525,8 @@ class KVCacheManager(kv_api.KVCacheManager):
         with self._context.lock:
             self._require_live()
             _, root_key, toks = self._scope_and_tokens(reuse_scope, tokens)
-            cap = _max_reused(max_reused_tokens)
-            return sum(n for _, n in self._match(root_key, toks, max_reused=cap))
+            max_reused = _max_reused(max_reused_tokens)
+            return sum(n for _, n in self._match(root_key, toks, max_reused=max_reused))
 
     def probe_reuse_match(
         self, reuse_scope: ReuseScope | None = None, tokens: Any = None, max_reused_tokens: int | None = None
@@ -536,11 +536,11 @@ class KVCacheManager(kv_api.KVCacheManager):
         with self._context.lock:
             self._require_live()
             _, root_key, toks = self._scope_and_tokens(reuse_scope, tokens)
-            cap = _max_reused(max_reused_tokens)
+            max_reused = _max_reused(max_reused_tokens)
             config = self._config
             walked = self._tree.walk(root_key, toks, config.tokens_per_block, config.enable_partial_reuse)
             divergence = sum(n for _, n in walked)
-            backed = self._back_off(walked, cap)
+            backed = self._back_off(walked, max_reused)
             attention = sum(n for _, n in self._prune(list(backed), ssm=False))
             reused = sum(n for _, n in self._prune(backed))
             return ReuseMatch(len(toks), divergence, attention, reused)
@@ -554,13 +554,13 @@ class KVCacheManager(kv_api.KVCacheManager):
         with self._context.lock:
             self._require_live()
             _, root_key, toks = self._scope_and_tokens(reuse_scope, tokens)
-            cap = _max_reused(max_reused_tokens)
-            tpb = self._config.tokens_per_block
-            reusable = sum(n for _, n in self._match(root_key, toks, max_reused=cap))
-            k = reusable // tpb
-            if reusable >= len(toks) or (k + 1) * tpb > len(toks):
+            max_reused = _max_reused(max_reused_tokens)
+            tokens_per_block = self._config.tokens_per_block
+            reusable = sum(n for _, n in self._match(root_key, toks, max_reused=max_reused))
+            k = reusable // tokens_per_block
+            if reusable >= len(toks) or (k + 1) * tokens_per_block > len(toks):
                 return None
-            return chained_keys(root_key, toks, 0, k + 1, tpb)[-1]
+            return chained_keys(root_key, toks, 0, k + 1, tokens_per_block)[-1]
 
     def create_kv_cache(
         self,
@@ -591,12 +591,12 @@ class KVCacheManager(kv_api.KVCacheManager):
                 raise TypeError(f"text_only: expected a bool or None, got {type(text_only).__name__}")
             if not isinstance(enable_request_stats, bool):
                 raise TypeError(f"enable_request_stats: expected a bool, got {type(enable_request_stats).__name__}")
-            cap = _max_reused(max_reused_tokens)
+            max_reused = _max_reused(max_reused_tokens)
             text = self._config.text_only if text_only is None else text_only
             if text and toks.packed is None and (digest := first_digest(toks.to_list())) is not None:
                 raise text_only_error("input_tokens", digest)
             stats = RequestStats(self._stats, cache_id, enable_request_stats, expected, text)
-            path = self._match(root_key, toks, max_reused=cap)
+            path = self._match(root_key, toks, max_reused=max_reused)
             reused = sum(n for _, n in path)
             cache = KVCache(
                 self,
@@ -611,7 +611,7 @@ class KVCacheManager(kv_api.KVCacheManager):
             )
             self._next_id = max(self._next_id, cache_id) + 1
             self._context.register_cache(cache)
-            stats.created(len(toks), reused, bool(path) and bool(self._registry.ssm_life_cycles))
+            stats.created(len(toks), reused, bool(path) and bool(self._registry.ssm_layer_groups))
             return cache
 
     # -- batched calls (batch.py) -------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Pages: one slot of one life cycle's pool group, holding one block's KV data.
+"""Pages: one slot of one layer group's pool group, holding one block's KV data.
 
 A page is *uncommitted* (private to one cache) until its block enters the radix tree; then it
 is *committed* and may be shared. Its status follows from who uses it: LOCKED while an active
@@ -14,8 +14,8 @@ class Page:
     __slots__ = (
         "block",
         "holders",
+        "layer_group",
         "level",
-        "life_cycle",
         "locks",
         "num_tokens",
         "planned_drops",
@@ -25,10 +25,10 @@ class Page:
         "slot",
     )
 
-    def __init__(self, slot: int, life_cycle: int, pool_group: int, priority: int) -> None:
+    def __init__(self, slot: int, layer_group: int, pool_group: int, priority: int) -> None:
         self.slot = slot
         self.level = 0  # the cache level whose slot ``slot`` is
-        self.life_cycle = life_cycle
+        self.layer_group = layer_group
         self.pool_group = pool_group
         self.priority = priority
         # The radix_tree.Block once committed. Typed ``object``, as C++ forward-declares it: the

@@ -34,13 +34,13 @@ class PageTransfer:
         """Copy slot ``src`` of ``src_level`` into slot ``dst`` of ``dst_level`` for each pair,
         in every pool of the group. Raises (the copier's error, or the disk's) before counting.
         The source slots (in pair order) whose bytes read from disk failed their checksum in
-        some pool; within the disk level their copies fail it too."""
+        some pool; within the disk tier their copies fail it too."""
         if not pairs:
             return []
         runs = slot_runs(pairs)
         src, dst = self.levels[src_level].pool_groups[pool_group], self.levels[dst_level].pool_groups[pool_group]
         bad: set[int] = set()
-        if src.on_disk and dst.on_disk:  # within the disk level (a quota resize's defragmentation)
+        if src.on_disk and dst.on_disk:  # within the disk tier (a quota resize's defragmentation)
             for disk in src.disk_pools:
                 for s, d, n in runs:
                     buf = memoryview(bytearray(n * disk.slot_size))

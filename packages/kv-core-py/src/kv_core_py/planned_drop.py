@@ -73,7 +73,7 @@ class PlannedDropHandle(kv_api.PlannedDropHandle):
 def plan(context: CacheContext, root_key: bytes, tokens: list[Token]) -> PlannedDropHandle | None:
     """The plan for a cache's committed ``tokens`` (under the lock, the cache stopped committing):
     None when there are none or the re-match (without backoff) does not reuse them all. Otherwise
-    it covers, in the matched tree blocks, each window life cycle's pages from the end of its
+    it covers, in the matched tree blocks, each window layer group's pages from the end of its
     stale range at the committed length to the last block (never a sink block: the stale range
     starts after them), and the last block's SSM snapshot. Full attention is never covered."""
     n = len(tokens)

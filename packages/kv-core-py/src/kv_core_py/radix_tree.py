@@ -1,7 +1,7 @@
 """The radix tree of committed blocks, keyed by chained block keys (docs/key-format.md).
 
 Each scope has its own root (keyed by the root key), so scopes never share blocks. A block
-holds up to one page per life cycle; a page's ``num_tokens`` says how many of the block's
+holds up to one page per layer group; a page's ``num_tokens`` says how many of the block's
 tokens it is valid for. No child's tokens are a proper prefix of a sibling's (docs/manager.md,
 "Reuse"). Children keep insertion order, which decides ties when a partial match scans
 siblings, so every backend picks the same block.
@@ -44,13 +44,15 @@ class Root(Node):
 class Block(Node):
     __slots__ = ("lora_id", "ordinal", "pages", "pins", "tokens", "v1_hash")
 
-    def __init__(self, key: bytes, parent: Node, tokens: tuple[Token, ...], ordinal: int, num_life_cycles: int) -> None:
+    def __init__(
+        self, key: bytes, parent: Node, tokens: tuple[Token, ...], ordinal: int, num_layer_groups: int
+    ) -> None:
         super().__init__(key, parent)
         # The scope's LoRA adapter, for events (the root knows the scope; blocks copy it down).
         self.lora_id: int | None = parent.scope.lora_id if isinstance(parent, Root) else cast(Block, parent).lora_id
         self.tokens = tokens
         self.ordinal = ordinal
-        self.pages: list[Page | None] = [None] * num_life_cycles
+        self.pages: list[Page | None] = [None] * num_layer_groups
         self.v1_hash: tuple[int, bool] | None = None  # cached by the event manager
         self.pins = 0  # open caches whose next commits hang under this block: never pruned
 
@@ -71,9 +73,9 @@ def is_proper_prefix(a: tuple[Token, ...], b: tuple[Token, ...]) -> bool:
 
 
 class RadixTree:
-    def __init__(self, num_life_cycles: int) -> None:
+    def __init__(self, num_layer_groups: int) -> None:
         self.roots: dict[bytes, Root] = {}
-        self.num_life_cycles = num_life_cycles
+        self.num_layer_groups = num_layer_groups
 
     def walk(self, root_key: bytes, tokens: Tokens, tokens_per_block: int, partial: bool) -> list[tuple[Block, int]]:
         """The longest chain of blocks matching ``tokens``: ``(block, matched tokens)`` per block.
@@ -120,7 +122,7 @@ class RadixTree:
         return node
 
     def add(self, parent: Node, key: bytes, tokens: tuple[Token, ...], ordinal: int) -> Block:
-        block = Block(key, parent, tokens, ordinal, self.num_life_cycles)
+        block = Block(key, parent, tokens, ordinal, self.num_layer_groups)
         parent.children[key] = block
         return block
 

@@ -83,8 +83,8 @@ class Rebalancer:
         rules = self._scratch
         slots = [
             sum(
-                slots_for_batch(reg, lc, two, rules[lc]) - slots_for_batch(reg, lc, one, rules[lc])
-                for lc in pg.life_cycles
+                slots_for_batch(reg, group, two, rules[group]) - slots_for_batch(reg, group, one, rules[group])
+                for group in pg.life_cycles
             )
             for pg in self._storage.pool_groups
         ]

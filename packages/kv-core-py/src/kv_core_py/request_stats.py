@@ -1,5 +1,5 @@
 """Statistics beyond the manager's ``CacheStats`` (docs/manager.md, "Statistics"): excluded and
-dirty cache ids, per-life-cycle and SSM-snapshot iteration counters (``StatsBook``, one per
+dirty cache ids, per-layer-group and SSM-snapshot iteration counters (``StatsBook``, one per
 manager) and each cache's pending per-request stats (``RequestStats``, one per cache)."""
 
 from __future__ import annotations
@@ -15,19 +15,21 @@ class StatsBook:
 
     def __init__(self, context: CacheContext) -> None:
         self.context = context
-        ssm = context.registry.ssm_life_cycles
-        self.is_ssm = [lc in ssm for lc in range(len(context.registry.life_cycles))]
+        ssm = context.registry.ssm_layer_groups
+        self.is_ssm = [group in ssm for group in range(len(context.registry.life_cycles))]
         # Ids stay excluded for the manager's life: the ids it hands out never repeat.
         self.excluded: set[int] = set()
         self.dirty: set[int] = set()
-        self.allocated = [0] * len(self.is_ssm)  # per life cycle
+        self.allocated = [0] * len(self.is_ssm)  # per layer group
         self.committed = [0] * len(self.is_ssm)
         self.ssm_stored = 0
         self.ssm_skipped = 0
         self.ssm_reused = 0
 
     def take_life_cycle_stats(self) -> dict[int, LifeCycleStats]:
-        out = {lc: LifeCycleStats(a, c) for lc, (a, c) in enumerate(zip(self.allocated, self.committed, strict=True))}
+        out = {
+            group: LifeCycleStats(a, c) for group, (a, c) in enumerate(zip(self.allocated, self.committed, strict=True))
+        }
         self.allocated = [0] * len(self.is_ssm)
         self.committed = [0] * len(self.is_ssm)
         return out
@@ -79,11 +81,11 @@ class RequestStats:
             self._add_pending(lookup_tokens=lookup_tokens, reused_tokens=reused_tokens)
 
     def allocated(self, needs: list[tuple[int, int]]) -> None:
-        """Pages for ``needs`` (ordinal, life cycle) were handed to the cache."""
+        """Pages for ``needs`` (ordinal, layer group) were handed to the cache."""
         if not self.excluded:
             self.book.context.add_stats(allocated_pages=len(needs))
-            for _, lc in needs:
-                self.book.allocated[lc] += 1
+            for _, group in needs:
+                self.book.allocated[group] += 1
         if self.enabled:
             first = self.first_generation_block
             generation = sum(1 for o, _ in needs if o >= first)
@@ -95,16 +97,16 @@ class RequestStats:
         if self.enabled:
             self._add_pending(committed_blocks=1)
 
-    def attached(self, lc: int) -> None:
-        """One of the cache's pages entered the tree in ``lc``."""
+    def attached(self, layer_group: int) -> None:
+        """One of the cache's pages entered the tree in ``layer_group``."""
         if not self.excluded:
-            self.book.committed[lc] += 1
-            self.book.ssm_stored += self.book.is_ssm[lc]
+            self.book.committed[layer_group] += 1
+            self.book.ssm_stored += self.book.is_ssm[layer_group]
 
-    def snapshot_skipped(self, lcs: list[int]) -> None:
-        """A commit found no room to copy its states in ``lcs`` (SSM ones count)."""
+    def snapshot_skipped(self, layer_groups: list[int]) -> None:
+        """A commit found no room to copy its states in ``layer_groups`` (SSM ones count)."""
         if not self.excluded:
-            self.book.ssm_skipped += sum(1 for lc in lcs if self.book.is_ssm[lc])
+            self.book.ssm_skipped += sum(1 for group in layer_groups if self.book.is_ssm[group])
 
     def _require_enabled(self, api: str) -> None:
         if not self.enabled:

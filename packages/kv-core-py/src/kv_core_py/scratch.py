@@ -14,8 +14,8 @@ from kv_core_py.storage_config import StorageConfig
 
 @dataclass(frozen=True)
 class ScratchRule:
-    """One sliding-window life cycle's scratch. ``layer_bytes / slot_bytes`` is
-    ``slot_util_frac_max``: the largest share of the life cycle's slot one of its layers takes
+    """One sliding-window layer group's scratch. ``layer_bytes / slot_bytes`` is
+    ``slot_util_frac_max``: the largest share of the layer group's slot one of its layers takes
     (the layer's buffers' bytes per block, expanded, over the pool group's slot bytes), kept as
     two integers so both backends round alike."""
 
@@ -25,13 +25,14 @@ class ScratchRule:
     slot_bytes: int
 
     def range(self, capacity: int, history: int) -> tuple[int, int]:
-        """``stale(max(0, capacity - max_rewind_len)) ∩ [ceil(history / tpb), ceil(capacity / tpb))``:
-        this step's blocks that are out of the window once the step is done, even if a later
-        step rewinds the history by up to ``max_rewind_len`` tokens. Empty as ``(lo, lo)``."""
-        tpb = self.life_cycle.tokens_per_block
+        """``stale(max(0, capacity - max_rewind_len)) ∩ [ceil(history / tokens_per_block),
+        ceil(capacity / tokens_per_block))``: this step's blocks that are out of the window once the
+        step is done, even if a later step rewinds the history by up to ``max_rewind_len`` tokens.
+        Empty as ``(lo, lo)``."""
+        tokens_per_block = self.life_cycle.tokens_per_block
         begin, end = self.life_cycle.get_stale_range(max(0, capacity - self.max_rewind_len))
-        lo = max(begin, ceil_div(history, tpb))
-        return lo, max(lo, min(end, ceil_div(capacity, tpb)))
+        lo = max(begin, ceil_div(history, tokens_per_block))
+        return lo, max(lo, min(end, ceil_div(capacity, tokens_per_block)))
 
     def slots(self, num_blocks: int) -> int:
         """``ceil(num_blocks * slot_util_frac_max)``: the layers run one after another, so one
@@ -44,21 +45,22 @@ class ScratchRule:
 def scratch_rules(
     config: KVCacheManagerConfig, registry: LifeCycleRegistry, storage: StorageConfig
 ) -> list[ScratchRule | None]:
-    """Per life cycle, its scratch rule: sliding-window life cycles when the config has
+    """Per layer group, its scratch rule: sliding-window layer groups when the config has
     ``swa_scratch_reuse``, else None (full attention is never stale, SSM has no blocks)."""
     reuse = config.swa_scratch_reuse
     if reuse is None:
         return [None] * len(registry.life_cycles)
-    tpb = config.tokens_per_block
+    tokens_per_block = config.tokens_per_block
     layer_bytes = [0] * len(registry.life_cycles)
     for layer in config.layers:
         if isinstance(layer, SsmLayerConfig):
             continue
-        lc = registry.layer_life_cycle[layer.layer_id]
+        group = registry.layer_group_of[layer.layer_id]
         size = sum(
-            b.size * (tpb // b.tokens_per_block_override if b.tokens_per_block_override else 1) for b in layer.buffers
+            b.size * (tokens_per_block // b.tokens_per_block_override if b.tokens_per_block_override else 1)
+            for b in layer.buffers
         )
-        layer_bytes[lc] = max(layer_bytes[lc], size)
+        layer_bytes[group] = max(layer_bytes[group], size)
     rules: list[ScratchRule | None] = []
     for life_cycle, kind in zip(registry.life_cycles, registry.kinds, strict=True):
         if not kind.has_scratch:

@@ -57,24 +57,24 @@ def max_slots(grains: int, slot_sizes: Sequence[int], granularity: int) -> int:
 
 
 def slots_for_batch(
-    registry: LifeCycleRegistry, life_cycle: int, batch: BatchDesc, scratch: ScratchRule | None = None
+    registry: LifeCycleRegistry, layer_group: int, batch: BatchDesc, scratch: ScratchRule | None = None
 ) -> int:
-    """Slots one life cycle needs to hold ``batch`` at once: each request's non-stale blocks,
-    with system-prompt blocks shared (counted once, unless stale for every request); an SSM life
-    cycle needs one state slot per request. With a ``scratch`` rule a request's scratch blocks
+    """Slots one layer group needs to hold ``batch`` at once: each request's non-stale blocks,
+    with system-prompt blocks shared (counted once, unless stale for every request); an SSM layer
+    group needs one state slot per request. With a ``scratch`` rule a request's scratch blocks
     have no page of their own: their ``n`` cost ``scratch.slots(n)``."""
-    if not registry.kinds[life_cycle].has_block_pages:
+    if not registry.kinds[layer_group].has_block_pages:
         return len(batch.kv_caches)  # a state each
-    tpb = registry.tokens_per_block
-    sys_blocks = batch.system_prompt_length // tpb
+    tokens_per_block = registry.tokens_per_block
+    sys_blocks = batch.system_prompt_length // tokens_per_block
     # Counted as ranges, never block by block: a system prompt may span 2**40 blocks. A request's
     # live system-prompt blocks are [0, m) less its stale range [begin, end) and its scratch range
     # [a, b) (which lies above the stale one): at most three ranges.
     shared: list[tuple[int, int]] = []
     total = 0
     for desc in batch.kv_caches:
-        num_blocks = ceil_div(desc.capacity, tpb)
-        begin, end = registry.stale_range(life_cycle, desc.history_length)
+        num_blocks = ceil_div(desc.capacity, tokens_per_block)
+        begin, end = registry.stale_range(layer_group, desc.history_length)
         stale = max(0, min(end, num_blocks) - min(begin, num_blocks))
         a, b = (end, end) if scratch is None else scratch.range(desc.capacity, desc.history_length)
         m = min(sys_blocks, num_blocks)
@@ -89,17 +89,17 @@ def slots_for_batch(
     return total + union_length(shared)
 
 
-def sequence_peak_slots(registry: LifeCycleRegistry, life_cycle: int, length: int) -> int:
-    """The most slots one life cycle needs at once for a request growing one token per step to
+def sequence_peak_slots(registry: LifeCycleRegistry, layer_group: int, length: int) -> int:
+    """The most slots one layer group needs at once for a request growing one token per step to
     ``length`` tokens (history ``h``, capacity ``h + 1`` for each ``h < length``): never fewer
     at a longer length. A window's need is periodic once its blocks turn stale, highest just
-    before its stale range grows (``(h + 2 - W) % tpb == 0``), so the last such step and the
+    before its stale range grows (``(h + 2 - W) % tokens_per_block == 0``), so the last such step and the
     final one bound it."""
     last = length - 1
-    need = slots_for_batch(registry, life_cycle, BatchDesc([KVCacheDesc(length, last)]))
-    h = registry.kinds[life_cycle].peak_history(last)
+    need = slots_for_batch(registry, layer_group, BatchDesc([KVCacheDesc(length, last)]))
+    h = registry.kinds[layer_group].peak_history(last)
     if h is not None:
-        need = max(need, slots_for_batch(registry, life_cycle, BatchDesc([KVCacheDesc(h + 1, h)])))
+        need = max(need, slots_for_batch(registry, layer_group, BatchDesc([KVCacheDesc(h + 1, h)])))
     return need
 
 
@@ -107,25 +107,26 @@ def clamp_max_seq_len(
     registry: LifeCycleRegistry, storage: StorageConfig, slots: Sequence[int], batch_size: int, upper_bound: int
 ) -> int:
     """The largest multiple of tokens_per_block ``L <= upper_bound`` such that ``batch_size - 1``
-    one-token requests (capacity 1, history 0: a slot each in every life cycle) and one request
+    one-token requests (capacity 1, history 0: a slot each in every layer group) and one request
     growing to ``L`` tokens (``sequence_peak_slots``) fit ``slots`` in every pool group; 0 if
     none does. The need grows with ``L``, so a binary search finds it."""
-    tpb = registry.tokens_per_block
+    tokens_per_block = registry.tokens_per_block
 
     def fits(length: int) -> bool:
         return all(
-            sum(batch_size - 1 + sequence_peak_slots(registry, lc, length) for lc in pg.life_cycles) <= slots[pg.index]
+            sum(batch_size - 1 + sequence_peak_slots(registry, group, length) for group in pg.life_cycles)
+            <= slots[pg.index]
             for pg in storage.pool_groups
         )
 
-    lo, hi = 0, upper_bound // tpb  # in blocks: lo fits (0: nothing), nothing above hi does
+    lo, hi = 0, upper_bound // tokens_per_block  # in blocks: lo fits (0: nothing), nothing above hi does
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if fits(mid * tpb):
+        if fits(mid * tokens_per_block):
             lo = mid
         else:
             hi = mid - 1
-    return lo * tpb
+    return lo * tokens_per_block
 
 
 def union_length(ranges: list[tuple[int, int]]) -> int:
@@ -157,24 +158,24 @@ def min_quota(minimum: list[int], groups: Sequence[PoolGroupConfig], granularity
 
 
 def compute_min_slots(config: KVCacheManagerConfig, registry: LifeCycleRegistry, storage: StorageConfig) -> list[int]:
-    """Per pool group: the sum over its life cycles of max(structural floor, each constraint
+    """Per pool group: the sum over its layer groups of max(structural floor, each constraint
     batch's need scaled by ``1 / max_util_for_resume`` so resume keeps its headroom)."""
-    per_lc = []
+    per_layer_group = []
     rules = scratch_rules(config, registry, storage)
-    for lc in range(len(registry.life_cycles)):
-        floor = registry.min_slots_floor(lc)
+    for layer_group in range(len(registry.life_cycles)):
+        floor = registry.min_slots_floor(layer_group)
         for batch in config.constraints:
-            need = slots_for_batch(registry, lc, batch, rules[lc]) / config.max_util_for_resume
+            need = slots_for_batch(registry, layer_group, batch, rules[layer_group]) / config.max_util_for_resume
             if not need < QUOTA_LIMIT:  # inf included: so many slots need 2**63 bytes or more
                 raise min_quota_error()
             floor = max(floor, math.ceil(need))
-        per_lc.append(floor)
-    return [sum(per_lc[lc] for lc in pg.life_cycles) for pg in storage.pool_groups]
+        per_layer_group.append(floor)
+    return [sum(per_layer_group[group] for group in pg.life_cycles) for pg in storage.pool_groups]
 
 
 def pool_group_ratio(ratio: Sequence[float], groups: Sequence[PoolGroupConfig]) -> list[float]:
     """Per pool group, the sum of its layer groups' entries of ``initial_pool_ratio`` (one per
-    layer group), added in life-cycle order (not ``sum``, which compensates since Python 3.12)."""
+    layer group), added in layer-group order (not ``sum``, which compensates since Python 3.12)."""
     layer_groups = sum(len(pg.life_cycles) for pg in groups)
     if len(ratio) != layer_groups:
         raise ValueError(
@@ -184,8 +185,8 @@ def pool_group_ratio(ratio: Sequence[float], groups: Sequence[PoolGroupConfig]) 
     out = []
     for pg in groups:
         share = 0.0
-        for lc in pg.life_cycles:
-            share += ratio[lc]
+        for group in pg.life_cycles:
+            share += ratio[group]
         out.append(share)
     return out
 
@@ -203,7 +204,9 @@ def initial_ratio(
     else:
         batch = config.typical_step or FALLBACK_BATCH
         rules = scratch_rules(config, registry, storage)
-        slots = [sum(slots_for_batch(registry, lc, batch, rules[lc]) for lc in pg.life_cycles) for pg in groups]
+        slots = [
+            sum(slots_for_batch(registry, group, batch, rules[group]) for group in pg.life_cycles) for pg in groups
+        ]
     return bytes_ratio(slots, groups)
 
 

@@ -55,7 +55,7 @@ class Storage:
         self.num_evicted = 0  # pages evicted from the device level
         self.num_onboarded = 0  # pages moved up to the device level
         self.num_corrupt = 0  # pages whose bytes failed their checksum on the way up
-        self.num_disk_full = 0  # times a disk level's file system was full (the level shrank)
+        self.num_disk_full = 0  # times the disk tier's file system was full (its level shrank)
 
     @property
     def pool_groups(self) -> list[PoolGroup]:
@@ -131,18 +131,18 @@ class Storage:
     # -- new pages and copies ----------------------------------------------------------------------
 
     def new_pages(self, requests: list[tuple[int, int]]) -> list[Page]:
-        """One device page per ``(life_cycle, priority)``, all or none (``OutOfPagesError``,
+        """One device page per ``(layer_group, priority)``, all or none (``OutOfPagesError``,
         nothing changed): room is made first, then each group hands out its slots in order."""
         need = [0] * len(self.pool_groups)
-        for lc, _ in requests:
-            need[self.config.pool_group_of(lc)] += 1
+        for layer_group, _ in requests:
+            need[self.config.pool_group_of(layer_group)] += 1
         self.make_room(0, need)
         slots = [pg.allocator.allocate(n) for pg, n in zip(self.pool_groups, need, strict=True)]
         handed = [iter(s) for s in slots]  # each group's slots, in allocation order
         return [
-            Page(next(handed[p]), lc, p, priority)
-            for lc, priority in requests
-            for p in (self.config.pool_group_of(lc),)
+            Page(next(handed[p]), layer_group, p, priority)
+            for layer_group, priority in requests
+            for p in (self.config.pool_group_of(layer_group),)
         ]
 
     def copy(self, src: Page, dst: Page) -> None:
@@ -271,9 +271,9 @@ class Storage:
             block = page.block
             if not isinstance(block, Block):
                 continue
-            block.pages[page.life_cycle] = None
+            block.pages[page.layer_group] = None
             if self.events is not None:
-                self.events.removed(block, page.life_cycle)
+                self.events.removed(block, page.layer_group)
             self.orphan(page)
             self.tree.prune(block)
         raise OSError(errno.EIO, f"disk tier: {len(pages)} page(s) failed their checksum in {directory}: dropped")
@@ -324,7 +324,7 @@ class Storage:
             self.free(page)
             page.level, page.slot = dst_level, slot
             if isinstance(page.block, Block) and self.events is not None:
-                self.events.updated(page.block, page.life_cycle, src_level, dst_level)
+                self.events.updated(page.block, page.layer_group, src_level, dst_level)
             self._update(page)
         if dst_level == 0:
             self.num_onboarded += len(pages)
@@ -373,31 +373,31 @@ class Storage:
         the tree (Removed). A page a cache holds leaves with it: that cache (the sibling's
         writer, or a reader yet to copy it) holds none of ``block``'s other pages, so evicting
         those would take ``block`` from under it."""
-        for lc, page in enumerate(sibling.pages):
+        for layer_group, page in enumerate(sibling.pages):
             if page is None:
                 continue
-            sibling.pages[lc] = None
+            sibling.pages[layer_group] = None
             if self.events is not None:
-                self.events.removed(sibling, lc)
+                self.events.removed(sibling, layer_group)
             if page.holders:
                 self.orphan(page)
             else:
                 page.block = block
-                block.pages[lc] = page
+                block.pages[layer_group] = page
         self.tree.detach(sibling)
 
-    def replace(self, block: Block, life_cycle: int, page: Page) -> None:
+    def replace(self, block: Block, layer_group: int, page: Page) -> None:
         """``page`` (uncommitted, covering the whole block) takes the place of the block's page
-        in ``life_cycle``, which is orphaned; the block's level changes to ``page``'s."""
-        old = block.pages[life_cycle]
+        in ``layer_group``, which is orphaned; the block's level changes to ``page``'s."""
+        old = block.pages[layer_group]
         assert old is not None
         page.block = block
         page.num_tokens = old.num_tokens
-        block.pages[life_cycle] = page
+        block.pages[layer_group] = page
         self.orphan(old)
         self._update(page)
         if self.events is not None and old.level != page.level:
-            self.events.updated(block, life_cycle, old.level, page.level)
+            self.events.updated(block, layer_group, old.level, page.level)
 
     def orphan(self, page: Page) -> None:
         """``page`` leaves the tree undropped (a wider page or a longer block replaced it):
@@ -416,19 +416,19 @@ class Storage:
         Then empty, page-less ancestors are pruned."""
         block = page.block
         assert isinstance(block, Block)
-        self._discard(block, page.life_cycle)
-        if self.registry.kinds[page.life_cycle].drop_takes_subtree(block.ordinal):
+        self._discard(block, page.layer_group)
+        if self.registry.kinds[page.layer_group].drop_takes_subtree(block.ordinal):
             for b in list(RadixTree.subtree(block)):
                 if b.pins:
                     raise poison.corrupted(f"a pinned block in a removed subtree (block {b.ordinal})")
-                for lc, p in enumerate(b.pages):
+                for layer_group, p in enumerate(b.pages):
                     if p is not None:
                         if p.holders:
                             raise poison.corrupted(
-                                f"held page in a removed subtree (block {b.ordinal}, life cycle {lc})"
+                                f"held page in a removed subtree (block {b.ordinal}, life cycle {layer_group})"
                             )
                         self._dequeue(p)
-                        self._discard(b, lc)
+                        self._discard(b, layer_group)
             parent = block.parent
             self.tree.detach(block)
             assert parent is not None
@@ -442,22 +442,22 @@ class Storage:
         self._dequeue(page)
         self.drop(page)
 
-    def _discard(self, block: Block, life_cycle: int) -> None:
-        page = block.pages[life_cycle]
+    def _discard(self, block: Block, layer_group: int) -> None:
+        page = block.pages[layer_group]
         assert page is not None
-        block.pages[life_cycle] = None
+        block.pages[layer_group] = None
         page.block = None
         self.free(page)
         if self.events is not None:
-            self.events.removed(block, life_cycle)
+            self.events.removed(block, layer_group)
 
     def clear(self) -> None:
         """Drop every committed page (all droppable: no cache is open) and empty the tree."""
         for root in list(self.tree.roots.values()):
             for child in list(root.children.values()):
                 for b in list(RadixTree.subtree(child)):
-                    for lc, p in enumerate(b.pages):
+                    for layer_group, p in enumerate(b.pages):
                         if p is not None:
                             self._dequeue(p)
-                            self._discard(b, lc)
+                            self._discard(b, layer_group)
         self.tree.roots.clear()

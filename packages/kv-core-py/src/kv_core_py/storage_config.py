@@ -1,4 +1,4 @@
-"""How buffers are coalesced into pools and life cycles into pool groups (docs/manager.md)."""
+"""How buffers are coalesced into pools and layer groups into pool groups (docs/manager.md)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from kv_core_py.life_cycles import LifeCycleRegistry
 @dataclass(frozen=True)
 class BufferPlacement:
     """Where one buffer lives: the ``position``-th of ``scale`` buffers of ``size`` bytes in
-    each slot of pool ``pool`` of its life cycle's pool group."""
+    each slot of pool ``pool`` of its layer group's pool group."""
 
-    life_cycle: int
+    layer_group: int
     pool: int
     position: int
     scale: int
@@ -26,7 +26,7 @@ class BufferPlacement:
 @dataclass(frozen=True)
 class PoolGroupConfig:
     index: int
-    life_cycles: tuple[int, ...]
+    life_cycles: tuple[int, ...]  # its layer groups, named as kv_api.PoolGroupDesc.life_cycles
     slot_sizes: tuple[int, ...]  # one per pool, descending
 
     @property
@@ -35,19 +35,18 @@ class PoolGroupConfig:
 
 
 class StorageConfig:
-    """Per life cycle, buffers are grouped by expanded size (first appearance order, ids in
+    """Per layer group, buffers are grouped by expanded size (first appearance order, ids in
     layer/buffer order); each group is one pool whose slot holds the group side by side. Pools
-    are sorted by descending slot size (stable). Life cycles with equal slot-size lists share a
+    are sorted by descending slot size (stable). Layer groups with equal slot-size lists share a
     pool group; pool groups are numbered in order of first appearance."""
 
     def __init__(self, config: KVCacheManagerConfig, registry: LifeCycleRegistry) -> None:
-        tpb = config.tokens_per_block
-        per_lc: list[list[tuple[int, list[tuple[BufferId, int]]]]] = [[] for _ in registry.life_cycles]
+        tokens_per_block = config.tokens_per_block
+        per_layer_group: list[list[tuple[int, list[tuple[BufferId, int]]]]] = [[] for _ in registry.life_cycles]
         for layer in config.layers:
-            lc = registry.layer_life_cycle[layer.layer_id]
-            groups = per_lc[lc]
+            groups = per_layer_group[registry.layer_group_of[layer.layer_id]]
             for b in layer.buffers:
-                expansion = tpb // b.tokens_per_block_override if b.tokens_per_block_override else 1
+                expansion = tokens_per_block // b.tokens_per_block_override if b.tokens_per_block_override else 1
                 size = b.size * expansion
                 group = next((g for s, g in groups if s == size), None)
                 if group is None:
@@ -56,25 +55,27 @@ class StorageConfig:
                 group.append((BufferId(layer.layer_id, b.role), expansion))
         self.placements: dict[BufferId, BufferPlacement] = {}
         self.pool_groups: list[PoolGroupConfig] = []
-        self._life_cycle_pool_group: list[int] = []
-        for lc, groups in enumerate(per_lc):
+        self._layer_group_pool_group: list[int] = []
+        for layer_group, groups in enumerate(per_layer_group):
             pools = sorted(groups, key=lambda g: -g[0] * len(g[1]))
             slot_sizes = tuple(size * len(ids) for size, ids in pools)
             for pool, (size, ids) in enumerate(pools):
                 for position, (buffer, expansion) in enumerate(ids):
                     self.placements[buffer] = BufferPlacement(
-                        lc, pool, position, len(ids), size, size // expansion, expansion
+                        layer_group, pool, position, len(ids), size, size // expansion, expansion
                     )
             match = next((pg for pg in self.pool_groups if pg.slot_sizes == slot_sizes), None)
             if match is None:
-                match = PoolGroupConfig(len(self.pool_groups), (lc,), slot_sizes)
+                match = PoolGroupConfig(len(self.pool_groups), (layer_group,), slot_sizes)
                 self.pool_groups.append(match)
             else:
-                self.pool_groups[match.index] = PoolGroupConfig(match.index, (*match.life_cycles, lc), slot_sizes)
-            self._life_cycle_pool_group.append(match.index)
+                self.pool_groups[match.index] = PoolGroupConfig(
+                    match.index, (*match.life_cycles, layer_group), slot_sizes
+                )
+            self._layer_group_pool_group.append(match.index)
 
-    def pool_group_of(self, life_cycle: int) -> int:
-        return self._life_cycle_pool_group[life_cycle]
+    def pool_group_of(self, layer_group: int) -> int:
+        return self._layer_group_pool_group[layer_group]
 
     def placement(self, layer_id: int, role: str) -> BufferPlacement:
         try:

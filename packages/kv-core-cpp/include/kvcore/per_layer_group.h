@@ -1,4 +1,4 @@
-// A fixed-size array with one entry per life cycle, stored inline for the usual few life cycles:
+// A fixed-size array with one entry per layer group, stored inline for the usual few layer groups:
 // a cache keeps one per block for its pages and another for their locks, so a heap vector each
 // would cost two allocations per block on every admission of a long prompt.
 #pragma once
@@ -11,31 +11,31 @@
 namespace kvcore {
 
 template <typename T, std::size_t Inline = 4>
-class PerLifeCycle {
+class PerLayerGroup {
  public:
-  PerLifeCycle(std::size_t n, const T& value) : size_(n) {
+  PerLayerGroup(std::size_t n, const T& value) : size_(n) {
     if (n > Inline) heap_ = std::make_unique<T[]>(n);
     std::fill(begin(), end(), value);
   }
-  PerLifeCycle(const PerLifeCycle& other) : PerLifeCycle(other.size_, T{}) {
+  PerLayerGroup(const PerLayerGroup& other) : PerLayerGroup(other.size_, T{}) {
     std::copy(other.begin(), other.end(), begin());
   }
-  PerLifeCycle(PerLifeCycle&& other) noexcept
+  PerLayerGroup(PerLayerGroup&& other) noexcept
       : inline_(other.inline_), heap_(std::move(other.heap_)), size_(other.size_) {
     other.size_ = 0;
   }
-  PerLifeCycle& operator=(const PerLifeCycle& other) {
-    if (this != &other) *this = PerLifeCycle(other);
+  PerLayerGroup& operator=(const PerLayerGroup& other) {
+    if (this != &other) *this = PerLayerGroup(other);
     return *this;
   }
-  PerLifeCycle& operator=(PerLifeCycle&& other) noexcept {
+  PerLayerGroup& operator=(PerLayerGroup&& other) noexcept {
     inline_ = other.inline_;
     heap_ = std::move(other.heap_);
     size_ = other.size_;
     other.size_ = 0;
     return *this;
   }
-  ~PerLifeCycle() = default;
+  ~PerLayerGroup() = default;
 
   std::size_t size() const noexcept { return size_; }
   T* data() noexcept { return heap_ ? heap_.get() : inline_.data(); }
