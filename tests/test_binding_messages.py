@@ -65,11 +65,11 @@ COMPOSED: dict[str, Named | Pinned] = {
     "kExpectedBool": Named(
         (
             ("kv_core_py.manager", "best_efforts"),
-            ("kv_core_py.manager", "enable_request_stats"),
+            ("kv_core_py.manager_reuse", "enable_request_stats"),
             ("kv_core_py.cache_scratch", "enable_swa_scratch_reuse"),
         )
     ),
-    "kExpectedBoolOrNone": Named((("kv_core_py.manager", "text_only"),)),
+    "kExpectedBoolOrNone": Named((("kv_core_py.manager_reuse", "text_only"),)),
     "kOutOfRange": Named(
         (
             ("kv_core_py.manager", "pool_group"),

@@ -65,7 +65,8 @@ inline constexpr char kResizeNeedsSuspended[] = "resize() requires every KV cach
 inline constexpr char kAdjustNeedsSuspended[] = "adjust() requires every KV cache suspended ({} active)";
 inline constexpr char kBestEfforts[] = "resize: best_efforts=True is not supported";
 inline constexpr char kExpectedPageCopier[] = "page_copier: expected a kv_api.PageCopier, got {}";
-inline constexpr char kExpectedCallable[] = "custom_priority_callback: expected a callable or None";
+inline constexpr char kExpectedCallable[] =
+    "custom_priority_callback: expected a callable or None";  // kv_core_py.manager_reuse
 // kv_core_py.cache_state
 inline constexpr char kBeamOutOfRange[] = "beam {} out of range (beam width 1)";
 inline constexpr char kPriorityOutside[] = "custom_priority_callback: {} is outside [{}, {}]";  // the bounds

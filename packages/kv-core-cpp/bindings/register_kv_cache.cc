@@ -129,17 +129,15 @@ auto getter(F f) {
   };
 }
 
-}  // namespace
-
-void register_kv_cache(nb::module_& m) {
-  nb::class_<PyKVCache>(m, "KVCache")
-      // Two reads without the lock, so they check the poison latch themselves (the lock checks it
-      // for every other call).
-      .def_prop_ro("manager",
-                   [](PyKVCache& self) {
-                     poison::check();
-                     return self.manager;
-                   })
+// Lengths, state and the request's statistics.
+void define_state(nb::class_<PyKVCache>& cls) {
+  // Two reads without the lock, so they check the poison latch themselves (the lock checks it
+  // for every other call).
+  cls.def_prop_ro("manager",
+                  [](PyKVCache& self) {
+                    poison::check();
+                    return self.manager;
+                  })
       .def_prop_ro("id", getter([](const KVCache& c) { return c.id(); }))
       .def_prop_ro("status", getter([](const KVCache& c) { return status_object(c.status()); }))
       .def_prop_ro("is_active", getter([](const KVCache& c) { return c.status() == CacheStatus::kActive; }))
@@ -163,17 +161,20 @@ void register_kv_cache(nb::module_& m) {
              return api("stats.KVCacheStatsDelta")(d.lookup_tokens, d.reused_tokens, d.allocated_pages,
                                                    d.generation_allocated_pages, d.committed_blocks);
            })
-      .def("discard_pending_stats",
-           [](PyKVCache& self) {
-             const ManagerLock lock(self.cache->context());
-             self.cache->stats.discard();
-           })
-      // The setters' values, like every argument, are declared .none(): nanobind would refuse None
-      // with its own TypeError before the state is checked.
-      .def_prop_rw(
-          "history_length", getter([](const KVCache& c) { return c.history_length(); }),
-          [](PyKVCache& self, nb::handle value) { set_length(self, "history_length", value, false); },
-          nb::for_setter(nb::arg("value").none()))
+      .def("discard_pending_stats", [](PyKVCache& self) {
+        const ManagerLock lock(self.cache->context());
+        self.cache->stats.discard();
+      });
+}
+
+// The lengths' setters, the state machine and committing.
+void define_state_machine(nb::class_<PyKVCache>& cls) {
+  // The setters' values, like every argument, are declared .none(): nanobind would refuse None
+  // with its own TypeError before the state is checked.
+  cls.def_prop_rw(
+         "history_length", getter([](const KVCache& c) { return c.history_length(); }),
+         [](PyKVCache& self, nb::handle value) { set_length(self, "history_length", value, false); },
+         nb::for_setter(nb::arg("value").none()))
       .def_prop_rw(
           "capacity", getter([](const KVCache& c) { return c.capacity(); }),
           [](PyKVCache& self, nb::handle value) { set_length(self, "capacity", value, true); },
@@ -201,21 +202,23 @@ void register_kv_cache(nb::module_& m) {
       .def("commit", &commit, nb::arg("tokens").none(), nb::arg("is_end").none() = false)
       .def("stop_committing", [](PyKVCache& self) { unlocked([&] { self.cache->stop_committing(); }); })
       .def("close", [](PyKVCache& self) { unlocked([&] { self.cache->close(); }); })
-      .def("plan_committed_block_drop",
-           [](PyKVCache& self) -> nb::object {
-             std::unique_ptr<PlannedDropHandle> plan =
-                 unlocked([&] { return self.cache->plan_committed_block_drop(); });
-             if (!plan) return nb::none();
-             return nb::cast(new PyPlannedDropHandle{self.manager, std::move(plan)}, nb::rv_policy::take_ownership);
-           })
-      .def(
-          "get_base_page_indices",
-          [](PyKVCache& self, nb::handle layer_group, nb::handle beam) {
-            const ManagerLock lock(self.cache->context());
-            const int group = group_arg(self, layer_group, beam);
-            return int_array(unlocked([&] { return self.cache->get_base_page_indices(group); }));
-          },
-          nb::arg("layer_group").none(), nb::arg("beam").none() = 0)
+      .def("plan_committed_block_drop", [](PyKVCache& self) -> nb::object {
+        std::unique_ptr<PlannedDropHandle> plan = unlocked([&] { return self.cache->plan_committed_block_drop(); });
+        if (!plan) return nb::none();
+        return nb::cast(new PyPlannedDropHandle{self.manager, std::move(plan)}, nb::rv_policy::take_ownership);
+      });
+}
+
+// Page indices and the caller's index buffers.
+void define_page_indices(nb::class_<PyKVCache>& cls) {
+  cls.def(
+         "get_base_page_indices",
+         [](PyKVCache& self, nb::handle layer_group, nb::handle beam) {
+           const ManagerLock lock(self.cache->context());
+           const int group = group_arg(self, layer_group, beam);
+           return int_array(unlocked([&] { return self.cache->get_base_page_indices(group); }));
+         },
+         nb::arg("layer_group").none(), nb::arg("beam").none() = 0)
       .def(
           "get_ssm_block_base_index",
           [](PyKVCache& self, nb::handle layer_group) {
@@ -243,17 +246,21 @@ void register_kv_cache(nb::module_& m) {
           },
           nb::arg("layer_group").none(), nb::arg("beam").none() = 0, nb::arg("valid_only").none() = false)
       .def("set_base_page_index_buf", &set_buffer, nb::arg("beam").none(), nb::arg("layer_group").none(),
-           nb::arg("buf").none())
-      .def_prop_rw(
-          "enable_swa_scratch_reuse", getter([](const KVCache& c) { return c.enable_swa_scratch_reuse(); }),
-          [](PyKVCache& self, nb::handle value) {
-            const ManagerLock lock(self.cache->context());
-            if (!PyBool_Check(value.ptr())) {
-              fail(PyExc_TypeError, msg::kExpectedBool, {"enable_swa_scratch_reuse", py_type_name(value)});
-            }
-            self.cache->set_enable_swa_scratch_reuse(nb::cast<bool>(value));
-          },
-          nb::for_setter(nb::arg("value").none()))
+           nb::arg("buf").none());
+}
+
+// Sliding-window scratch.
+void define_scratch(nb::class_<PyKVCache>& cls) {
+  cls.def_prop_rw(
+         "enable_swa_scratch_reuse", getter([](const KVCache& c) { return c.enable_swa_scratch_reuse(); }),
+         [](PyKVCache& self, nb::handle value) {
+           const ManagerLock lock(self.cache->context());
+           if (!PyBool_Check(value.ptr())) {
+             fail(PyExc_TypeError, msg::kExpectedBool, {"enable_swa_scratch_reuse", py_type_name(value)});
+           }
+           self.cache->set_enable_swa_scratch_reuse(nb::cast<bool>(value));
+         },
+         nb::for_setter(nb::arg("value").none()))
       .def_prop_ro("has_scratch_slots", getter([](const KVCache& c) { return c.has_scratch_slots(); }))
       .def(
           "get_scratch_desc",
@@ -275,6 +282,16 @@ void register_kv_cache(nb::module_& m) {
             return !arg::shared_index_mode(mode) || !self.cache->has_scratch_slots();
           },
           nb::arg("mode").none());
+}
+
+}  // namespace
+
+void register_kv_cache(nb::module_& m) {
+  nb::class_<PyKVCache> cls(m, "KVCache");
+  define_state(cls);
+  define_state_machine(cls);
+  define_page_indices(cls);
+  define_scratch(cls);
 }
 
 }  // namespace kvcore::py

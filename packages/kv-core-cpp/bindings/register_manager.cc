@@ -331,15 +331,10 @@ nb::list pool_group_descs(PyManager& self) {
   return out;
 }
 
-}  // namespace
-
-// Every argument is declared .none(): nanobind would refuse None with its own TypeError before
-// the state and the earlier arguments are checked, so None goes to the checkers (arguments.h).
-void register_manager(nb::module_& m) {
-  nb::class_<PoolBuffer>(m, "PoolBuffer", nb::type_slots(pool_buffer_slots));
-  nb::class_<PyManager>(m, "KVCacheManager")
-      .def("__init__", &init, nb::arg("config").none(), nb::arg("event_manager").none() = nb::none(),
-           nb::arg("page_copier").none() = nb::none())
+// The config, its layers and layer groups.
+void define_configuration(nb::class_<PyManager>& cls) {
+  cls.def("__init__", &init, nb::arg("config").none(), nb::arg("event_manager").none() = nb::none(),
+          nb::arg("page_copier").none() = nb::none())
       // The config and the layer registry are fixed when the manager is built: read without the
       // lock, so these check the poison latch themselves (the lock checks it for every other call).
       .def_prop_ro("init_config",
@@ -381,19 +376,23 @@ void register_manager(nb::module_& m) {
             self.manager->require_live();
             return self.manager->registry().layer_group_of(arg::layer_id(layer_id));
           },
-          nb::arg("layer_id").none())
-      .def(
-          "get_mem_pool_base_address",
-          [](PyManager& self, nb::handle layer_id, nb::handle role, nb::handle index_mode) {
-            const ManagerLock lock(self.manager->context());
-            const BufferPlacement& p = placement(self, layer_id, role);
-            if (index_mode.is_none() && self.manager->config().swa_scratch_reuse) {
-              fail(PyExc_ValueError, "get_mem_pool_base_address: index_mode is required with swa_scratch_reuse");
-            }
-            const bool shared = !index_mode.is_none() && arg::shared_index_mode(index_mode);
-            return self.manager->mem_pool_base_address(p, shared);
-          },
-          nb::arg("layer_id").none(), nb::arg("role").none(), nb::arg("index_mode").none() = nb::none())
+          nb::arg("layer_id").none());
+}
+
+// Buffer addresses and pools (docs/manager.md, "Page addresses").
+void define_layout(nb::class_<PyManager>& cls) {
+  cls.def(
+         "get_mem_pool_base_address",
+         [](PyManager& self, nb::handle layer_id, nb::handle role, nb::handle index_mode) {
+           const ManagerLock lock(self.manager->context());
+           const BufferPlacement& p = placement(self, layer_id, role);
+           if (index_mode.is_none() && self.manager->config().swa_scratch_reuse) {
+             fail(PyExc_ValueError, "get_mem_pool_base_address: index_mode is required with swa_scratch_reuse");
+           }
+           const bool shared = !index_mode.is_none() && arg::shared_index_mode(index_mode);
+           return self.manager->mem_pool_base_address(p, shared);
+         },
+         nb::arg("layer_id").none(), nb::arg("role").none(), nb::arg("index_mode").none() = nb::none())
       .def(
           "get_page_stride",
           [](PyManager& self, nb::handle layer_id, nb::handle role) {
@@ -425,16 +424,20 @@ void register_manager(nb::module_& m) {
           },
           nb::arg("layer_id").none(), nb::arg("role").none())
       .def_prop_ro("pool_group_descs", &pool_group_descs)
-      .def("pool_memory", &pool_memory, nb::arg("pool_group").none(), nb::arg("pool").none())
-      .def(
-          "get_quota",
-          [](PyManager& self, nb::handle level) {
-            const ManagerLock lock(self.manager->context());
-            const int l = arg::cache_level(level, self.manager->num_levels());
-            self.manager->require_live();
-            return self.manager->counts(l).quota;
-          },
-          nb::arg("level").none() = 0)
+      .def("pool_memory", &pool_memory, nb::arg("pool_group").none(), nb::arg("pool").none());
+}
+
+// Quotas, level statistics, quota resizes and the auto-tuner.
+void define_levels(nb::class_<PyManager>& cls) {
+  cls.def(
+         "get_quota",
+         [](PyManager& self, nb::handle level) {
+           const ManagerLock lock(self.manager->context());
+           const int l = arg::cache_level(level, self.manager->num_levels());
+           self.manager->require_live();
+           return self.manager->counts(l).quota;
+         },
+         nb::arg("level").none() = 0)
       .def("get_storage_statistics", &storage_statistics, nb::arg("level").none() = 0)
       .def(
           "resize",
@@ -477,20 +480,23 @@ void register_manager(nb::module_& m) {
              nb::gil_scoped_release release;
              return self.manager->adjust();
            })
-      .def("get_bytes_moved",
-           [](PyManager& self) {
-             std::vector<std::pair<std::pair<int, int>, std::uint64_t>> moved;
-             {
-               nb::gil_scoped_release release;
-               moved = self.manager->get_bytes_moved();
-             }
-             nb::dict out;
-             for (const auto& [key, bytes] : moved) {
-               out[nb::make_tuple(key.first, key.second)] = nb::steal(PyLong_FromUnsignedLongLong(bytes));
-             }
-             return out;
-           })
-      .def("get_committed_stats", [](PyManager& self) { return stats(self, &KVCacheManager::get_committed_stats); })
+      .def("get_bytes_moved", [](PyManager& self) {
+        std::vector<std::pair<std::pair<int, int>, std::uint64_t>> moved;
+        {
+          nb::gil_scoped_release release;
+          moved = self.manager->get_bytes_moved();
+        }
+        nb::dict out;
+        for (const auto& [key, bytes] : moved) {
+          out[nb::make_tuple(key.first, key.second)] = nb::steal(PyLong_FromUnsignedLongLong(bytes));
+        }
+        return out;
+      });
+}
+
+// The statistics the manager counts.
+void define_statistics(nb::class_<PyManager>& cls) {
+  cls.def("get_committed_stats", [](PyManager& self) { return stats(self, &KVCacheManager::get_committed_stats); })
       .def("get_and_reset_iteration_stats",
            [](PyManager& self) { return stats(self, &KVCacheManager::get_and_reset_iteration_stats); })
       .def("get_and_reset_iteration_stats_by_life_cycle",
@@ -522,14 +528,18 @@ void register_manager(nb::module_& m) {
             const int l = arg::cache_level(level, self.manager->num_levels());
             return self.manager->get_and_reset_iteration_peak_block_stats(l);
           },
-          nb::arg("level").none() = 0)
-      .def(
-          "mark_stats_excluded",
-          [](PyManager& self, nb::handle cache_id) {
-            const ManagerLock lock(self.manager->context());
-            self.manager->mark_stats_excluded(cache_id_arg(cache_id));
-          },
-          nb::arg("cache_id").none())
+          nb::arg("level").none() = 0);
+}
+
+// Excluded and dirty cache ids, and sizing.
+void define_bookkeeping(nb::class_<PyManager>& cls) {
+  cls.def(
+         "mark_stats_excluded",
+         [](PyManager& self, nb::handle cache_id) {
+           const ManagerLock lock(self.manager->context());
+           self.manager->mark_stats_excluded(cache_id_arg(cache_id));
+         },
+         nb::arg("cache_id").none())
       .def(
           "is_stats_excluded",
           [](PyManager& self, nb::handle cache_id) {
@@ -566,9 +576,13 @@ void register_manager(nb::module_& m) {
             nb::gil_scoped_release release;
             return self.manager->clamp_max_seq_len_for_mem(n, bound);
           },
-          nb::arg("batch_size").none(), nb::arg("token_upper_bound").none())
-      .def("probe_reuse_match", &probe_reuse_match, nb::arg("reuse_scope").none() = nb::none(),
-           nb::arg("tokens").none() = nb::none(), nb::arg("max_reused_tokens").none() = nb::none())
+          nb::arg("batch_size").none(), nb::arg("token_upper_bound").none());
+}
+
+// Reuse probes, caches, and the manager's end.
+void define_caches(nb::class_<PyManager>& cls) {
+  cls.def("probe_reuse_match", &probe_reuse_match, nb::arg("reuse_scope").none() = nb::none(),
+          nb::arg("tokens").none() = nb::none(), nb::arg("max_reused_tokens").none() = nb::none())
       .def("probe_reuse", &probe_reuse, nb::arg("reuse_scope").none() = nb::none(),
            nb::arg("tokens").none() = nb::none(), nb::arg("max_reused_tokens").none() = nb::none())
       .def("probe_first_new_block_key", &probe_first_new_block_key, nb::arg("reuse_scope").none(),
@@ -592,6 +606,21 @@ void register_manager(nb::module_& m) {
         nb::gil_scoped_release release;
         self.manager->shutdown();
       });
+}
+
+}  // namespace
+
+// Every argument is declared .none(): nanobind would refuse None with its own TypeError before
+// the state and the earlier arguments are checked, so None goes to the checkers (arguments.h).
+void register_manager(nb::module_& m) {
+  nb::class_<PoolBuffer>(m, "PoolBuffer", nb::type_slots(pool_buffer_slots));
+  nb::class_<PyManager> cls(m, "KVCacheManager");
+  define_configuration(cls);
+  define_layout(cls);
+  define_levels(cls);
+  define_statistics(cls);
+  define_bookkeeping(cls);
+  define_caches(cls);
 }
 
 }  // namespace kvcore::py

@@ -1,0 +1,169 @@
+// The manager's reuse (manager_reuse.py): the radix tree's match of a prompt, its back-off and
+// cuts, the probes that report it, and the caches created on it. Every member REQUIRES: the
+// manager's lock, except the public ones, which take it.
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "kvcore/error.h"
+#include "kvcore/manager.h"
+
+namespace kvcore {
+
+MatchPath KVCacheManager::match(const Digest& root_key, const Tokens& tokens, bool with_backoff,
+                                std::optional<std::int64_t> max_reused) {
+  // The reusable prefix: walk, back off and cap (unless not `with_backoff`), then cut until the endpoint
+  // has an SSM snapshot taken exactly there and every attention layer group has, for each block it
+  // needs at the endpoint, a page covering the matched tokens.
+  MatchPath path =
+      tree_.walk(root_key, tokens, config_.tokens_per_block, config_.key_format, config_.enable_partial_reuse);
+  return prune(with_backoff ? back_off(std::move(path), max_reused) : std::move(path));
+}
+
+MatchPath KVCacheManager::back_off(MatchPath path, std::optional<std::int64_t> max_reused) const {
+  std::int64_t backoff = config_.reuse_match_backoff;
+  if (max_reused) {
+    // The cap applies after the config's backoff: whichever leaves fewer tokens wins.
+    std::int64_t total = 0;
+    for (const auto& step : path) total += step.second;
+    backoff = std::max(backoff, total - *max_reused);
+  }
+  while (backoff > 0 && !path.empty()) {
+    auto& [block, n] = path.back();
+    if (n > backoff) {
+      n -= backoff;
+      backoff = 0;
+    } else {
+      backoff -= n;
+      path.pop_back();
+    }
+  }
+  return path;
+}
+
+MatchPath KVCacheManager::prune(MatchPath path, bool ssm) const {
+  bool changed = true;
+  while (changed && !path.empty()) {
+    changed = ssm && prune_ssm(path);
+    if (changed) continue;
+    std::int64_t total = 0;
+    for (const auto& step : path) total += step.second;
+    for (int layer_group : registry_.block_layer_groups()) {
+      if (changed) break;
+      const auto [begin, end] = registry_.stale_range(layer_group, total);
+      for (std::size_t i = 0; i < path.size(); ++i) {
+        const auto ordinal = static_cast<std::int64_t>(i);
+        if (begin <= ordinal && ordinal < end) continue;
+        Block* block = path[i].first;
+        const Page* page = block->pages[layer_group];
+        const std::int64_t coverage = page ? page->num_tokens : 0;
+        if (coverage < path[i].second) {
+          path.resize(i);
+          if (coverage) path.emplace_back(block, coverage);
+          changed = true;
+          break;
+        }
+      }
+    }
+  }
+  return path;
+}
+
+bool KVCacheManager::prune_ssm(MatchPath& path) const {
+  // Cut to the last block with an SSM snapshot inside its matched tokens, at the snapshot's
+  // length (a state is valid at one position only); empty without one. Whether it changed.
+  for (int layer_group : registry_.ssm_layer_groups()) {
+    std::size_t keep = 0;
+    for (std::size_t ordinal = 0; ordinal < path.size(); ++ordinal) {
+      const Page* page = path[ordinal].first->pages[layer_group];
+      if (page != nullptr && 0 < page->num_tokens && page->num_tokens <= path[ordinal].second) keep = ordinal + 1;
+    }
+    if (keep == 0) {
+      path.clear();
+      return true;
+    }
+    Block* block = path[keep - 1].first;
+    const std::int64_t coverage = block->pages[layer_group]->num_tokens;
+    if (keep < path.size() || coverage != path[keep - 1].second) {
+      path.resize(keep - 1);
+      path.emplace_back(block, coverage);
+      return true;
+    }
+  }
+  return false;
+}
+
+std::int64_t KVCacheManager::probe_reuse(const ReuseScope& scope, const Tokens& tokens,
+                                         std::optional<std::int64_t> max_reused) {
+  const auto lock = context_.lock();
+  require_live();
+  std::int64_t total = 0;
+  for (const auto& step : match(root_key(scope), tokens, true, max_reused)) total += step.second;
+  return total;
+}
+
+KVCacheManager::ReuseMatch KVCacheManager::probe_reuse_match(const ReuseScope& scope, const Tokens& tokens,
+                                                             std::optional<std::int64_t> max_reused) {
+  const auto lock = context_.lock();
+  require_live();
+  const auto sum = [](const MatchPath& path) {
+    std::int64_t total = 0;
+    for (const auto& step : path) total += step.second;
+    return total;
+  };
+  MatchPath walked =
+      tree_.walk(root_key(scope), tokens, config_.tokens_per_block, config_.key_format, config_.enable_partial_reuse);
+  const std::int64_t divergence = sum(walked);
+  MatchPath backed = back_off(std::move(walked), max_reused);
+  const std::int64_t attention = sum(prune(backed, false));
+  return {static_cast<std::int64_t>(tokens.count), divergence, attention, sum(prune(std::move(backed)))};
+}
+
+std::optional<Digest> KVCacheManager::probe_first_new_block_key(const ReuseScope& scope, const Tokens& tokens,
+                                                                std::optional<std::int64_t> max_reused) {
+  const auto lock = context_.lock();
+  require_live();
+  const Digest root = root_key(scope);
+  const std::int64_t tokens_per_block = config_.tokens_per_block;
+  std::int64_t reusable = 0;
+  for (const auto& step : match(root, tokens, true, max_reused)) reusable += step.second;
+  const std::int64_t k = reusable / tokens_per_block;
+  const auto n = static_cast<std::int64_t>(tokens.count);
+  if (reusable >= n || (k + 1) * tokens_per_block > n) return std::nullopt;
+  std::vector<std::uint8_t> keys(32 * static_cast<std::size_t>(k + 2));
+  chained_keys(root, tokens, 0, static_cast<std::size_t>(k + 1), static_cast<std::size_t>(tokens_per_block),
+               config_.key_format, keys.data());
+  Digest key;
+  std::memcpy(key.data(), keys.data() + 32 * static_cast<std::size_t>(k + 1), key.size());
+  return key;
+}
+
+std::unique_ptr<KVCache> KVCacheManager::create_kv_cache(const ReuseScope& scope, const Tokens& tokens,
+                                                         std::optional<std::int64_t> id, PriorityCallback priority,
+                                                         std::optional<std::int64_t> expected_prompt_length,
+                                                         std::optional<bool> text_only, bool enable_request_stats,
+                                                         std::optional<std::int64_t> max_reused_tokens) {
+  const auto lock = context_.lock();
+  require_live();
+  const std::int64_t cache_id = id.value_or(next_id_);
+  const bool text = text_only.value_or(config_.text_only);
+  if (text) {
+    if (const auto digest = first_digest(tokens)) throw_text_only("input_tokens", *digest);
+  }
+  RequestStats stats(stats_, cache_id, enable_request_stats,
+                     expected_prompt_length.value_or(static_cast<std::int64_t>(tokens.count)), text);
+  const Digest root = root_key(scope);
+  const MatchPath path = match(root, tokens, true, max_reused_tokens);
+  std::int64_t reused = 0;
+  for (const auto& step : path) reused += step.second;
+  auto cache = std::make_unique<KVCache>(context_, cache_id, scope, root,
+                                         TokenList::from(tokens, 0, static_cast<std::size_t>(reused)), path,
+                                         std::move(priority), std::move(stats));
+  next_id_ = std::max(next_id_, cache_id) + 1;
+  context_.register_cache(cache.get());
+  cache->stats.created(tokens.count, static_cast<std::uint64_t>(reused),
+                       !path.empty() && !registry_.ssm_layer_groups().empty());
+  return cache;
+}
+
+}  // namespace kvcore
