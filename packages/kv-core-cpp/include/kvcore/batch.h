@@ -1,8 +1,12 @@
-// Batched calls (docs/manager.md, "Batched calls"): many caches' resize, commit or admission in
-// one call, exactly the single calls in order. The first call that throws ends the batch: the
-// calls before it took effect, it and the later ones did not, and the caller learns its index.
-// The caller holds the manager's lock for the whole batch (one consistent state, as a single
-// call sees it) and has checked the arguments.
+// Batched calls (docs/manager.md, "Batched calls"; mirrors batch.py): many caches' resize, commit
+// or admission in one call, exactly the single calls in order. The first call that throws ends the
+// batch: the calls before it took effect, it and the later ones did not, and the caller learns its
+// index.
+//
+// REQUIRES: the manager's lock, held by the caller for the whole batch (one consistent state, as
+// a single call sees it; the binding takes it once, then releases the GIL). The caller has checked
+// the arguments; the caches are that manager's, borrowed (admit_many hands the new ones to the
+// caller). The thread rule: docs/architecture.md, Threads.
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,10 @@
-// Chained block keys (docs/key-format.md): root = SHA-256(scope bytes),
+// Chained block keys (docs/key-format.md; mirrors block_keys.py): root = SHA-256(scope bytes),
 // key[i] = SHA-256(key[i-1] || token bytes of block i); a partial last block hashes only its tokens.
+//
+// The functions read the tokens in place (the caller keeps them alive for the call), write only
+// `out`, share no state but the SHA-256 transform (chosen once: sha256.h) and take no lock: any
+// thread may call them (the binding does, without the GIL, for long inputs). A BlockKeyIterator
+// owns its tokens and is one thread's at a time.
 #pragma once
 
 #include <cstddef>

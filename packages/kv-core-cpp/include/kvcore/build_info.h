@@ -1,4 +1,5 @@
-// What the native library was built with, for test headers and bug reports.
+// What the native library was built with, for test headers and bug reports. Any thread (it
+// selects the SHA-256 transform if none is yet: sha256.h).
 #pragma once
 
 #include <string>

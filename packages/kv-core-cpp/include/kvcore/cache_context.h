@@ -1,5 +1,5 @@
-// What a KV cache works through: the part of its manager's state a cache reads and changes (see
-// cache_context.py).
+// What a KV cache works through: the part of its manager's state a cache reads and changes
+// (docs/manager.md, "A cache and its manager"; mirrors cache_context.py).
 #pragma once
 
 #include <cstdint>
@@ -32,9 +32,17 @@ struct CacheStats {
   std::uint64_t disk_full_events = 0;
 };
 
-// Built by the manager, which owns it and everything it refers to, and handed to each cache it
-// creates. The manager works through it too for the state they share: the lock, the open caches,
-// the shut-down flag and the statistics.
+// Built by the manager, which owns it, and handed to each cache it creates. The manager works
+// through it too for the state they share: the lock, the open caches, the shut-down flag and the
+// statistics. It owns the mutex, the statistics, the rebalancer and the list of open caches
+// (pointers: a cache unregisters itself when it closes, or is destroyed open). The registry,
+// storage and tree it refers to are the manager's, declared before it, so they outlive it; the
+// event manager is the manager's caller's.
+//
+// Threads: lock() is the manager's lock (the thread rule: docs/architecture.md, Threads). The
+// config values, the scratch rules, registry() and which storage, tree and event manager it
+// refers to are fixed at construction and need no lock (what the storage and the tree hold does,
+// and the event manager's hooks); every other member REQUIRES: the manager's lock.
 class CacheContext {
  public:
   CacheContext(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry, Storage& storage, RadixTree& tree,

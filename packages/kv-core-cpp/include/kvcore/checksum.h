@@ -1,5 +1,6 @@
-// The checksum of a page written to disk (see disk_pool.py's checksum): CRC-32C (Castagnoli),
-// by the SSE4.2 or ARMv8 CRC instructions where the CPU has them, else a table.
+// The checksum of a page written to disk (the twin of disk_pool.py's checksum): CRC-32C
+// (Castagnoli), by the SSE4.2 or ARMv8 CRC instructions where the CPU has them, else a table.
+// Pure functions (the instructions are chosen once, when the library loads): any thread, no lock.
 #pragma once
 
 #include <cstdint>

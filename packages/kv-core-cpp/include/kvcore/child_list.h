@@ -2,6 +2,8 @@
 // long prompt have exactly one child, and a heap buffer would cost a cache miss on every step of
 // a walk, every commit under the node and every removal of a child (an eviction). Two or more
 // live in a heap vector, whose capacity stays when the list shrinks (a recycled block reuses it).
+// The list holds the pointers only: its Node owns the children (add_child, take_child, ~Node). No
+// lock of its own: the tree's, under the manager's lock.
 #pragma once
 
 #include <algorithm>

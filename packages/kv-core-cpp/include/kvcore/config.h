@@ -1,4 +1,6 @@
-// The manager's configuration, as plain data (the binding reads kv_api's validated config).
+// The manager's configuration, as plain data (the binding reads kv_api's validated config). The
+// manager keeps its own copy, never changed after construction, which any thread may read
+// without the lock.
 #pragma once
 
 #include <cstdint>

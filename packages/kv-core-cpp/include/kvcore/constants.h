@@ -1,5 +1,5 @@
 // The contract's constants (kv_api.constants); _core exports them so the conformance suite can
-// check that the core uses the same values.
+// check that the core uses the same values. Compile-time values only: no state, any thread.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,12 @@
 // The disk tier's pool: one sparse, unlinked file per (pool group, pool), pages moved with
 // positioned I/O, each slot checked against the checksum (CRC-32C) of what was written there
-// (see disk_pool.py).
+// (docs/manager.md, "Eviction and tiers"; mirrors disk_pool.py).
+//
+// Guarantees: a read reports every slot whose bytes do not match what was last written there; a
+// slot never written, cut off by a resize or forgotten counts as corrupt. The pool owns its
+// file descriptor, closed by close() or the destructor (a moved-from pool owns none). No lock of
+// its own: it is its pool group's, so every member REQUIRES: the manager's lock (the thread rule:
+// docs/architecture.md, Threads).
 #pragma once
 
 #include <sys/types.h>

@@ -1,4 +1,5 @@
-// The forms a block key takes in KV-cache events, and the salt id of a tenant's cache salt.
+// The forms a block key takes in KV-cache events, and the salt id of a tenant's cache salt;
+// mirrors event_hash.py. Pure functions: any thread, no lock.
 #pragma once
 
 #include <cstddef>

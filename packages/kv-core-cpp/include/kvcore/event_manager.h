@@ -1,4 +1,18 @@
-// KV-cache events for KV-aware routers (see event_manager.py for the rules).
+// KV-cache events for KV-aware routers (docs/manager.md, "Events"; mirrors event_manager.py).
+//
+// Guarantees: the manager's hooks queue events as the tree changes; a block is announced Stored
+// once per layer group (by key), and Removed or Updated there only if it was announced.
+// flush_iteration_events publishes what is queued to the ring, which get_latest_events drains; a
+// ring that would overflow is resynced instead, the events it drops counted in dropped_events
+// (max_kv_event_entries <= 0 keeps none).
+// The caller keeps the event manager alive while a manager is bound to it (the binding's manager
+// holds a reference); the manager unsets its resync when it goes.
+//
+// Threads: it has locks of its own. mutex_ guards the ring, the queued events and the counters,
+// so the public calls need no manager's lock and may come from any thread. The hooks stored,
+// removed, updated and resync_to REQUIRE: the manager's lock (the announced set and the blocks'
+// cached v1 hashes are the manager's state). Lock order: resync_mutex_, then the manager's lock,
+// then mutex_. The thread rule: docs/architecture.md, Threads.
 #pragma once
 
 #include <condition_variable>
@@ -47,23 +61,28 @@ struct Event {
 
 class KVCacheEventManager {
  public:
-  // The constructor and the two calls below check the poison latch first (poison.h).
+  // The constructor, dropped_events, flush_iteration_events and get_latest_events check the poison
+  // latch first (poison.h); the two fixed accessors do not (the binding checks it for them).
   KVCacheEventManager(std::int64_t max_kv_event_entries, HashAlgo algo);
 
   HashAlgo hash_algo() const { return algo_; }
   std::int64_t max_kv_event_entries() const { return max_entries_; }
   std::uint64_t dropped_events();  // dropped from a full ring (each overflow resyncs)
-  // A ring that would overflow is resynced by the manager (see event_manager.py).
+  // Publishes the queued events; a ring they would overflow is resynced by the bound manager, or
+  // without one loses its oldest events (counted). Call it without the manager's lock: a resync
+  // takes resync_mutex_ before that lock.
   void flush_iteration_events();
   // Drains published events; timeout_ms < 0 waits for some, > 0 waits that long at most.
   std::vector<Event> get_latest_events(double timeout_ms);
 
-  // Hooks the manager calls.
+  // Hooks the manager calls: bind(), set_resync() and created() while it is being built
+  // (set_resync() from its destructor too); stored(), removed(), updated() and resync_to()
+  // REQUIRE: the manager's lock.
   void bind(std::vector<std::optional<std::int64_t>> windows);  // Error(kValue) if bound twice
   // What runs resync_to under the manager's lock when the ring would overflow (nullptr: the
   // manager going away; it waits for a resync under way).
   void set_resync(std::function<void()> resync);
-  // With the manager's lock held: the ring and the queued events dropped (counted), then Created
+  // REQUIRES: the manager's lock. The ring and the queued events dropped (counted), then Created
   // and the announced pages of the tree under `roots` (per layer group, parent before child,
   // siblings in key order).
   void resync_to(std::vector<std::uint64_t> num_blocks_per_cache_level, const std::vector<Root*>& roots);

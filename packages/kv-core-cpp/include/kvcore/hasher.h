@@ -1,4 +1,6 @@
-// Streams one block key: SHA-256(parent key || token bytes of the block).
+// Streams one block key: SHA-256(parent key || token bytes of the block), as block_keys.py hashes
+// one. A Hasher is one stream's state, with no lock: one thread's at a time. It keeps the SHA-256
+// transform active when it was built (sha256.h).
 #pragma once
 
 #include <cstddef>

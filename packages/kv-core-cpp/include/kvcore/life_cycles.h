@@ -1,4 +1,5 @@
-// Layer groups (layers whose pages live and die together), their life cycles and stale block ranges.
+// Layer groups (layers whose pages live and die together), their life cycles and stale block
+// ranges (docs/manager.md, "Vocabulary"; mirrors life_cycles.py).
 #pragma once
 
 #include <cstdint>
@@ -14,7 +15,9 @@ namespace kvcore {
 
 // Layer groups by first appearance in config.layers; attention layers with the same (window, sink
 // blocks) share one, and every SSM layer shares the one SSM layer group. A group's life cycle has
-// the group as its id (LifeCycle::id).
+// the group as its id (LifeCycle::id). Built once with the manager from its config and never
+// changed after (only const members); it owns each layer group's LifeCycleKind. Any thread may
+// read it without the lock (the thread rule: docs/architecture.md, Threads).
 class LifeCycleRegistry {
  public:
   explicit LifeCycleRegistry(const KVCacheManagerConfig& config);

@@ -1,4 +1,13 @@
-// The KV-cache manager: owns pools, the radix tree, eviction, events and statistics (see manager.py).
+// The KV-cache manager (docs/manager.md; mirrors manager.py and manager_reuse.py): it owns its
+// config copy, the layer groups' registry, the storage (levels, pools, page records), the radix
+// tree, the CacheContext its caches work through and the statistics; it borrows the event manager
+// and the page copier, which must outlive it. Its caches are the caller's (unique_ptr), closed
+// before the manager goes (the binding keeps the manager alive while a cache lives).
+//
+// Guarantees: a call that returns false or throws leaves the manager as it was, except where a
+// member says otherwise; an error of a level's memory or files carries the level (Error::level).
+// Threads: every public member takes the manager's lock (docs/architecture.md, "Threads");
+// members marked REQUIRES expect it held. The config and registry are fixed once built.
 #pragma once
 
 #include <cstdint>

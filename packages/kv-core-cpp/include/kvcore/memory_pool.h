@@ -1,4 +1,10 @@
-// Real memory behind a pool: reserved address space, committed page by page as it is written.
+// Real memory behind a pool: reserved address space, committed page by page as it is written;
+// mirrors memory_pool.py.
+//
+// The pool owns its mapping, unmapped by the destructor (a moved-from pool owns none): data() is
+// valid and fixed for the pool's life, and untouched bytes read as zeros. No lock of its own: it
+// is its pool group's, used under the manager's lock (the thread rule: docs/architecture.md,
+// Threads).
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,12 @@
-// Pages: one slot of one layer group's pool group at one cache level, holding one block's KV data
-// (see page.py). Page records are Storage's, stable while the page moves between levels and
-// slots; a record is recycled only after the page is freed (never inside a make_room plan).
+// Pages: one slot of one layer group's pool group at one cache level, holding one block's KV data;
+// mirrors page.py.
+//
+// A Page is a plain record owned by Storage: its address is stable while the page lives, through
+// every move between levels and slots, and a record is recycled only after the page is freed
+// (never inside a make_room plan), its generation bumped so that a planned-drop handle kept
+// across can tell. Caches, tree blocks, eviction queues and planned-drop handles point to records
+// and own none. Storage alone changes a page's slot, level, holders, locks and queue links.
+// Every field REQUIRES: the manager's lock (the thread rule: docs/architecture.md, Threads).
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,11 @@
-// How page bytes move between cache levels (see page_transfer.py): between memory tiers through
-// a PageCopier (the default copies host memory), to and from the disk tier by positioned I/O
-// straight from or into the other level's memory. Contiguous slots go in one run.
+// How page bytes move between cache levels (mirrors page_transfer.py): between memory tiers
+// through a PageCopier (the default copies host memory), to and from the disk tier by positioned
+// I/O straight from or into the other level's memory. Contiguous slots go in one run.
+//
+// Owned by Storage; it borrows the copier, which the manager's caller keeps alive. Every member
+// REQUIRES: the manager's lock, so the copier is called with that lock held, on the thread of the
+// manager call that moves the pages (the binding's Python copier takes the GIL for the call). The
+// thread rule: docs/architecture.md, Threads.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +35,7 @@ using SlotMoves = std::vector<std::pair<std::uint64_t, std::uint64_t>>;
 
 class PageTransfer {
  public:
-  explicit PageTransfer(PageCopier* copier) : copier_(copier) {}  // nullptr: memcpy
+  explicit PageTransfer(PageCopier* copier) : copier_(copier) {}  // nullptr: memmove
 
   // Copies every pool of pool group `pool_group` from `src`'s slots to `dst`'s: all of it, or it
   // throws (the copier's error, Error(kDiskOOM) or Error(kOS)) and the destination slots hold

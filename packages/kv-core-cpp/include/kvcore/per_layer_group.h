@@ -1,6 +1,8 @@
 // A fixed-size array with one entry per layer group, stored inline for the usual few layer groups:
 // a cache keeps one per block for its pages and another for their locks, so a heap vector each
-// would cost two allocations per block on every admission of a long prompt.
+// would cost two allocations per block on every admission of a long prompt. A value (copied and
+// moved whole) with no lock of its own: its owner's, the manager's lock for a cache's blocks and
+// a tree block's pages.
 #pragma once
 
 #include <algorithm>

@@ -1,7 +1,12 @@
-// The poison latch (docs/errors.md, "The poison latch"; see poison.py): once an internal invariant
-// is found violated, the core's state can no longer be trusted, so every later public call of a
-// manager, its caches and event managers throws Error(kCorrupted) naming the first violation,
-// until every manager is gone and take() clears it. Process-wide, one per backend module.
+// The poison latch (docs/errors.md, "The poison latch"; mirrors poison.py): once an internal
+// invariant is found violated, the core's state can no longer be trusted, so every later public
+// call of a manager, its caches and event managers throws Error(kCorrupted) naming the first
+// violation, until every manager is gone and take() clears it. Process-wide, one per backend
+// module.
+//
+// Threads: every function is thread-safe and needs no manager's lock: a mutex guards the reason
+// and the live-manager count, and an atomic flag mirrors the reason, so check() is one load while
+// the core is clear. CacheContext::lock() calls check() before it takes the manager's lock.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +39,8 @@ std::int64_t num_live_managers();
 void debug_poison(const std::string& reason);
 
 // Counts its manager alive from construction (which checks the latch first) until release()
-// (the manager's shutdown) or destruction, whichever comes first: counted down once.
+// (the manager's shutdown) or destruction, whichever comes first: counted down once. It is its
+// manager's: release() runs in shutdown(), under the manager's lock, or in the destructor.
 class LiveManager {
  public:
   LiveManager();

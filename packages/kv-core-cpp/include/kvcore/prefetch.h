@@ -1,5 +1,5 @@
 // A hint to bring memory into the cache before it is read: it changes no result, and an address
-// it is given is never dereferenced.
+// it is given is never dereferenced. No state: any thread.
 #pragma once
 
 #include <cstddef>

@@ -1,7 +1,16 @@
-// The radix tree of committed blocks, keyed by chained block keys (see radix_tree.py).
-// Each scope has its own root; no child's tokens are a proper prefix of a sibling's; children
-// keep insertion order, which decides ties when a partial match scans siblings, so every
-// backend picks the same block.
+// The radix tree of committed blocks, keyed by chained block keys (docs/manager.md, "Reuse";
+// mirrors radix_tree.py). Each scope has its own root; no child's tokens are a proper prefix of a
+// sibling's; children keep insertion order, which decides ties when a partial match scans
+// siblings, so every backend picks the same block.
+//
+// The tree owns its roots and blocks (each node its children). A block's pages are Storage's
+// records: the tree points to them and never frees one. Storage takes the pages out of a block
+// before it leaves the tree (drop, adopt, clear), and prune() removes only blocks without page,
+// child or pin. A block's address is stable while it is in the tree; a removed block may be
+// recycled by the next add(), so a pointer kept across a removal may name another block.
+//
+// Threads: no lock of its own; every member REQUIRES: the manager's lock (the thread rule:
+// docs/architecture.md, Threads). walk() only reads.
 #pragma once
 
 #include <cstdint>
@@ -110,8 +119,11 @@ class RadixTree {
  public:
   explicit RadixTree(std::size_t num_layer_groups) : num_layer_groups_(num_layer_groups) {}
 
-  // The longest chain of blocks matching `tokens` (see RadixTree.walk in radix_tree.py). Keys
-  // are computed in batches through the chain kernel, a few blocks past a miss at most.
+  // The longest chain of blocks matching `tokens` under `root_key`, as (block, tokens matched in
+  // it): whole blocks by key, the partial tail by its tokens' key; at a miss, with `partial`, the
+  // child sharing the longest token prefix (the first such in insertion order, scanned only below
+  // kPartialScanLimit children). Keys are computed in batches through the chain kernel, a few
+  // blocks past a miss at most.
   MatchPath walk(const Digest& root_key, const Tokens& tokens, std::int64_t tokens_per_block, KeyFormat format,
                  bool partial) const;
   Root* find_root(const Digest& root_key) const;

@@ -1,6 +1,7 @@
-// The auto-tuner (see rebalancer.py): learns what a typical request needs from the caches that
-// close, and plans the device level's split between pool groups to match. Every float step is
-// rebalancer.py's, in the same order.
+// The auto-tuner (docs/manager.md, "Rebalancing"; mirrors rebalancer.py): learns what a typical
+// request needs from the caches that close, and plans the device level's split between pool
+// groups to match. Every float step is rebalancer.py's, in the same order, so both backends learn
+// the same ratio.
 #pragma once
 
 #include <chrono>
@@ -18,7 +19,9 @@
 namespace kvcore {
 
 // Owned by the manager's CacheContext: closing caches feed sample(), the manager asks
-// need_adjustment() and plan() and reports adjusted().
+// need_adjustment() and plan() and reports adjusted(). It borrows the manager's config, registry
+// and storage config, fixed and declared before the context. Every member REQUIRES: the
+// manager's lock (the thread rule: docs/architecture.md, Threads).
 class Rebalancer {
  public:
   Rebalancer(const KVCacheManagerConfig& config, const LifeCycleRegistry& registry, const StorageConfig& storage);

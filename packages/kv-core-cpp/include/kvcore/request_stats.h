@@ -1,6 +1,13 @@
-// Statistics beyond the manager's CacheStats (see request_stats.py): excluded and dirty cache ids,
-// per-layer-group and SSM-snapshot iteration counters (StatsBook, one per manager) and each cache's
-// pending per-request stats (RequestStats, one per cache).
+// Statistics beyond the manager's CacheStats (docs/manager.md, "Statistics"; mirrors
+// request_stats.py): excluded and dirty cache ids, per-layer-group and SSM-snapshot iteration
+// counters (StatsBook, one per manager) and each cache's pending per-request stats (RequestStats,
+// one per cache).
+//
+// The manager owns its StatsBook, which borrows the manager's CacheContext; a cache owns its
+// RequestStats, which borrows the StatsBook (the manager outlives the cache's use of it). Every
+// member of both REQUIRES: the manager's lock, except a RequestStats' fixed fields (cache_id,
+// expected_prompt_length, text_only); first_digest and throw_text_only touch no state. The thread
+// rule: docs/architecture.md, Threads.
 #pragma once
 
 #include <cstdint>

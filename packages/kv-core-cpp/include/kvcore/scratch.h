@@ -1,5 +1,7 @@
-// Sliding-window scratch reuse (see scratch.py): which blocks of a step are scratch, and how
-// many shared slots they take.
+// Sliding-window scratch reuse (docs/manager.md, "Sliding-window scratch"; mirrors scratch.py):
+// which blocks of a step are scratch, and how many shared slots they take. A ScratchRule is a
+// value, fixed once built (the CacheContext and the rebalancer keep theirs for the manager's
+// life), and these functions touch no other state: no lock.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,10 @@
 // SHA-256 (FIPS 180-4) with runtime selection between a portable scalar
 // transform and hardware transforms (x86 SHA-NI, ARMv8 crypto extensions).
+//
+// Threads: the active transform is chosen under a mutex of its own and published through an
+// atomic, so active(), select() and the hash functions may run on any thread without the
+// manager's lock; every transform computes the same digests, so a select() while others hash
+// changes no result. A Sha256 object is one stream's state: one thread's at a time.
 #pragma once
 
 #include <array>
@@ -79,7 +84,7 @@ void chain_keys4(const Chain chains[4], std::size_t len, std::size_t n) noexcept
 
 }  // namespace sha256
 
-// Streaming hasher.
+// Streaming hasher; it keeps the transform active when it was built.
 class Sha256 {
  public:
   Sha256() noexcept;  // captures active().fn

@@ -1,4 +1,10 @@
-// Slot ids of one pool group: recycled slots first (FIFO), then fresh ids 0, 1, 2, ...
+// Slot ids of one pool group: recycled slots first (FIFO), then fresh ids 0, 1, 2, ...; mirrors
+// slot_allocator.py.
+//
+// Part of one PoolGroup (one CacheLevel's). It counts ids only: which page has a slot is the
+// page record's (Storage's), and release() trusts its caller to give back an id it handed out,
+// once. Every member REQUIRES: the manager's lock (the thread rule: docs/architecture.md,
+// Threads).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,10 @@
-// From a device quota to slot counts per pool group (see slot_counts.py; results must match it
-// exactly: integer arithmetic, and the ratio split in the same float order, ties to even).
+// From a device quota to slot counts per pool group (docs/manager.md, "Pools"; mirrors
+// slot_counts.py, whose results it must match exactly: integer arithmetic, and the ratio split in
+// the same float order, ties to even).
+//
+// The functions read only their arguments (the registry and storage config being fixed) and need
+// no lock. A SlotCounts is a value: each CacheLevel keeps the one it is sized by, replaced under
+// the manager's lock by a quota resize or adjust().
 #pragma once
 
 #include <cstdint>
@@ -23,7 +28,7 @@ std::uint64_t max_slots(std::uint64_t grains, const std::vector<std::uint64_t>& 
 std::int64_t slots_for_batch(const LifeCycleRegistry& registry, int layer_group, const BatchDesc& batch,
                              const ScratchRule* scratch = nullptr);
 // The most slots one layer group needs at once for a request growing one token per step to
-// `length` tokens (see slot_counts.py).
+// `length` tokens (slot_counts.py's sequence_peak_slots).
 std::int64_t sequence_peak_slots(const LifeCycleRegistry& registry, int layer_group, std::int64_t length);
 // The largest multiple of tokens_per_block <= upper_bound such that batch_size - 1 one-token
 // requests and one request growing to it fit `slots` in every pool group; 0 if none does.

@@ -1,6 +1,22 @@
 // The cache levels (each with its pool groups: slot allocators, real memory, eviction), the page
 // records, moving pages between levels, and what dropping a committed page does to the radix
-// tree (see storage.py).
+// tree (docs/manager.md, "Eviction and tiers"; mirrors storage.py).
+//
+// Guarantees: a page record keeps its address while its page lives, through every move between
+// levels and slots, and is recycled only once the page is freed and no RecordGuard lives (its
+// generation bumped). Making room (new_pages, make_room, resize_level) plans every pool group
+// before anything moves, so Error(kOutOfPages) leaves the pages as they were (a full disk found
+// on the way may have shrunk its level, counted in num_disk_full). A copy that fails once moves
+// began (the copier's error, disk I/O) leaves each page where it was before its own move, the
+// drops and moves before it done; a page failing its checksum is taken out of the tree first.
+//
+// Storage owns the levels (and through them every pool, slot allocator, eviction queue and disk
+// file), the page records and the PageTransfer. It borrows the StorageConfig, the registry, the
+// tree and the event manager, which the manager declares before it and so outlive it, and the
+// copier, which the manager's caller keeps alive.
+//
+// Threads: no lock of its own; every member REQUIRES: the manager's lock (the thread rule:
+// docs/architecture.md, Threads).
 #pragma once
 
 #include <cstdint>
@@ -60,7 +76,7 @@ class Storage {
   bool evictable(const Page* page) const;
   void hold(Page* page, std::optional<int> priority = std::nullopt);  // a higher priority (reuse) re-queues it
   void unhold(Page* page);  // an uncommitted page nobody holds is freed at once
-  void lock(Page* page);    // Error(kCorrupted) below the device level
+  void lock(Page* page);    // Error(kCorrupted), poisoning the core, below the device level
   void unlock(Page* page);
   void free(Page* page);  // releases its slot (the record stays: see retire)
 
@@ -87,7 +103,8 @@ class Storage {
                          const std::vector<Page*>& pending = {}, const std::vector<std::uint64_t>& freed = {});
   bool can_make_room(int level, const std::vector<std::uint64_t>& need, const std::vector<Page*>& pending = {},
                      const std::vector<std::uint64_t>& freed = {});
-  // Frees need[pg] slots at `level` by cascading eviction, or throws with nothing changed.
+  // Frees need[pg] slots at `level` by cascading eviction, or throws: Error(kOutOfPages) before
+  // anything moved, a failing copy as the opening comment says.
   void make_room(int level, const std::vector<std::uint64_t>& need, const PageSet& exclude = {});
   // Moves pages (one level, one pool group) to dst_level, which has the free slots.
   void move(const std::vector<Page*>& pages, int dst_level);

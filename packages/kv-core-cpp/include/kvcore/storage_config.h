@@ -1,4 +1,6 @@
-// How buffers are coalesced into pools and layer groups into pool groups (see storage_config.py).
+// How buffers are coalesced into pools and layer groups into pool groups (docs/manager.md,
+// "Pools"; mirrors storage_config.py). Built once with the manager and never changed after (only
+// const members): any thread may read it without the lock.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,11 @@
 // Token ids as the caller holds them: a view of a native buffer (read in place, any
-// stride) or storage packed from Python objects, plus the multimodal digest tokens.
+// stride) or storage packed from Python objects, plus the multimodal digest tokens; mirrors
+// tokens.py.
+//
+// A Tokens view borrows the buffer it reads: the caller keeps it alive while the view is used.
+// Packed, its `data` points into its own `owned`, so it is moved, not copied (a copy would read
+// the source's storage). A TokenList owns its ids. Both are plain values with no lock: one
+// thread's at a time, or shared read-only; the functions touch nothing else.
 #pragma once
 
 #include <cstddef>
