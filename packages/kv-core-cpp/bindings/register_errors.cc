@@ -43,15 +43,28 @@ PyObject* python_class(ErrorKind kind) {
 }  // namespace
 
 void set_python_error(const Error& e) {
-  if (e.kind() == ErrorKind::kOS) {  // OSError(errno, strerror): the errno's subclass, as Python's os calls raise
-    PyObject* args = Py_BuildValue("(is)", e.error_number(), e.what());
-    if (args != nullptr) {
-      PyErr_SetObject(PyExc_OSError, args);
-      Py_DECREF(args);
-    }
+  const bool os_error = e.kind() == ErrorKind::kOS;
+  if (!os_error && !e.level()) {
+    PyErr_SetString(python_class(e.kind()), e.what());
     return;
   }
-  PyErr_SetString(python_class(e.kind()), e.what());
+  // OSError(errno, strerror) makes the errno's subclass, as Python's os calls raise; a level's
+  // error is an instance with `level` set.
+  PyObject* type = os_error ? PyExc_OSError : python_class(e.kind());
+  PyObject* exc = os_error ? PyObject_CallFunction(type, "is", e.error_number(), e.what())
+                           : PyObject_CallFunction(type, "s", e.what());
+  if (exc == nullptr) return;  // the call set its own error
+  if (e.level()) {
+    PyObject* level = PyLong_FromLong(*e.level());
+    if (level == nullptr || PyObject_SetAttrString(exc, "level", level) < 0) {
+      Py_XDECREF(level);
+      Py_DECREF(exc);
+      return;
+    }
+    Py_DECREF(level);
+  }
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc)), exc);
+  Py_DECREF(exc);
 }
 
 void register_errors(nb::module_&) {

@@ -56,12 +56,20 @@ void PoolGroup::shrink_to_backed() {
   allocator.resize(backed);
 }
 
+void at_level(Error& error, int level) {
+  const ErrorKind kind = error.kind();
+  const bool of_a_level = kind == ErrorKind::kHostOOM || kind == ErrorKind::kDiskOOM || kind == ErrorKind::kOS;
+  if (of_a_level && !error.level()) error.set_level(level);
+}
+
 CacheLevel::CacheLevel(int index, const KVCacheManagerConfig& config, const LifeCycleRegistry& registry,
-                       const StorageConfig& storage)
+                       const StorageConfig& storage) try
     : index(index), tier(config.cache_tiers.at(index).tier), counts(config, registry, storage, index) {
   const std::string* directory = is_disk() ? &config.cache_tiers[index].path : nullptr;
   for (const PoolGroupConfig& pg : storage.pool_groups())
     pool_groups.emplace_back(pg.index, pg.slot_sizes, counts.slots[pg.index], directory);
+} catch (Error& e) {  // rethrown at the handler's end, as a constructor's always is
+  at_level(e, index);
 }
 
 std::vector<StorageStatistics> CacheLevel::statistics() const {

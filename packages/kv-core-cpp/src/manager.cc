@@ -96,8 +96,15 @@ std::size_t KVCacheManager::num_active_caches() const {
 bool KVCacheManager::resize(int level, std::uint64_t quota) {
   const auto lock = context_.lock();
   // The device keeps the split the auto-tuner gave it.
-  const SlotCounts counts(config_, registry_, storage_config_, level, quota,
-                          level == 0 ? context_.rebalancer.applied : std::nullopt);
+  const SlotCounts counts = [&] {
+    try {
+      return SlotCounts(config_, registry_, storage_config_, level, quota,
+                        level == 0 ? context_.rebalancer.applied : std::nullopt);
+    } catch (Error& e) {
+      at_level(e, level);
+      throw;
+    }
+  }();
   if (quota < counts.min_quota) return false;
   return resize_level(level, counts);
 }
@@ -122,8 +129,9 @@ bool KVCacheManager::resize_level(int level, const SlotCounts& counts) {
   const Storage::RecordGuard guard(storage_);  // `live` outlives make_room's drops
   try {
     storage_.resize_level(level, counts, live);
-  } catch (const Error& e) {
+  } catch (Error& e) {
     if (e.kind() == ErrorKind::kOutOfPages) return false;
+    at_level(e, level);
     throw;
   }
   if (level == 0) ++layout_version_;  // the device's pools may have moved

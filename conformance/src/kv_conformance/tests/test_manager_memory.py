@@ -1,7 +1,7 @@
 """Pool memory is reserved address space, committed only where it is written (docs/manager.md,
 "Pools"): a quota several times the machine's memory builds and stays small, and a quota beyond
 the address space raises ``HostOOMError`` with the same message on every backend, leaving
-nothing mapped."""
+nothing mapped; the error of a level's memory or files says which level (``level``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 
 import kv_api
-from kv_api import AttentionLayerConfig, BufferConfig, GpuCacheTierConfig, KVCacheManagerConfig
+from kv_api import (
+    AttentionLayerConfig,
+    BufferConfig,
+    DiskCacheTierConfig,
+    GpuCacheTierConfig,
+    HostCacheTierConfig,
+    KVCacheManagerConfig,
+)
 from kv_api.constants import ceil_div
 from kv_api.errors import HostOOMError
 
@@ -102,3 +109,28 @@ def test_a_failed_build_unmaps_the_pools_it_mapped(backend: kv_api.Backend) -> N
     assert match and int(match[1]) > 1 << 59, message
     gc.collect()
     assert address_space() - before < GIB, "the first pool group's mapping (~100 GiB) was left behind"
+
+
+def test_the_error_of_a_level_says_which_level(backend: kv_api.Backend, tmp_path: Path) -> None:
+    """``level`` on the error of the level whose memory or files failed: the device, the host
+    level, a disk level whose directory went away, and a quota resize of the host level."""
+    layers = config(GRAIN).layers
+    device = raises_exactly(HostOOMError, lambda: make_manager(backend, config(1 << 60)))
+    assert getattr(device, "level", None) == 0
+    two = KVCacheManagerConfig(TPB, [GpuCacheTierConfig(GRAIN), HostCacheTierConfig(1 << 60)], layers)
+    host = raises_exactly(HostOOMError, lambda: make_manager(backend, two))
+    assert getattr(host, "level", None) == 1
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    disk = KVCacheManagerConfig(TPB, [GpuCacheTierConfig(GRAIN), DiskCacheTierConfig(GRAIN, str(gone))], layers)
+    gone.rmdir()  # after the config checked it: the level cannot make its files
+    with pytest.raises(OSError) as info:
+        make_manager(backend, disk)
+    assert getattr(info.value, "level", None) == 1 and str(gone) in str(info.value)
+    manager = make_manager(
+        backend, KVCacheManagerConfig(TPB, [GpuCacheTierConfig(GRAIN), HostCacheTierConfig(GRAIN)], layers)
+    )
+    resized = raises_exactly(HostOOMError, lambda: manager.resize(1, 1 << 60))
+    assert getattr(resized, "level", None) == 1
+    assert manager.get_quota(1) == GRAIN  # nothing changed
+    assert active(manager, 8).get_base_page_indices(0)

@@ -29,7 +29,9 @@ class OutOfPagesError(CacheCapacityError):
 
 
 class OutOfMemoryError(CacheCapacityError):
-    """A memory tier could not allocate its backing store."""
+    """A memory tier could not allocate its backing store. Raised by a cache level (built, or
+    rebuilt by a quota resize), it carries the level's index as ``level``, as does a disk
+    level's ``OSError`` (docs/errors.md, "Which level")."""
 
 
 class HostOOMError(OutOfMemoryError):

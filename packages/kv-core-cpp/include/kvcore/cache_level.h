@@ -1,6 +1,12 @@
 // One cache level (device, host or disk tier): its pool groups, each with a slot allocator, its
-// memory (or disk files) and its eviction queue, sized by the level's slot counts (see
-// cache_level.py).
+// memory (or disk files) and its eviction queue, sized by the level's slot counts
+// (docs/manager.md, "Eviction and tiers"; mirrors cache_level.py).
+//
+// Storage owns the levels; a level owns its pool groups, and a pool group its allocator, pools,
+// disk files and eviction queue (which links Storage's page records and owns none). A quota
+// resize keeps the memory it replaces mapped in retired_pools for the manager's life, so a view
+// exported before (which holds the manager) stays readable. Every member REQUIRES: the manager's
+// lock (the thread rule: docs/architecture.md, Threads).
 #pragma once
 
 #include <cstdint>
@@ -10,6 +16,7 @@
 
 #include "kvcore/config.h"
 #include "kvcore/disk_pool.h"
+#include "kvcore/error.h"
 #include "kvcore/eviction.h"
 #include "kvcore/memory_pool.h"
 #include "kvcore/slot_allocator.h"
@@ -69,5 +76,10 @@ class CacheLevel {
   std::uint64_t total_slots() const;
   void close();  // removes the disk files
 };
+
+// A level's memory or files that failed (kHostOOM, kDiskOOM, kOS) are marked as raised by
+// `level`, unless already marked: called in the handlers around what builds or resizes a level
+// (cache_level.py's at_level).
+void at_level(Error& error, int level);
 
 }  // namespace kvcore

@@ -1,7 +1,10 @@
 // One exception type for the core; its kind says which Python class the binding raises,
-// so both backends raise the same classes (kv_api.errors or Python builtins).
+// so both backends raise the same classes (kv_api.errors or Python builtins). A call that throws
+// leaves the manager as it was unless the member says otherwise (docs/errors.md); kCorrupted is
+// only made by the poison latch, so it has poisoned the core (poison.h).
 #pragma once
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -29,10 +32,15 @@ class Error : public std::runtime_error {
       : std::runtime_error(message), kind_(kind), errno_(error_number) {}
   ErrorKind kind() const noexcept { return kind_; }
   int error_number() const noexcept { return errno_; }  // kOS (and kDiskOOM): the errno
+  // The cache level whose memory or files failed (at_level, cache_level.h); the binding gives it
+  // to the Python exception as `level` (docs/errors.md, "Which level").
+  std::optional<int> level() const noexcept { return level_; }
+  void set_level(int level) noexcept { level_ = level; }
 
  private:
   ErrorKind kind_;
   int errno_;
+  std::optional<int> level_;
 };
 
 }  // namespace kvcore

@@ -3,7 +3,11 @@ real memory (or disk) and an eviction queue (docs/manager.md, "Eviction and tier
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from kv_api.config import DiskCacheTierConfig, KVCacheManagerConfig
+from kv_api.errors import OutOfMemoryError
 from kv_api.stats import StorageStatistics
 from kv_core_py.disk_pool import DiskPool
 from kv_core_py.eviction import EvictionQueue
@@ -80,6 +84,18 @@ class PoolGroup:
             pool.close()
 
 
+@contextmanager
+def at_level(level: int) -> Iterator[None]:
+    """A level's memory or files that fail inside (``OutOfMemoryError``, ``OSError``) raise with
+    ``level`` set to the level's index (docs/errors.md, "Which level"), unless already set."""
+    try:
+        yield
+    except (OutOfMemoryError, OSError) as exc:
+        if getattr(exc, "level", None) is None:
+            exc.level = level  # type: ignore[union-attr]
+        raise
+
+
 class CacheLevel:
     """Level ``index`` of ``config.cache_tiers``: every level has the device level's pool groups."""
 
@@ -87,16 +103,17 @@ class CacheLevel:
         self, config: KVCacheManagerConfig, registry: LifeCycleRegistry, storage: StorageConfig, index: int
     ) -> None:
         self.index = index
-        self.counts = SlotCounts(config, registry, storage, index)
-        tier = config.cache_tiers[index]
-        directory = str(tier.path) if isinstance(tier, DiskCacheTierConfig) else None
         self.pool_groups: list[PoolGroup] = []
-        try:
-            for pg, n in zip(storage.pool_groups, self.counts.slots, strict=True):
-                self.pool_groups.append(PoolGroup(pg.index, pg.slot_sizes, n, directory))
-        except BaseException:
-            self.close()
-            raise
+        with at_level(index):
+            self.counts = SlotCounts(config, registry, storage, index)
+            tier = config.cache_tiers[index]
+            directory = str(tier.path) if isinstance(tier, DiskCacheTierConfig) else None
+            try:
+                for pg, n in zip(storage.pool_groups, self.counts.slots, strict=True):
+                    self.pool_groups.append(PoolGroup(pg.index, pg.slot_sizes, n, directory))
+            except BaseException:
+                self.close()
+                raise
 
     @property
     def quota(self) -> int:

@@ -17,7 +17,7 @@ from kv_api.page_copier import HostMemoryCopier, PageCopier
 from kv_api.stats import CacheStats, LifeCycleStats, SsmSnapshotStats, StorageStatistics
 from kv_core_py import batch, poison
 from kv_core_py.cache_context import CacheContext
-from kv_core_py.cache_level import CacheLevel
+from kv_core_py.cache_level import CacheLevel, at_level
 from kv_core_py.event_manager import KVCacheEventManager
 from kv_core_py.kv_cache import KVCache
 from kv_core_py.life_cycles import LifeCycleRegistry
@@ -264,7 +264,8 @@ class KVCacheManager(ManagerReuse):
                 raise NotImplementedError("resize: best_efforts=True is not supported")
             # The device keeps the split the auto-tuner gave it.
             ratio = self._context.rebalancer.applied if lvl == GPU_LEVEL else None
-            counts = SlotCounts(self._config, self._registry, self._storage_config, lvl, q, ratio)
+            with at_level(lvl):
+                counts = SlotCounts(self._config, self._registry, self._storage_config, lvl, q, ratio)
             if q < counts.min_quota:
                 return False
             return self._resize_level(lvl, counts)
@@ -273,7 +274,8 @@ class KVCacheManager(ManagerReuse):
         """Give a level new slot counts (every cache suspended); False, nothing changed, when the
         pages that must stay cannot fit."""
         try:
-            self._storage.resize_level(level, counts, self._live_pages())
+            with at_level(level):
+                self._storage.resize_level(level, counts, self._live_pages())
         except OutOfPagesError:
             return False
         if level == GPU_LEVEL:

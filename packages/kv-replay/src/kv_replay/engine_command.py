@@ -41,7 +41,7 @@ from kv_replay.plural import plural
 from kv_replay.progress import ProgressBar
 from kv_replay.replay_command import check_tiers
 from kv_replay.sizes import format_size, parse_size
-from kv_replay.tier_errors import unmapped
+from kv_replay.tier_errors import failed_level
 from kv_replay.trace import BUILTIN_TRACES, MAX_TOKENS, Request, load_trace
 from kv_replay.workload import default_workload
 
@@ -281,7 +281,7 @@ def _build(
         tiers: list[CacheTierConfig] = [GpuCacheTierConfig(args.device_quota)]
         if args.host_quota is not None:
             tiers.append(HostCacheTierConfig(args.host_quota))
-        if isinstance(unmapped(tiers), HostCacheTierConfig):
+        if isinstance(failed_level(tiers, exc), HostCacheTierConfig):
             flag = f"--host-quota {format_size(args.host_quota)}"
         else:
             flag = f"--device-quota {format_size(args.device_quota)}"
