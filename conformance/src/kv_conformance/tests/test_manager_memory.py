@@ -111,26 +111,35 @@ def test_a_failed_build_unmaps_the_pools_it_mapped(backend: kv_api.Backend) -> N
     assert address_space() - before < GIB, "the first pool group's mapping (~100 GiB) was left behind"
 
 
-def test_the_error_of_a_level_says_which_level(backend: kv_api.Backend, tmp_path: Path) -> None:
-    """``level`` on the error of the level whose memory or files failed: the device, the host
-    level, a disk level whose directory went away, and a quota resize of the host level."""
-    layers = config(GRAIN).layers
+def test_the_error_of_the_device_level_says_level_0(backend: kv_api.Backend) -> None:
+    """``level`` on the error of the level whose memory failed (docs/errors.md, "Which level")."""
     device = raises_exactly(HostOOMError, lambda: make_manager(backend, config(1 << 60)))
     assert getattr(device, "level", None) == 0
+
+
+@pytest.mark.requires("host_tier")
+def test_the_error_of_the_host_level_says_its_level(backend: kv_api.Backend) -> None:
+    """The host level's memory, when the manager is built and when a quota resize rebuilds it."""
+    layers = config(GRAIN).layers
     two = KVCacheManagerConfig(TPB, [GpuCacheTierConfig(GRAIN), HostCacheTierConfig(1 << 60)], layers)
     host = raises_exactly(HostOOMError, lambda: make_manager(backend, two))
     assert getattr(host, "level", None) == 1
-    gone = tmp_path / "gone"
-    gone.mkdir()
-    disk = KVCacheManagerConfig(TPB, [GpuCacheTierConfig(GRAIN), DiskCacheTierConfig(GRAIN, str(gone))], layers)
-    gone.rmdir()  # after the config checked it: the level cannot make its files
-    with pytest.raises(OSError) as info:
-        make_manager(backend, disk)
-    assert getattr(info.value, "level", None) == 1 and str(gone) in str(info.value)
-    manager = make_manager(
-        backend, KVCacheManagerConfig(TPB, [GpuCacheTierConfig(GRAIN), HostCacheTierConfig(GRAIN)], layers)
-    )
+    small = KVCacheManagerConfig(TPB, [GpuCacheTierConfig(GRAIN), HostCacheTierConfig(GRAIN)], layers)
+    manager = make_manager(backend, small)
     resized = raises_exactly(HostOOMError, lambda: manager.resize(1, 1 << 60))
     assert getattr(resized, "level", None) == 1
     assert manager.get_quota(1) == GRAIN  # nothing changed
     assert active(manager, 8).get_base_page_indices(0)
+
+
+@pytest.mark.requires("disk_tier")
+def test_the_error_of_a_disk_level_says_its_level(backend: kv_api.Backend, tmp_path: Path) -> None:
+    """A disk level whose directory went away after the config checked it cannot make its files."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    tiers: list[kv_api.CacheTierConfig] = [GpuCacheTierConfig(GRAIN), DiskCacheTierConfig(GRAIN, str(gone))]
+    disk = KVCacheManagerConfig(TPB, tiers, config(GRAIN).layers)
+    gone.rmdir()
+    with pytest.raises(OSError) as info:
+        make_manager(backend, disk)
+    assert getattr(info.value, "level", None) == 1 and str(gone) in str(info.value)
