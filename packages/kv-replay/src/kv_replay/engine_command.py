@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kv_api import Backend, CacheTierConfig, GpuCacheTierConfig, HostCacheTierConfig
+from kv_api import Backend
 from kv_api.errors import HostOOMError
 from kv_replay.engine_report import Run, report, text
 from kv_replay.flag_types import disk_path_flag, integer, one_size, progress_flags
@@ -41,7 +41,6 @@ from kv_replay.plural import plural
 from kv_replay.progress import ProgressBar
 from kv_replay.replay_command import check_tiers
 from kv_replay.sizes import format_size, parse_size
-from kv_replay.tier_errors import failed_level
 from kv_replay.trace import BUILTIN_TRACES, MAX_TOKENS, Request, load_trace
 from kv_replay.workload import default_workload
 
@@ -278,10 +277,8 @@ def _build(
     try:
         return build(args.host_quota)
     except HostOOMError as exc:
-        tiers: list[CacheTierConfig] = [GpuCacheTierConfig(args.device_quota)]
-        if args.host_quota is not None:
-            tiers.append(HostCacheTierConfig(args.host_quota))
-        if isinstance(failed_level(tiers, exc), HostCacheTierConfig):
+        # The error names its level (docs/errors.md, "Which level"); the host level is level 1.
+        if args.host_quota is not None and getattr(exc, "level", None) == 1:
             flag = f"--host-quota {format_size(args.host_quota)}"
         else:
             flag = f"--device-quota {format_size(args.device_quota)}"

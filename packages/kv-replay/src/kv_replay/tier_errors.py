@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from kv_api import CacheTierConfig, DiskCacheTierConfig, KVCacheManagerConfig
 from kv_api.errors import DiskOOMError, HostOOMError
 
-__all__ = ["TierError", "failed_level", "tier_errors"]
+__all__ = ["TierError", "tier_errors"]
 
 
 class TierError(Exception):
@@ -37,7 +37,7 @@ def tier_errors(config: KVCacheManagerConfig) -> Iterator[None]:
     try:
         yield
     except HostOOMError as exc:
-        raise TierError(failed_level(config.cache_tiers, exc), "quota", exc) from None
+        raise TierError(_failed_level(config.cache_tiers, exc), "quota", exc) from None
     except (DiskOOMError, OSError) as exc:
         disk = next((t for t in config.cache_tiers if isinstance(t, DiskCacheTierConfig)), None)
         if disk is None or isinstance(exc, BrokenPipeError):
@@ -46,7 +46,7 @@ def tier_errors(config: KVCacheManagerConfig) -> Iterator[None]:
         raise TierError(disk, "quota" if sized else "path", exc) from None
 
 
-def failed_level(tiers: Sequence[CacheTierConfig], exc: Exception) -> CacheTierConfig:
+def _failed_level(tiers: Sequence[CacheTierConfig], exc: Exception) -> CacheTierConfig:
     """The level ``exc`` says failed (its ``level``), else the device level: memory no level
     asked for (a request's block table) is the device quota's to blame."""
     level = getattr(exc, "level", None)
