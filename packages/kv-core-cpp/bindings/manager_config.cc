@@ -36,7 +36,11 @@ BatchDesc batch_desc(nb::handle b) {
 KVCacheManagerConfig manager_config(nb::handle c) {
   KVCacheManagerConfig out;
   out.tokens_per_block = nb::cast<std::int64_t>(c.attr("tokens_per_block"));
-  for (nb::handle tier : c.attr("cache_tiers")) {
+  if (!c.attr("remote_tier").is_none()) {  // Capabilities.remote_tier is False here (docs/store.md)
+    PyErr_SetString(PyExc_NotImplementedError, "kv_core_cpp: no remote tier (RemoteCacheTierConfig) yet");
+    throw nb::python_error();
+  }
+  for (nb::handle tier : c.attr("local_tiers")) {
     CacheTierConfig t;
     t.tier = static_cast<CacheTier>(nb::cast<int>(tier.attr("tier")));
     t.quota = nb::cast<std::uint64_t>(tier.attr("quota"));

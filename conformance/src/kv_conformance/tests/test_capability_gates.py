@@ -93,7 +93,9 @@ what it does not declare."""
 import importlib
 import sys
 
-from kv_api import Capabilities, DiskCacheTierConfig, HostCacheTierConfig, KVCacheManagerConfig, SsmLayerConfig
+from kv_api import (
+    Capabilities, DiskCacheTierConfig, HostCacheTierConfig, KVCacheManagerConfig, RemoteCacheTierConfig, SsmLayerConfig
+)
 from kv_api.contract import BACKEND_ATTRIBUTES
 
 
@@ -126,8 +128,11 @@ def build_info():
 class KVCacheManager(_py.KVCacheManager):
     def __init__(self, config, event_manager=None, page_copier=None):
         if isinstance(config, KVCacheManagerConfig):
-            if any(isinstance(t, (HostCacheTierConfig, DiskCacheTierConfig)) for t in config.cache_tiers):
-                raise NotImplementedError("bare: no host or disk tier")
+            if any(
+                isinstance(t, (HostCacheTierConfig, DiskCacheTierConfig, RemoteCacheTierConfig))
+                for t in config.cache_tiers
+            ):
+                raise NotImplementedError("bare: no host, disk or remote tier")
             if config.commit_min_snapshot or any(isinstance(x, SsmLayerConfig) for x in config.layers):
                 raise NotImplementedError("bare: no SSM layers")
             if config.swa_scratch_reuse is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import kv_api
-from kv_api import DiskCacheTierConfig, HostCacheTierConfig, SsmLayerConfig
+from kv_api import DiskCacheTierConfig, HostCacheTierConfig, RemoteCacheTierConfig, SsmLayerConfig
 
 
 def refuse_undeclared(config: object) -> None:
@@ -14,7 +14,7 @@ def refuse_undeclared(config: object) -> None:
     if not isinstance(config, kv_api.KVCacheManagerConfig):
         return
     for tier in config.cache_tiers:
-        if isinstance(tier, HostCacheTierConfig | DiskCacheTierConfig):
+        if isinstance(tier, HostCacheTierConfig | DiskCacheTierConfig | RemoteCacheTierConfig):
             raise NotImplementedError(f"the delegate backend has no {type(tier).__name__} tier")
     if any(isinstance(layer, SsmLayerConfig) for layer in config.layers) or config.commit_min_snapshot:
         raise NotImplementedError("the delegate backend has no SSM layers")

@@ -4,7 +4,8 @@
 the highest priority); ``kv_api.load_backend(name)`` gives any installed backend explicitly.
 """
 
-from kv_api import descriptors, errors, events, keys, stats
+from kv_api import block_value, descriptors, errors, events, keys, stats
+from kv_api.block_store import BlockStore, MemoryBlockStore
 from kv_api.capabilities import Capabilities
 from kv_api.config import (
     AttentionLayerConfig,
@@ -17,6 +18,7 @@ from kv_api.config import (
     KVCacheDesc,
     KVCacheManagerConfig,
     LayerConfig,
+    RemoteCacheTierConfig,
     SsmLayerConfig,
     SwaScratchReuseConfig,
 )
@@ -83,6 +85,7 @@ __all__ = [
     "AttentionLayerConfig",
     "Backend",
     "BatchDesc",
+    "BlockStore",
     "BufferConfig",
     "BufferId",
     "BufferLocation",
@@ -105,6 +108,7 @@ __all__ = [
     "LayerConfig",
     "LifeCycle",
     "LifeCycleStats",
+    "MemoryBlockStore",
     "MmItemContext",
     "PageCopier",
     "PageIndexConverter",
@@ -114,6 +118,7 @@ __all__ = [
     "PoolDesc",
     "PoolGroupDesc",
     "PriorityCallback",
+    "RemoteCacheTierConfig",
     "ReuseMatch",
     "ReuseScope",
     "ScratchDesc",
@@ -123,6 +128,7 @@ __all__ = [
     "SwaScratchReuseConfig",
     "TokenInput",
     "available_backends",
+    "block_value",
     "create_manager",
     "default_backend_name",
     "descriptors",

@@ -17,6 +17,8 @@ class Capabilities:
 
     - ``key_formats``: block-key formats the backend computes (both are required).
     - ``host_tier`` / ``disk_tier``: the backend accepts those cache tiers.
+    - ``remote_tier``: the backend accepts a ``RemoteCacheTierConfig`` (a ``kv_api.BlockStore``
+      below the local levels, docs/store.md).
     - ``ssm_layers``: the backend accepts ``SsmLayerConfig`` layers and ``commit_min_snapshot``.
     - ``swa_scratch``: the backend accepts ``swa_scratch_reuse`` (scratch pages of sliding-window
       layers). Without it, ``get_scratch_desc``, ``has_scratch_slots`` and
@@ -32,6 +34,7 @@ class Capabilities:
     key_formats: tuple[str, ...] = KEY_FORMATS
     host_tier: bool = False
     disk_tier: bool = False
+    remote_tier: bool = False
     ssm_layers: bool = False
     swa_scratch: bool = False
     batched_calls: bool = False

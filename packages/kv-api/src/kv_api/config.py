@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from kv_api._check import as_str, int_in_range, unit_interval
+from kv_api.block_store import BlockStore
 from kv_api.constants import (
     BUFFER_SIZE_LIMIT,
     DEFAULT_KEY_FORMAT,
@@ -33,6 +34,7 @@ __all__ = [
     "KVCacheDesc",
     "KVCacheManagerConfig",
     "LayerConfig",
+    "RemoteCacheTierConfig",
     "SsmLayerConfig",
     "SwaScratchReuseConfig",
 ]
@@ -101,7 +103,34 @@ class DiskCacheTierConfig:
         _set(self, "path", path)
 
 
-CacheTierConfig: TypeAlias = GpuCacheTierConfig | HostCacheTierConfig | DiskCacheTierConfig
+@dataclass(frozen=True, eq=False)
+class RemoteCacheTierConfig:
+    """The remote tier below the last local one (docs/store.md): blocks a match does not find
+    locally are looked up in ``store`` and brought into the last local level; committed full
+    blocks are written to it. ``model_id`` and ``revision`` name the model in every store key
+    (with a fingerprint of the layout), so managers of other models never read each other's
+    values. Compared by identity: two configs naming one store are still two tiers."""
+
+    store: BlockStore
+    model_id: str
+    revision: str = ""
+
+    tier = CacheTier.REMOTE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.store, BlockStore):
+            raise TypeError(
+                f"RemoteCacheTierConfig.store: expected a kv_api.BlockStore, got {type(self.store).__name__}"
+            )
+        for name in ("model_id", "revision"):
+            value = as_str(f"RemoteCacheTierConfig.{name}", getattr(self, name))
+            if any(c in value for c in ":\0") or not value.isprintable():
+                raise ValueError(f"RemoteCacheTierConfig.{name}: must be printable without ':' (got {value!r})")
+        if not self.model_id:
+            raise ValueError("RemoteCacheTierConfig.model_id: must be non-empty")
+
+
+CacheTierConfig: TypeAlias = GpuCacheTierConfig | HostCacheTierConfig | DiskCacheTierConfig | RemoteCacheTierConfig
 
 
 @dataclass(frozen=True)
@@ -237,7 +266,7 @@ class SwaScratchReuseConfig:
         )
 
 
-_TIER_ORDER = {CacheTier.GPU_MEM: 0, CacheTier.HOST_MEM: 1, CacheTier.DISK: 2}
+_TIER_ORDER = {CacheTier.GPU_MEM: 0, CacheTier.HOST_MEM: 1, CacheTier.DISK: 2, CacheTier.REMOTE: 3}
 
 
 @dataclass(frozen=True)
@@ -273,13 +302,13 @@ class KVCacheManagerConfig:
         tiers = _tuple_of(
             f"{w}.cache_tiers",
             self.cache_tiers,
-            (GpuCacheTierConfig, HostCacheTierConfig, DiskCacheTierConfig),
+            (GpuCacheTierConfig, HostCacheTierConfig, DiskCacheTierConfig, RemoteCacheTierConfig),
         )
         if not tiers or not isinstance(tiers[0], GpuCacheTierConfig):
             raise ValueError(f"{w}.cache_tiers: the first tier must be a GpuCacheTierConfig")
         order = [_TIER_ORDER[t.tier] for t in tiers]
         if order != sorted(set(order)):
-            raise ValueError(f"{w}.cache_tiers: tiers must be distinct and ordered GPU, host, disk")
+            raise ValueError(f"{w}.cache_tiers: tiers must be distinct and ordered GPU, host, disk, remote")
         _set(self, "cache_tiers", tiers)
 
         layers = _tuple_of(f"{w}.layers", self.layers, (AttentionLayerConfig, SsmLayerConfig))
@@ -335,6 +364,16 @@ class KVCacheManagerConfig:
                 raise ValueError(f"{where}: initial_pool_ratio values must sum to 1.0 (got {sum(ratio)!r})")
             _set(self, "initial_pool_ratio", tuple(float(r) for r in ratio))
         self._check_rebalance()
+
+    @property
+    def local_tiers(self) -> tuple[GpuCacheTierConfig | HostCacheTierConfig | DiskCacheTierConfig, ...]:
+        """The tiers of this process's cache levels (all but a remote one), level by level."""
+        return tuple(t for t in self.cache_tiers if not isinstance(t, RemoteCacheTierConfig))
+
+    @property
+    def remote_tier(self) -> RemoteCacheTierConfig | None:
+        tier = self.cache_tiers[-1]
+        return tier if isinstance(tier, RemoteCacheTierConfig) else None
 
     def _check_rebalance(self) -> None:
         w = "KVCacheManagerConfig"

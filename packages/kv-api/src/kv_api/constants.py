@@ -67,6 +67,7 @@ class CacheTier(enum.IntEnum):
     GPU_MEM = 0
     HOST_MEM = 1
     DISK = 2
+    REMOTE = 3
 
 
 class PageStatus(enum.IntEnum):

@@ -48,6 +48,12 @@ class CacheStats:
       of the tree, never served); ``disk_full_events``: times a disk tier's file system had no
       room for the pages falling there (the tier shrank to the slots it has: its storage
       statistics say how many).
+    - The remote tier (``RemoteCacheTierConfig``): ``remote_lookups``, matches that asked the
+      store; ``remote_blocks``, blocks it returned that entered the tree (their tokens count
+      in ``reused_tokens`` when a cache reuses them); ``remote_rejected``, values that failed
+      their checks (never used); ``remote_written``, committed blocks handed to the store;
+      ``remote_errors``, store calls that raised or answered out of range (each a miss or a
+      write not made, never an error of the manager's call).
     """
 
     requests: int = 0
@@ -59,6 +65,11 @@ class CacheStats:
     onboarded_pages: int = 0
     corrupt_pages: int = 0
     disk_full_events: int = 0
+    remote_lookups: int = 0
+    remote_blocks: int = 0
+    remote_rejected: int = 0
+    remote_written: int = 0
+    remote_errors: int = 0
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,13 @@ name = "py"
 version = "0.1.0"
 priority = 10  # below the native backend: the reference is the fallback, not the default
 capabilities = Capabilities(
-    host_tier=True, disk_tier=True, ssm_layers=True, swa_scratch=True, batched_calls=True, wire_events=True
+    host_tier=True,
+    disk_tier=True,
+    remote_tier=True,
+    ssm_layers=True,
+    swa_scratch=True,
+    batched_calls=True,
+    wire_events=True,
 )
 
 

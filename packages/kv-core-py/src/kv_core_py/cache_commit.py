@@ -59,6 +59,8 @@ class CacheCommit(CacheRoom):
             self._apply_stale_releases(self._stale_releases(self._history), self._history)
             if end:
                 self._stop_committing_locked(move_state=min_snapshot)
+            if self._context.remote is not None:
+                self._context.remote.flush()
 
     def _parent_node(self, ordinal: int) -> Node | None:
         if ordinal == 0:
@@ -92,6 +94,8 @@ class CacheCommit(CacheRoom):
             shorter = tree.covered_sibling(parent, tokens)
             block = tree.add(parent, key, tokens, ordinal)
             self.stats.committed_block()
+            if full and self._context.remote is not None:
+                self._context.remote.pending.append(block)
             if shorter is not None:
                 self._context.storage.adopt(block, shorter)
         ours_by_group = cache_block.pages if pages is None else pages

@@ -15,6 +15,7 @@ from kv_core_py.event_manager import KVCacheEventManager
 from kv_core_py.life_cycles import LifeCycleRegistry
 from kv_core_py.radix_tree import Block, RadixTree
 from kv_core_py.rebalancer import Rebalancer
+from kv_core_py.remote_tier import RemoteTier
 from kv_core_py.scratch import scratch_rules
 from kv_core_py.storage import Storage
 from kv_core_py.tokens import Tokens
@@ -51,6 +52,7 @@ class CacheContext:
         # The manager's reuse match without reuse_match_backoff (set by the manager): a planned
         # drop re-matches the committed tokens (planned_drop.py).
         self.rematch: Callable[[bytes, Tokens], list[tuple[Block, int]]] = lambda root_key, tokens: []
+        self.remote: RemoteTier | None = None  # the remote tier, set by the manager where configured
         self.is_shut_down = False  # set by the manager's shutdown()
         self.rebalancer = Rebalancer(config, registry, storage.config)  # closing caches feed it
         # Plain counters, added to on the hot path (a decode step); CacheStats is built when read.

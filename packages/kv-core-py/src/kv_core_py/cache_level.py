@@ -40,6 +40,11 @@ class PoolGroup:
         return self.allocator.num_slots
 
     @property
+    def slot_bytes(self) -> int:
+        """Bytes of one page: its slot in every pool."""
+        return sum(p.slot_size for p in self.pools) + sum(p.slot_size for p in self.disk_pools)
+
+    @property
     def on_disk(self) -> bool:
         return bool(self.disk_pools)
 
@@ -106,7 +111,7 @@ class CacheLevel:
         self.pool_groups: list[PoolGroup] = []
         with at_level(index):
             self.counts = SlotCounts(config, registry, storage, index)
-            tier = config.cache_tiers[index]
+            tier = config.local_tiers[index]
             directory = str(tier.path) if isinstance(tier, DiskCacheTierConfig) else None
             try:
                 for pg, n in zip(storage.pool_groups, self.counts.slots, strict=True):

@@ -41,6 +41,7 @@ class KVCache(CacheResize, CacheCommit, kv_api.KVCache):
         path: list[tuple[Block, int]],
         priority: PriorityCallback | None,
         request_stats: RequestStats,
+        remote_blocks: set[int] = frozenset(),  # type: ignore[assignment]
     ) -> None:
         self._manager = manager
         self._context = context
@@ -69,9 +70,9 @@ class KVCache(CacheResize, CacheCommit, kv_api.KVCache):
         self._tree_holds = []
         self._scratch_on = context.swa_scratch_reuse is not None  # on by default where configured
         self._scratch_pages = [[] for _ in range(num_groups)]
-        self._hold_matched(path)
+        self._hold_matched(path, remote_blocks)
 
-    def _hold_matched(self, path: list[tuple[Block, int]]) -> None:
+    def _hold_matched(self, path: list[tuple[Block, int]], remote_blocks: set[int]) -> None:
         """Take the matched prefix: its blocks, and a hold on each reused page."""
         # Priorities first: a failing callback must leave the tree untouched.
         reused = [
@@ -99,9 +100,12 @@ class KVCache(CacheResize, CacheCommit, kv_api.KVCache):
         coldest = [0] * len(path)
         for ordinal, _, page, _ in reused + snapshots:
             coldest[ordinal] = max(coldest[ordinal], page.level)
-        self._cached_tokens_by_level = [0] * len(self._context.storage.levels)
-        for ordinal, (_, matched) in enumerate(path):
-            self._cached_tokens_by_level[coldest[ordinal]] += matched
+        remote = self._context.remote
+        self._cached_tokens_by_level = [0] * (len(self._context.storage.levels) + (remote is not None))
+        for ordinal, (block, matched) in enumerate(path):
+            # A block the remote tier brought for this match counts there (the last column).
+            level = len(self._context.storage.levels) if id(block) in remote_blocks else coldest[ordinal]
+            self._cached_tokens_by_level[level] += matched
         for ordinal, group, page, raised in reused:
             self._context.storage.hold(page, raised)  # reuse may raise a block's priority
             self._blocks[ordinal].pages[group] = page

@@ -25,6 +25,7 @@ from kv_core_py.manager_reuse import ManagerReuse
 from kv_core_py.page import Page
 from kv_core_py.page_transfer import PageTransfer
 from kv_core_py.radix_tree import Block, RadixTree
+from kv_core_py.remote_tier import RemoteTier
 from kv_core_py.request_stats import StatsBook
 from kv_core_py.slot_counts import SlotCounts, clamp_max_seq_len
 from kv_core_py.storage import Storage
@@ -56,7 +57,7 @@ class KVCacheManager(ManagerReuse):
         self._storage_config = StorageConfig(config, self._registry)
         levels: list[CacheLevel] = []
         try:
-            for level in range(len(config.cache_tiers)):
+            for level in range(len(config.local_tiers)):
                 levels.append(CacheLevel(config, self._registry, self._storage_config, level))
         except BaseException:
             for built in levels:
@@ -79,6 +80,10 @@ class KVCacheManager(ManagerReuse):
         )
         # The lock, the open caches, the shut-down flag and the statistics live there, shared with the caches.
         self._context = CacheContext(config, self._registry, self._storage, self._tree, event_manager)
+        if (remote := config.remote_tier) is not None:
+            self._context.remote = RemoteTier(
+                remote, config, self._registry, self._storage, self._tree, event_manager, self._context.add_stats
+            )
         # Weak: the context must not keep its manager alive (a cache does, and it alone re-matches).
         match = weakref.WeakMethod(self._match)
         self._context.rematch = lambda key, tokens: cast(Callable[..., list[tuple[Block, int]]], match())(

@@ -18,7 +18,7 @@ from kv_core_py.block_keys import chained_keys, root_key
 from kv_core_py.cache_context import CacheContext
 from kv_core_py.kv_cache import KVCache
 from kv_core_py.life_cycles import LifeCycleRegistry
-from kv_core_py.radix_tree import Block, RadixTree
+from kv_core_py.radix_tree import Block, Node, RadixTree
 from kv_core_py.request_stats import RequestStats, StatsBook, first_digest, text_only_error
 from kv_core_py.tokens import Tokens
 
@@ -51,6 +51,43 @@ class ManagerReuse(kv_api.KVCacheManager):
         config = self._config
         path = self._tree.walk(root_key, tokens, config.tokens_per_block, config.enable_partial_reuse)
         return self._prune(self._back_off(path, max_reused) if with_backoff else path)
+
+    def _match_fetching(
+        self, root_key: bytes, scope: ReuseScope, tokens: Tokens, max_reused: int | None
+    ) -> tuple[list[tuple[Block, int]], set[int]]:
+        """``create_kv_cache``'s match: ``_match``'s, its walk continued in the remote tier before
+        backing off, and the ids of the blocks the remote tier brought."""
+        config = self._config
+        path = self._tree.walk(root_key, tokens, config.tokens_per_block, config.enable_partial_reuse)
+        fetched = self._fetch_remote(root_key, scope, tokens, path, max_reused) if self._context.remote else set()
+        return self._prune(self._back_off(path, max_reused)), fetched
+
+    def _fetch_remote(
+        self, root_key: bytes, scope: ReuseScope, tokens: Tokens, path: list[tuple[Block, int]], max_reused: int | None
+    ) -> set[int]:
+        """Extend ``path`` past its full blocks with the remote tier's (a partial last block of
+        the local walk gives way to a full one from the store), up to ``max_reused`` tokens."""
+        remote = self._context.remote
+        assert remote is not None
+        tokens_per_block = self._config.tokens_per_block
+        full = 0
+        while full < len(path) and path[full][1] == tokens_per_block:
+            full += 1
+        limit = len(tokens) if max_reused is None else min(len(tokens), max_reused)
+        count = limit // tokens_per_block - full
+        if count <= 0:
+            return set()
+        parent: Node | None = path[full - 1][0] if full else self._tree.roots.get(root_key)
+        parent_key = path[full - 1][0].key if full else root_key
+        keys = chained_keys(parent_key, tokens, full, count, tokens_per_block)[1:]
+        chunks = [
+            tokens.to_list(b * tokens_per_block, (b + 1) * tokens_per_block) for b in range(full, full + len(keys))
+        ]
+        keep = {id(p) for block, _ in path for p in block.pages if p is not None}
+        blocks = remote.fetch(parent, parent_key, keys, full, chunks, keep, lambda: self._tree.root(root_key, scope))
+        if blocks:
+            path[full:] = [(block, tokens_per_block) for block in blocks]
+        return set(map(id, blocks))
 
     def _back_off(self, path: list[tuple[Block, int]], max_reused: int | None) -> list[tuple[Block, int]]:
         """``reuse_match_backoff`` tokens off the walked path's tail, then down to ``max_reused``
@@ -192,7 +229,7 @@ class ManagerReuse(kv_api.KVCacheManager):
             if text and toks.packed is None and (digest := first_digest(toks.to_list())) is not None:
                 raise text_only_error("input_tokens", digest)
             stats = RequestStats(self._stats, cache_id, enable_request_stats, expected, text)
-            path = self._match(root_key, toks, max_reused=max_reused)
+            path, fetched = self._match_fetching(root_key, scope, toks, max_reused)
             reused = sum(n for _, n in path)
             cache = KVCache(
                 self,
@@ -204,6 +241,7 @@ class ManagerReuse(kv_api.KVCacheManager):
                 path,
                 custom_priority_callback,
                 stats,
+                fetched,
             )
             self._next_id = max(self._next_id, cache_id) + 1
             self._context.register_cache(cache)

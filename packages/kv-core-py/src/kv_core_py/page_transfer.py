@@ -24,11 +24,75 @@ def slot_runs(pairs: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
     return runs
 
 
+def address_of(buffer: bytearray) -> int:
+    return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+
+
 class PageTransfer:
     def __init__(self, levels: list[CacheLevel], copier: PageCopier | None) -> None:
         self.levels = levels
         self.copier = copier  # None: memmove in this process
         self.bytes_moved: dict[tuple[int, int], int] = {}
+        #: The remote tier's level (its values' host memory in copier calls): after the last.
+        self.remote_level = len(levels)
+
+    def _count(self, src_level: int, dst_level: int, num_bytes: int) -> None:
+        key = (src_level, dst_level)
+        self.bytes_moved[key] = self.bytes_moved.get(key, 0) + num_bytes
+
+    def export(self, pages: list[tuple[int, int, int, int]], buffer: bytearray) -> list[int]:
+        """Copy pages ``(level, pool group, slot, offset)`` into ``buffer`` at ``offset``, pool by
+        pool: one copier call per memory level (runs in the given order), disk read per page.
+        The indices of pages read from disk whose bytes failed their checksum."""
+        base = address_of(buffer)
+        view = memoryview(buffer)
+        bad: list[int] = []
+        runs: dict[int, list[CopyRun]] = {}
+        for i, (level, pg, slot, offset) in enumerate(pages):
+            group = self.levels[level].pool_groups[pg]
+            if group.on_disk:
+                for disk in group.disk_pools:
+                    if disk.read(slot, view[offset : offset + disk.slot_size]):
+                        bad.append(i)
+                    offset += disk.slot_size
+                continue
+            for pool in group.pools:
+                runs.setdefault(level, []).append(
+                    (pool.base_address + slot * pool.slot_size, base + offset, pool.slot_size)
+                )
+                offset += pool.slot_size
+        for level, level_runs in sorted(runs.items()):
+            self._copy_runs(level, self.remote_level, level_runs)
+        for level, pg, _, _ in pages:
+            self._count(level, self.remote_level, self.levels[level].pool_groups[pg].slot_bytes)
+        return bad
+
+    def import_(self, level: int, pages: list[tuple[int, int, int]], buffer: bytearray) -> None:
+        """Copy ``buffer[offset:]`` into slot ``slot`` of ``level`` for each ``(pool group, slot,
+        offset)``, pool by pool: one copier call for a memory level, positioned writes for disk."""
+        base = address_of(buffer)
+        view = memoryview(buffer)
+        runs: list[CopyRun] = []
+        for pg, slot, offset in pages:
+            group = self.levels[level].pool_groups[pg]
+            for disk in group.disk_pools:
+                disk.ensure_backed(slot + 1)
+                disk.write(slot, view[offset : offset + disk.slot_size])
+                offset += disk.slot_size
+            for pool in group.pools:
+                runs.append((base + offset, pool.base_address + slot * pool.slot_size, pool.slot_size))
+                offset += pool.slot_size
+        if runs:
+            self._copy_runs(self.remote_level, level, runs)
+        for pg, _, _ in pages:
+            self._count(self.remote_level, level, self.levels[level].pool_groups[pg].slot_bytes)
+
+    def _copy_runs(self, src_level: int, dst_level: int, runs: list[CopyRun]) -> None:
+        if self.copier is None:
+            for s_addr, d_addr, size in runs:
+                ctypes.memmove(d_addr, s_addr, size)
+        else:
+            self.copier.copy(src_level, dst_level, runs)
 
     def copy(self, src_level: int, dst_level: int, pool_group: int, pairs: list[tuple[int, int]]) -> list[int]:
         """Copy slot ``src`` of ``src_level`` into slot ``dst`` of ``dst_level`` for each pair,

@@ -274,7 +274,7 @@ class SlotCounts:
     ) -> None:
         """``quota`` overrides the tier's (a quota resize), ``ratio`` (per pool group) the
         initial one (the auto-tuner's)."""
-        tier = config.cache_tiers[level]
+        tier = config.local_tiers[level]
         quota = tier.quota if quota is None else quota
         self.granularity = g = tier_granularity(tier.tier, quota)
         self.min_slots = minimum = compute_min_slots(config, registry, storage)

@@ -93,6 +93,10 @@ class Storage:
                 queue.remove(page)
             page.queued = should
 
+    def settle(self, page: Page) -> None:
+        """A page that entered the tree from outside a cache (the remote tier's) joins its queue."""
+        self._update(page)
+
     def _dequeue(self, page: Page) -> None:
         if page.queued:
             self.group(page).evictable.remove(page)

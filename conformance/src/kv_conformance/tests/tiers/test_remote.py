@@ -1,0 +1,278 @@
+"""The remote tier (docs/store.md): a match that ends locally continues in a ``kv_api.BlockStore``,
+what it brings holds exactly the bytes the writer's pages had, every value is checked before it
+is used, and a store's faults are misses. ``RecordingStore`` keeps every call, so two backends
+can be held to the same calls with the same keys and bytes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+import kv_api
+from kv_api import (
+    AttentionLayerConfig,
+    BufferConfig,
+    GpuCacheTierConfig,
+    HostCacheTierConfig,
+    KVCacheManagerConfig,
+    MemoryBlockStore,
+    RemoteCacheTierConfig,
+    ReuseScope,
+)
+from kv_api.block_value import read_header, store_namespace
+
+from .._manager import GRAIN, active, check_accounting, life_cycles, slot_bytes, toks
+from ..test_manager_page_data import write_all
+
+pytestmark = pytest.mark.requires("remote_tier")
+
+TPB = 4
+LAYERS = [
+    AttentionLayerConfig(0, [BufferConfig("key", 1024), BufferConfig("value", 1024), BufferConfig("scale", 64)]),
+    AttentionLayerConfig(1, [BufferConfig("key", 512), BufferConfig("value", 512)], sliding_window_size=8),
+]
+
+
+class RecordingStore(MemoryBlockStore):
+    """A ``MemoryBlockStore`` that keeps every call: ``(method, keys, values or lengths)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, list[bytes], list[bytes]]] = []
+
+    def contains(self, keys: Sequence[bytes]) -> int:
+        n = super().contains(keys)
+        self.calls.append(("contains", list(keys), [bytes([n])]))
+        return n
+
+    def get_into(self, keys: Sequence[bytes], buffers: Sequence[memoryview]) -> int:
+        n = super().get_into(keys, buffers)
+        self.calls.append(("get_into", list(keys), [bytes(b) for b in buffers[:n]]))
+        return n
+
+    def put(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+        self.calls.append(("put", list(keys), [bytes(v) for v in values]))
+        super().put(keys, values)
+
+
+def config(store: kv_api.BlockStore, model: str = "m", host: bool = False, layers: Any = None) -> KVCacheManagerConfig:
+    tiers: list[Any] = [GpuCacheTierConfig(GRAIN)]
+    if host:
+        tiers.append(HostCacheTierConfig(GRAIN))
+    return KVCacheManagerConfig(TPB, [*tiers, RemoteCacheTierConfig(store, model, "r1")], layers or LAYERS)
+
+
+def write_prompt(manager: Any, tokens: list[int], seed: int, scope: ReuseScope | None = None) -> dict[Any, bytes]:
+    """A cache of ``tokens`` whose every page holds a pattern; committed and closed."""
+    cache = active(manager, len(tokens), scope=scope)
+    written = write_all(manager, cache, seed)
+    cache.commit(tokens)
+    cache.close()
+    return written
+
+
+def read_pages(manager: Any, cache: Any) -> dict[tuple[int, int], bytes]:
+    out = {}
+    for lc in life_cycles(manager):
+        for o, slot in enumerate(cache.get_base_page_indices(lc.id)):
+            if slot >= 0:
+                out[lc.id, o] = slot_bytes(manager, lc.id, slot)
+    return out
+
+
+@pytest.mark.parametrize("host", [False, True], ids=["device", "host"])
+def test_second_manager_reuses_the_first_ones_bytes(backend: kv_api.Backend, host: bool) -> None:
+    if host and not backend.capabilities.host_tier:
+        pytest.skip("needs host_tier")
+    store = MemoryBlockStore()
+    tokens = toks(22)
+    writer = backend.KVCacheManager(config(store, host=host))
+    written = write_prompt(writer, tokens, 1)
+    assert writer.get_committed_stats().remote_written == 5  # the full blocks
+    assert len(store.values) == 5
+    reader = backend.KVCacheManager(config(store, host=host))
+    cache = reader.create_kv_cache(None, tokens)
+    assert cache.num_committed_tokens == 20
+    levels = cache.cached_tokens_by_level
+    assert levels[-1] == 20 and sum(levels) == 20 and len(levels) == (3 if host else 2)
+    stats = reader.get_committed_stats()
+    assert (stats.remote_lookups, stats.remote_blocks, stats.remote_rejected) == (1, 5, 0)
+    assert stats.reused_tokens == 20
+    assert cache.resume()
+    got = read_pages(reader, cache)
+    # Window pages out of the window at the writer's end are not stored: compare what both have.
+    assert got and all(got[k] == written[k] for k in got), "a remote page's bytes differ from the writer's"
+    assert {k for k in got if k[0] == 0} == {(0, o) for o in range(5)}
+    cache.close()
+    check_accounting(reader, open_caches=False)
+    # Now local: a third cache reuses them without asking the store again.
+    again = reader.create_kv_cache(None, tokens)
+    assert again.num_committed_tokens == 20 and again.cached_tokens_by_level[-1] == 0
+    assert reader.get_committed_stats().remote_blocks == 5
+    again.close()
+
+
+def test_the_store_continues_a_local_match(backend: kv_api.Backend) -> None:
+    store = RecordingStore()
+    first, second = backend.KVCacheManager(config(store)), backend.KVCacheManager(config(store))
+    write_prompt(first, toks(16), 1)
+    write_prompt(second, toks(8), 2)  # the first two blocks are local to the second manager
+    store.calls.clear()
+    cache = second.create_kv_cache(None, toks(16))
+    assert cache.num_committed_tokens == 16 and cache.cached_tokens_by_level == [8, 8]
+    ns = store_namespace("m", "r1", second.init_config)
+    method, keys, _ = store.calls[0]
+    assert method == "contains" and len(keys) == 2 and all(k.startswith(ns) for k in keys)
+    assert all(k in store.values for k in keys)
+    cache.close()
+
+
+def test_namespaces_and_scopes_are_isolated(backend: kv_api.Backend) -> None:
+    store = MemoryBlockStore()
+    write_prompt(backend.KVCacheManager(config(store)), toks(16), 1, scope=ReuseScope(salt=1))
+    other_model = backend.KVCacheManager(config(store, model="other"))
+    assert other_model.create_kv_cache(ReuseScope(salt=1), toks(16)).num_committed_tokens == 0
+    other_layout = backend.KVCacheManager(config(store, layers=[AttentionLayerConfig(0, [BufferConfig("key", 1024)])]))
+    assert other_layout.create_kv_cache(ReuseScope(salt=1), toks(16)).num_committed_tokens == 0
+    same = backend.KVCacheManager(config(store))
+    assert same.create_kv_cache(ReuseScope(salt=2), toks(16)).num_committed_tokens == 0
+    assert same.create_kv_cache(None, toks(16)).num_committed_tokens == 0
+    assert same.create_kv_cache(ReuseScope(salt=1), toks(16)).num_committed_tokens == 16
+
+
+def _tamper(value: bytes, how: str, other: bytes) -> bytes:
+    if how == "garbage":
+        return bytes((i * 37 + 11) & 0xFF for i in range(len(value)))
+    if how == "payload":  # one byte of the pages flipped: the checksum fails
+        return value[:-1] + bytes([value[-1] ^ 1])
+    if how == "key":  # another block's value (a valid value, under the wrong key)
+        return other
+    if how == "truncated":
+        return value[: len(value) // 2]
+    raise AssertionError(how)
+
+
+@pytest.mark.parametrize("how", ["garbage", "payload", "key", "truncated"])
+def test_a_bad_value_is_a_miss_never_data(backend: kv_api.Backend, how: str) -> None:
+    store = MemoryBlockStore()
+    write_prompt(backend.KVCacheManager(config(store)), toks(16), 1)
+    keys = sorted(store.values, key=lambda k: read_header(store.values[k]).prefix_tokens)  # type: ignore[union-attr]
+    store.values[keys[2]] = _tamper(store.values[keys[2]], how, store.values[keys[1]])
+    reader = backend.KVCacheManager(config(store))
+    cache = reader.create_kv_cache(None, toks(16))
+    assert cache.num_committed_tokens == 8  # the two blocks before the bad one
+    stats = reader.get_committed_stats()
+    assert stats.remote_blocks == 2
+    # A wrong length is the store's to refuse (its own counter); the rest the manager's.
+    assert stats.remote_rejected == (0 if how == "truncated" else 1)
+    assert store.num_bad_values == (1 if how == "truncated" else 0)
+    cache.close()
+
+
+def test_another_layouts_value_is_refused(backend: kv_api.Backend) -> None:
+    """A value of a layout with the same value size but another fingerprint, under our key."""
+    store = MemoryBlockStore()
+    write_prompt(backend.KVCacheManager(config(store)), toks(8), 1)
+    other = [
+        LAYERS[0],
+        AttentionLayerConfig(1, [BufferConfig("key", 512), BufferConfig("value", 512)], sliding_window_size=12),
+    ]
+    foreign = MemoryBlockStore()
+    write_prompt(backend.KVCacheManager(config(foreign, layers=other)), toks(8), 1)
+    mine = sorted(store.values, key=lambda k: read_header(store.values[k]).prefix_tokens)  # type: ignore[union-attr]
+    theirs = sorted(foreign.values, key=lambda k: read_header(foreign.values[k]).prefix_tokens)  # type: ignore[union-attr]
+    assert len(store.values[mine[0]]) == len(foreign.values[theirs[0]])
+    store.values[mine[0]] = foreign.values[theirs[0]]
+    reader = backend.KVCacheManager(config(store))
+    assert reader.create_kv_cache(None, toks(8)).num_committed_tokens == 0
+    assert reader.get_committed_stats().remote_rejected == 1
+
+
+class FailingStore(MemoryBlockStore):
+    """Raises, or answers out of range, from the method named ``broken``."""
+
+    def __init__(self, broken: str, answer: Any = None) -> None:
+        super().__init__()
+        self.broken, self.answer = broken, answer
+
+    def contains(self, keys: Sequence[bytes]) -> int:
+        return self._maybe("contains", super().contains(keys))
+
+    def get_into(self, keys: Sequence[bytes], buffers: Sequence[memoryview]) -> int:
+        return self._maybe("get_into", super().get_into(keys, buffers))
+
+    def put(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+        self._maybe("put", None)
+        super().put(keys, values)
+
+    def _maybe(self, method: str, result: Any) -> Any:
+        if method != self.broken:
+            return result
+        if self.answer is None:
+            raise ConnectionError("store down")
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    ("broken", "answer"),
+    [("contains", None), ("get_into", None), ("contains", 99), ("get_into", -1), ("contains", "2")],
+)
+def test_a_failing_store_costs_misses(backend: kv_api.Backend, broken: str, answer: Any) -> None:
+    good = MemoryBlockStore()
+    write_prompt(backend.KVCacheManager(config(good)), toks(16), 1)
+    store = FailingStore(broken, answer)
+    store.values.update(good.values)
+    reader = backend.KVCacheManager(config(store))
+    cache = reader.create_kv_cache(None, toks(16))
+    assert cache.num_committed_tokens == 0
+    assert reader.get_committed_stats().remote_errors == 1
+    cache.close()
+    check_accounting(reader, open_caches=False)
+
+
+def test_a_failing_put_never_fails_the_commit(backend: kv_api.Backend) -> None:
+    store = FailingStore("put")
+    manager = backend.KVCacheManager(config(store))
+    write_prompt(manager, toks(16), 1)
+    stats = manager.get_committed_stats()
+    assert (stats.remote_written, stats.remote_errors, stats.committed_blocks) == (0, 1, 4)
+    assert manager.create_kv_cache(None, toks(16)).num_committed_tokens == 16  # still local
+
+
+def test_max_reused_tokens_bounds_the_fetch(backend: kv_api.Backend) -> None:
+    store = RecordingStore()
+    write_prompt(backend.KVCacheManager(config(store)), toks(16), 1)
+    store.calls.clear()
+    reader = backend.KVCacheManager(config(store))
+    cache = reader.create_kv_cache(None, toks(16), max_reused_tokens=9)
+    assert cache.num_committed_tokens == 8
+    assert [len(keys) for method, keys, _ in store.calls if method == "contains"] == [2]
+
+
+def test_probes_stay_local(backend: kv_api.Backend) -> None:
+    store = RecordingStore()
+    write_prompt(backend.KVCacheManager(config(store)), toks(16), 1)
+    store.calls.clear()
+    reader = backend.KVCacheManager(config(store))
+    assert reader.probe_reuse(None, toks(16)) == 0
+    assert store.calls == []
+
+
+def test_backends_make_the_same_store_calls(backends: list[kv_api.Backend]) -> None:
+    """Same config, same calls, two backends: the same store calls with the same keys and bytes."""
+    recorded = []
+    for backend in backends:
+        store = RecordingStore()
+        writer = backend.KVCacheManager(config(store))
+        write_prompt(writer, toks(22), 3)
+        write_prompt(writer, toks(10) + toks(9, 100), 4)
+        reader = backend.KVCacheManager(config(store))
+        write_prompt(reader, toks(6), 5)
+        cache = reader.create_kv_cache(None, toks(22))
+        cache.resume()
+        cache.close()
+        recorded.append(store.calls)
+    for other in recorded[1:]:
+        assert other == recorded[0]
