@@ -47,6 +47,8 @@ PY_SOURCES = [
     "packages/kv-replay/tests",
     "packages/kv-events/src",
     "packages/kv-events/tests",
+    "packages/kv-store/src",
+    "packages/kv-store/tests",
     "conformance/src",
     "packages/kv-engine/src",
     "packages/kv-engine/tests",
@@ -123,6 +125,7 @@ def _install(session: nox.Session, *extra: str, engine: bool) -> None:
     session.install(
         "./packages/kv-api",
         "./packages/kv-events",
+        "./packages/kv-store[redis,server]",
         "./packages/kv-replay[plot]",
         *(["./packages/kv-engine"] if engine else []),
         *pure,
@@ -137,7 +140,7 @@ def _install(session: nox.Session, *extra: str, engine: bool) -> None:
 
 def run_unit_tests(session: nox.Session) -> None:
     """Each package's own tests, one pytest run per package (test module names are per package)."""
-    for package in ("kv-api", "kv-core-py", "kv-events"):
+    for package in ("kv-api", "kv-core-py", "kv-events", "kv-store"):
         session.run("pytest", f"packages/{package}/tests", *session.posargs)
 
 

@@ -17,6 +17,8 @@ from kv_api import (
     HostCacheTierConfig,
     KVCacheDesc,
     KVCacheManagerConfig,
+    MemoryBlockStore,
+    RemoteCacheTierConfig,
     SsmLayerConfig,
 )
 from kv_api._check import timeout_ms
@@ -256,3 +258,33 @@ def test_timeout_accepts_numbers_and_none(value: Any, expected: float | None) ->
 def test_timeout_refuses(value: Any, error: type[Exception], message: str) -> None:
     with pytest.raises(error, match=f"^{message}$"):
         timeout_ms("timeout_ms", value)
+
+
+def _remote_config(*tiers: Any) -> KVCacheManagerConfig:
+    return KVCacheManagerConfig(4, list(tiers), [AttentionLayerConfig(0, [BufferConfig("k", 64)])])
+
+
+def test_a_remote_tier_comes_last_and_is_not_a_level() -> None:
+    remote = RemoteCacheTierConfig(MemoryBlockStore(), "model", "rev")
+    config = _remote_config(GpuCacheTierConfig(1 << 20), HostCacheTierConfig(1 << 20), remote)
+    assert config.remote_tier is remote and len(config.local_tiers) == 2
+    assert _remote_config(GpuCacheTierConfig(1 << 20)).remote_tier is None
+    with pytest.raises(ValueError, match="ordered GPU, host, disk, remote"):
+        _remote_config(GpuCacheTierConfig(1 << 20), remote, HostCacheTierConfig(1 << 20))
+    with pytest.raises(ValueError, match="first tier must be a GpuCacheTierConfig"):
+        _remote_config(remote)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"store": object(), "model_id": "m"}, TypeError, "RemoteCacheTierConfig.store: expected a kv_api.BlockStore"),
+        ({"model_id": ""}, ValueError, "RemoteCacheTierConfig.model_id: must be non-empty"),
+        ({"model_id": "a:b"}, ValueError, "RemoteCacheTierConfig.model_id: must be printable without ':'"),
+        ({"model_id": "m", "revision": "\n"}, ValueError, "RemoteCacheTierConfig.revision: must be printable"),
+        ({"model_id": 3}, TypeError, "RemoteCacheTierConfig.model_id"),
+    ],
+)
+def test_a_remote_tier_config_names_the_field(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message.replace("(", r"\(")):
+        RemoteCacheTierConfig(**{"store": MemoryBlockStore(), **kwargs})

@@ -41,6 +41,7 @@ from kv_api import (
     HostCacheTierConfig,
     KVCacheManagerConfig,
     KVCacheStatus,
+    RemoteCacheTierConfig,
     ReuseScope,
     SsmLayerConfig,
     SwaScratchReuseConfig,
@@ -49,6 +50,7 @@ from kv_api.errors import CorruptedError
 from kv_conformance import gates
 
 from ._manager import check_indices, check_lengths, check_page_levels
+from ._store import RecordingStore
 
 #: Sequences (examples) per run, split into shards of at most SHARD_SIZE that xdist spreads over
 #: its workers; ``nox -s tests`` asks for 10,000 (noxfile.py), a plain pytest run for 200.
@@ -77,6 +79,8 @@ TIERS = ["device", "device", "host", "host+disk", "disk"]
 HYBRID = ["attention", "attention", "cms", "ssm"]
 #: ``max_rewind_len`` of sliding-window scratch reuse (None: off).
 REWINDS: list[int | None] = [None, None, 0, 2, 5]
+#: A remote tier (a ``RecordingStore`` per backend, whose calls must agree) below the local levels.
+REMOTES = [False, False, True]
 SLOT = 128 << 10  # bytes of a slot with one life cycle (key + value)
 
 
@@ -92,12 +96,18 @@ def rewind_needs(rewind: int | None) -> list[str]:
     return [] if rewind is None else ["swa_scratch"]
 
 
-def tiers_for(tiers: str, host_slots: int, path: str) -> list[CacheTierConfig]:
+def remote_needs(remote: bool) -> list[str]:
+    return ["remote_tier"] if remote else []
+
+
+def tiers_for(tiers: str, host_slots: int, path: str, store: RecordingStore | None = None) -> list[CacheTierConfig]:
     out: list[CacheTierConfig] = [GpuCacheTierConfig(2 << 20)]
     if "host" in tiers:
         out.append(HostCacheTierConfig(host_slots * SLOT))
     if "disk" in tiers:
         out.append(DiskCacheTierConfig(2 << 20, path))
+    if store is not None:
+        out.append(RemoteCacheTierConfig(store, "differential"))
     return out
 
 
@@ -157,6 +167,7 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
     tier_options = gates.shared_options(TIERS, tier_needs, backends)
     hybrid_options = gates.shared_options(HYBRID, hybrid_needs, backends)
     rewind_options = gates.shared_options(REWINDS, rewind_needs, backends)
+    remote_options = gates.shared_options(REMOTES, remote_needs, backends)
 
     class Differential(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -179,6 +190,7 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
             hybrid=st.sampled_from(hybrid_options),
             tuned=st.sampled_from([False, False, True]),
             rewind=st.sampled_from(rewind_options),
+            remote=st.sampled_from(remote_options),
         )
         def build(
             self,
@@ -195,23 +207,34 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
             hybrid: str,
             tuned: bool,
             rewind: int | None,
+            remote: bool,
         ) -> None:
             # The backends this configuration runs on: two share each option, but maybe not all
             # of the options at once (then the draw is rejected, and not counted as a sequence).
-            needs = [*tier_needs(tiers), *hybrid_needs(hybrid), *rewind_needs(rewind)]
+            needs = [*tier_needs(tiers), *hybrid_needs(hybrid), *rewind_needs(rewind), *remote_needs(remote)]
             self.compared = gates.having(backends, needs)
             if len(self.compared) < 2:
                 ran[0] -= 1
             assume(len(self.compared) >= 2)
             self.batches = ["batched_calls" in gates.declared(b) for b in self.compared]
             self.dirs = [tempfile.mkdtemp(prefix="kv-differential-") for _ in self.compared]
+            self.stores = [RecordingStore() for _ in self.compared] if remote else []
             self.configs = [
                 config_for(
-                    tpb, window, sinks, full, backoff, partial, tiers_for(tiers, host_slots, d), hybrid, tuned, rewind
+                    tpb,
+                    window,
+                    sinks,
+                    full,
+                    backoff,
+                    partial,
+                    tiers_for(tiers, host_slots, d, self.stores[i] if remote else None),
+                    hybrid,
+                    tuned,
+                    rewind,
                 )
-                for d in self.dirs
+                for i, d in enumerate(self.dirs)
             ]
-            self.levels = len(self.configs[0].cache_tiers)
+            self.levels = len(self.configs[0].local_tiers)
             self.tpb = tpb
             self.events = [b.KVCacheEventManager(ring, hash_algo) for b in self.compared]
             self.managers = [
@@ -590,10 +613,13 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
                     m.get_committed_stats(),
                     m.get_bytes_moved(),
                     em.get_latest_events(0),
+                    self.stores[i].calls if self.stores else [],  # the store calls since the last step
                 )
 
             if hasattr(self, "managers"):
                 self.each(observe)
+                for store in self.stores:
+                    store.calls.clear()
 
         @invariant()
         def lengths_and_slots(self) -> None:

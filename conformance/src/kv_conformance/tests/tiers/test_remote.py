@@ -1,12 +1,12 @@
 """The remote tier (docs/store.md): a match that ends locally continues in a ``kv_api.BlockStore``,
 what it brings holds exactly the bytes the writer's pages had, every value is checked before it
 is used, and a store's faults are misses. ``RecordingStore`` keeps every call, so two backends
-can be held to the same calls with the same keys and bytes."""
+can be held to the same calls with the same keys and bytes (``_store.py``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -24,6 +24,7 @@ from kv_api import (
 from kv_api.block_value import read_header, store_namespace
 
 from .._manager import GRAIN, active, check_accounting, life_cycles, slot_bytes, toks
+from .._store import RecordingStore
 from ..test_manager_page_data import write_all
 
 pytestmark = pytest.mark.requires("remote_tier")
@@ -33,28 +34,6 @@ LAYERS = [
     AttentionLayerConfig(0, [BufferConfig("key", 1024), BufferConfig("value", 1024), BufferConfig("scale", 64)]),
     AttentionLayerConfig(1, [BufferConfig("key", 512), BufferConfig("value", 512)], sliding_window_size=8),
 ]
-
-
-class RecordingStore(MemoryBlockStore):
-    """A ``MemoryBlockStore`` that keeps every call: ``(method, keys, values or lengths)``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[str, list[bytes], list[bytes]]] = []
-
-    def contains(self, keys: Sequence[bytes]) -> int:
-        n = super().contains(keys)
-        self.calls.append(("contains", list(keys), [bytes([n])]))
-        return n
-
-    def get_into(self, keys: Sequence[bytes], buffers: Sequence[memoryview]) -> int:
-        n = super().get_into(keys, buffers)
-        self.calls.append(("get_into", list(keys), [bytes(b) for b in buffers[:n]]))
-        return n
-
-    def put(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
-        self.calls.append(("put", list(keys), [bytes(v) for v in values]))
-        super().put(keys, values)
 
 
 def config(store: kv_api.BlockStore, model: str = "m", host: bool = False, layers: Any = None) -> KVCacheManagerConfig:
@@ -198,10 +177,10 @@ class FailingStore(MemoryBlockStore):
         self.broken, self.answer = broken, answer
 
     def contains(self, keys: Sequence[bytes]) -> int:
-        return self._maybe("contains", super().contains(keys))
+        return cast(int, self._maybe("contains", super().contains(keys)))
 
     def get_into(self, keys: Sequence[bytes], buffers: Sequence[memoryview]) -> int:
-        return self._maybe("get_into", super().get_into(keys, buffers))
+        return cast(int, self._maybe("get_into", super().get_into(keys, buffers)))
 
     def put(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
         self._maybe("put", None)
