@@ -21,7 +21,7 @@ from kv_api.errors import BackendError
 from kv_replay import engine_command
 from kv_replay.engine_command import EngineError
 from kv_replay.events_command import EventsError, events
-from kv_replay.flag_types import disk_path_flag, integer, progress_flags, quotas, size
+from kv_replay.flag_types import disk_path_flag, integer, progress_flags, quotas, remote_flag, size
 from kv_replay.model import MAX_LAYERS, Layers, ModelError
 from kv_replay.options import OptionError, ReplayOptions
 from kv_replay.plot import PlotError
@@ -150,6 +150,7 @@ def _model_flags(r: argparse.ArgumentParser) -> None:
         help="add a disk tier, the coldest level, of this size (default: none, no disk tier)",
     )
     disk_path_flag(r)
+    remote_flag(r)
     r.add_argument(
         "--layers",
         type=layers,

@@ -22,6 +22,7 @@ from kv_replay.plural import plural
 from kv_replay.replayer import Replayer, ReplayResult
 from kv_replay.report import SUMMARY_SCHEMA, latency_us, summary
 from kv_replay.routers import DynamoRouter, KvOracle, RoundRobin
+from kv_replay.sizes import human_size
 from kv_replay.tier_errors import tier_errors
 from kv_replay.trace import Request
 
@@ -37,7 +38,7 @@ CLUSTER_SCHEMA: dict[str, Any] = {
     "required": [
         *(_NAMED + _QUOTAS),
         *("router", "instances", "requests", "hit_rate", "prompt_tokens", "reused_tokens"),
-        *("routing_latency_us", "per_instance"),
+        *("routing_latency_us", "per_instance", "hit_rate_without_store", "remote"),
     ],
     "properties": {
         **{key: _SUMMARY[key] for key in [*_NAMED, *_QUOTAS]},
@@ -48,6 +49,9 @@ CLUSTER_SCHEMA: dict[str, Any] = {
         "prompt_tokens": {"type": "integer", "minimum": 0},
         "reused_tokens": {"type": "integer", "minimum": 0},
         "routing_latency_us": _SUMMARY["resume_latency_us"]["properties"]["other"],  # count, mean, p50, p99
+        # With --remote: the cluster's hit rate replayed without the shared store (else null).
+        "hit_rate_without_store": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
+        "remote": _SUMMARY["remote"],  # the instances' remote counters added up (else null)
         "per_instance": {
             "type": "array",
             "items": {
@@ -145,9 +149,12 @@ def _route(
     result.instances = [r.end() for r in replayers]
 
 
-def cluster_report(result: ClusterResult, setup: Setup | None = None) -> dict[str, Any]:
+def cluster_report(
+    result: ClusterResult, setup: Setup | None = None, without: ClusterResult | None = None
+) -> dict[str, Any]:
     """The cluster's numbers and each instance's; with ``setup`` (as the command prints it, and
-    the schema asks) also what was replayed: trace, backend, layout and each instance's quotas."""
+    the schema asks) also what was replayed: trace, backend, layout and each instance's quotas;
+    ``without``: the same cluster replayed without its shared store."""
     per = [summary(r, setup) for r in result.instances]
     prompt = sum(s["prompt_tokens"] for s in per)
     reused = sum(s["reused_tokens"] for s in per)
@@ -161,6 +168,8 @@ def cluster_report(result: ClusterResult, setup: Setup | None = None) -> dict[st
         "prompt_tokens": prompt,
         "reused_tokens": reused,
         "routing_latency_us": latency_us(result.routing_seconds),
+        "hit_rate_without_store": None if without is None else _hit_rate(without),
+        "remote": _remote_total(per),
         "per_instance": [
             {
                 "requests": s["requests"],
@@ -174,6 +183,21 @@ def cluster_report(result: ClusterResult, setup: Setup | None = None) -> dict[st
     }
 
 
+def _hit_rate(result: ClusterResult) -> float:
+    per = [summary(r) for r in result.instances]
+    prompt = sum(s["prompt_tokens"] for s in per)
+    return sum(s["reused_tokens"] for s in per) / prompt if prompt else 0.0
+
+
+def _remote_total(per: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The instances' remote counters added up; the store's own are the shared store's (once)."""
+    parts = [s["remote"] for s in per if s["remote"] is not None]
+    if not parts:
+        return None
+    shared = ("store_errors", "store_dropped", "store_call_us")
+    return {key: parts[0][key] if key in shared else sum(p[key] for p in parts) for key in parts[0]}
+
+
 def cluster_table(reports: list[dict[str, Any]]) -> str:
     """One block per router: the cluster's line, then one line per instance."""
     lines = []
@@ -183,6 +207,15 @@ def cluster_table(reports: list[dict[str, Any]]) -> str:
             f"router {rep['router']}: cluster hit rate {rep['hit_rate']:.2%} over {plural(rep['requests'], 'request')} "
             f"on {plural(rep['instances'], 'instance')}; routing p50 {lat['p50']:,.1f} us, p99 {lat['p99']:,.1f} us"
         )
+        if (remote := rep["remote"]) is not None:
+            without = rep["hit_rate_without_store"]
+            versus = "" if without is None else f" against {without:.2%} without it"
+            lines.append(
+                f"  shared store: cluster hit rate {rep['hit_rate']:.2%} with it{versus}; "
+                f"{remote['blocks']:,} blocks from it ({human_size(remote['bytes_in'])}), "
+                f"{remote['written']:,} written ({human_size(remote['bytes_out'])}), "
+                f"{remote['errors'] + remote['store_errors']:,} errors, calls {remote['store_call_us']:,.1f} us mean"
+            )
         for i, inst in enumerate(rep["per_instance"]):
             lines.append(
                 f"  instance {i}: {plural(inst['requests'], 'request')}, hit rate {inst['hit_rate']:.2%}, "

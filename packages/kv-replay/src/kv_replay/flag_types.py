@@ -93,6 +93,30 @@ def disk_path_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def remote(text: str) -> str:
+    """``--remote``: ``redis://`` or ``rediss://`` URL, ``valkey`` (an embedded server) or ``file:DIR``."""
+    spec = text.strip()
+    if spec == "valkey" or (spec.startswith(("redis://", "rediss://")) and len(spec.split("://", 1)[1]) > 0):
+        return spec
+    if spec.startswith("file:") and spec[len("file:") :]:
+        return spec
+    raise argparse.ArgumentTypeError(
+        f"expected redis://HOST:PORT, rediss://HOST:PORT, valkey or file:DIR (got {text[:40]!r})"
+    )
+
+
+def remote_flag(parser: argparse.ArgumentParser) -> None:
+    """``--remote``, as every command with a remote tier takes it."""
+    parser.add_argument(
+        "--remote",
+        type=remote,
+        metavar="STORE",
+        help="add a remote tier below the local ones, shared by every manager of the run (--instances): "
+        "redis://[USER:PASSWORD@]HOST:PORT or rediss:// (a Valkey/Redis server), valkey (start an embedded "
+        "valkey-server for the run) or file:DIR (a directory kept across runs) (default: none; docs/store.md)",
+    )
+
+
 def progress_flags(parser: argparse.ArgumentParser) -> None:
     """``--quiet`` / ``--progress``: whether the progress bar is drawn."""
     bar = parser.add_mutually_exclusive_group()

@@ -81,9 +81,9 @@ def layout(layers: str | Layers) -> str:
     return f"{plural(total, 'layer')}: " + ", ".join(f"{count:,} {kind}{detail}" for count, kind, detail in groups)
 
 
-def quotas(device: Sequence[int], host: Sequence[int] | None, disk: int | None) -> str:
+def quotas(device: Sequence[int], host: Sequence[int] | None, disk: int | None, remote: str | None = None) -> str:
     """``device 128M; no host or disk tier``, ``device 64M; host 256M; disk 1G``; a list (a
-    sweep) as ``device 256M, 1G (swept)``."""
+    sweep) as ``device 256M, 1G (swept)``; a remote tier adds ``remote STORE``."""
 
     def sizes(values: Sequence[int]) -> str:
         return ", ".join(format_size(v) for v in values) + (" (swept)" if len(values) > 1 else "")
@@ -96,4 +96,6 @@ def quotas(device: Sequence[int], host: Sequence[int] | None, disk: int | None) 
     missing = [level for level, given in (("host", bool(host)), ("disk", disk is not None)) if not given]
     if missing:
         parts.append(f"no {' or '.join(missing)} tier")
+    if remote is not None:
+        parts.append(f"remote {remote}")
     return "; ".join(parts)

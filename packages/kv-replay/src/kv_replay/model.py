@@ -10,12 +10,14 @@ from dataclasses import dataclass
 
 from kv_api import (
     AttentionLayerConfig,
+    BlockStore,
     BufferConfig,
     CacheTierConfig,
     DiskCacheTierConfig,
     GpuCacheTierConfig,
     HostCacheTierConfig,
     KVCacheManagerConfig,
+    RemoteCacheTierConfig,
     SsmLayerConfig,
 )
 from kv_api.constants import ceil_div
@@ -26,6 +28,8 @@ _SSM_GROUP = re.compile(r"^(\d{1,9})ssm$")
 #: A group's window that stands for SSM layers in what ``parse_layers`` returns.
 SSM = -1
 MAX_LAYERS = 1024
+#: The model id of the replay's store keys: every replay of one layout shares a store's blocks.
+REMOTE_MODEL_ID = "kvcore-replay"
 #: ``(count, window, sinks)``: a group of ``count`` layers alike (window ``SSM``: state-space).
 Group = tuple[int, int | None, int | None]
 
@@ -88,11 +92,13 @@ def model_config(
     host_quota: int | None = None,
     disk_quota: int | None = None,
     disk_path: str | None = None,
+    remote: BlockStore | None = None,
 ) -> KVCacheManagerConfig:
     """Key and value buffers of ``bytes_per_token * tokens_per_block`` bytes per attention layer,
     and a state of twice that per SSM layer (whose presence turns on ``commit_min_snapshot``);
     ``pool_ratio`` splits the quota between layer groups (default: the manager's split). A
-    ``host_quota`` adds a host tier, a ``disk_quota`` a disk tier in ``disk_path``.
+    ``host_quota`` adds a host tier, a ``disk_quota`` a disk tier in ``disk_path``, a ``remote``
+    store the remote tier (model id ``kvcore-replay``).
 
     Built field by field, each under the option it comes from: a value kv_api refuses is a
     ``ModelError`` naming that option."""
@@ -112,6 +118,8 @@ def model_config(
         # --disk-quota's type checked the quota against the same range: what fails is the directory.
         with _option("disk_path"):
             tiers.append(DiskCacheTierConfig(disk_quota, disk_path or ""))
+    if remote is not None:
+        tiers.append(RemoteCacheTierConfig(remote, REMOTE_MODEL_ID))
     with _option("tokens_per_block"):  # the one field not built above
         config = KVCacheManagerConfig(
             tokens_per_block=tokens_per_block,

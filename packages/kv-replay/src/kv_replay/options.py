@@ -56,6 +56,7 @@ class ReplayOptions:
     host_quota: tuple[int, ...] | None  # None: no host tier
     disk_quota: int | None  # None: no disk tier
     disk_path: str | None  # None: a temporary directory for the disk tier
+    remote: str | None  # None: no remote tier; else a URL, "valkey" or "file:DIR" (kv_replay.remote_store)
     layers: Layers
     bytes_per_token: int
     max_in_flight: int
@@ -83,6 +84,7 @@ class ReplayOptions:
 
     def __post_init__(self) -> None:
         self._check_tier_flags()
+        self._check_remote_flags()
         self._check_publish_flags()
 
     @property
@@ -107,6 +109,20 @@ class ReplayOptions:
             raise OptionError(
                 "host_quota", "a sweep varies one quota: give a list to --quota or to --host-quota, not both"
             )
+
+    def _check_remote_flags(self) -> None:
+        """Runs that share a store one after another would reuse each other's blocks."""
+        if self.remote is None:
+            return
+        for what, given in (
+            ("--compare", self.compare),
+            ("a --quota list", len(self.quota) > 1),
+            ("a --host-quota list", self.host_quota is not None and len(self.host_quota) > 1),
+        ):
+            if given:
+                raise OptionError(
+                    "remote", f"not with {what} (each run would reuse the blocks the runs before it stored)"
+                )
 
     def _check_publish_flags(self) -> None:
         """``--publish`` streams one manager's events: one replay, on one backend."""

@@ -19,11 +19,12 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Protocol
 
 from kv_api import (
     Backend,
+    BlockStore,
     DiskCacheTierConfig,
     HostCacheTierConfig,
     KVCacheEventManager,
@@ -31,7 +32,7 @@ from kv_api import (
     create_manager,
 )
 from kv_api.errors import HostOOMError
-from kv_replay.cluster import cluster_report, cluster_table, replay_cluster
+from kv_replay.cluster import ClusterResult, cluster_report, cluster_table, replay_cluster
 from kv_replay.header import Setup, layout, quotas
 from kv_replay.model import ModelError, model_config, unbounded_quota
 from kv_replay.options import OptionError, ReplayOptions
@@ -39,6 +40,7 @@ from kv_replay.plot import check_output, plot_capacity, plot_replay, plot_router
 from kv_replay.plural import plural
 from kv_replay.progress import ProgressBar
 from kv_replay.publish import check_backend, publishing
+from kv_replay.remote_store import open_store, shown, store_stats
 from kv_replay.replayer import Replayer, ReplayResult, level_name
 from kv_replay.report import comparison, summary, sweep, sweep_table, table, verdict
 from kv_replay.sizes import format_size
@@ -53,9 +55,10 @@ def _config(
     pool_ratio: list[float] | None = None,
     host_quota: int | None = None,
     disk_dir: str | None = None,
+    store: BlockStore | None = None,
 ) -> KVCacheManagerConfig:
-    """The model's config with ``quota`` on the device, a host tier of ``host_quota`` and, given
-    ``disk_dir``, the disk tier of ``--disk-quota`` there."""
+    """The model's config with ``quota`` on the device, a host tier of ``host_quota``, given
+    ``disk_dir`` the disk tier of ``--disk-quota`` there, and given a ``store`` the remote tier."""
     return model_config(
         options.layers,
         options.tokens_per_block,
@@ -66,13 +69,15 @@ def _config(
         host_quota=host_quota,
         disk_quota=options.disk_quota if disk_dir is not None else None,
         disk_path=disk_dir,
+        remote=store,
     )
 
 
 def _quotas(config: KVCacheManagerConfig) -> str:
-    """``64M``, ``64M + host 256M + disk 1G``: the quotas of a config's levels."""
-    device, *lower = config.cache_tiers
-    return " + ".join([format_size(device.quota), *(f"{level_name(t)} {format_size(t.quota)}" for t in lower)])
+    """``64M``, ``64M + host 256M + disk 1G + remote``: the quotas of a config's levels."""
+    device, *lower = config.local_tiers
+    remote = [] if config.remote_tier is None else ["remote"]
+    return " + ".join([format_size(device.quota), *(f"{level_name(t)} {format_size(t.quota)}" for t in lower), *remote])
 
 
 @contextmanager
@@ -118,6 +123,8 @@ def _run(
         replayer = Replayer(backend, config, options.max_in_flight, bar.callback, event_manager=events)
         result = replayer.run(requests)
     replayer.manager.shutdown()  # every cache is closed; the disk tier's files go now
+    if config.remote_tier is not None:
+        result.store = store_stats(config.remote_tier.store)
     return result
 
 
@@ -136,6 +143,7 @@ def check_tiers(options: TierOptions, backends: list[Backend]) -> None:
         for field, value, capability in (
             ("host_quota", options.host_quota, "host_tier"),
             ("disk_quota", options.disk_quota, "disk_tier"),
+            ("remote", getattr(options, "remote", None), "remote_tier"),  # kvcore engine has none yet
         ):
             if value is not None and not getattr(backend.capabilities, capability):
                 level = capability.removesuffix("_tier")
@@ -162,10 +170,12 @@ def replay(options: ReplayOptions, backends: list[Backend]) -> int:
     check_tiers(options, backends)
     if options.publish is not None:
         check_backend(backends[0])
-    if options.disk_quota is None or options.disk_path is not None:
-        return _replay(options, backends, options.disk_path)
-    with tempfile.TemporaryDirectory(prefix="kvcore-replay-") as tmp:  # removed after the run
-        return _replay(options, backends, tmp)
+    with ExitStack() as stack:  # the store and a temporary disk directory go after the run, whatever ends it
+        store = stack.enter_context(open_store(options.remote)) if options.remote is not None else None
+        disk_dir = options.disk_path
+        if options.disk_quota is not None and disk_dir is None:
+            disk_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="kvcore-replay-"))
+        return _replay(options, backends, disk_dir, store)
 
 
 def _wrote(path: str) -> None:
@@ -174,7 +184,9 @@ def _wrote(path: str) -> None:
 
 
 def _quotas_asked(options: ReplayOptions) -> str:
-    return quotas(options.quota, options.host_quota, options.disk_quota)
+    return quotas(
+        options.quota, options.host_quota, options.disk_quota, None if options.remote is None else shown(options.remote)
+    )
 
 
 def _detail(options: ReplayOptions, setup: Setup) -> str:
@@ -183,9 +195,16 @@ def _detail(options: ReplayOptions, setup: Setup) -> str:
 
 
 def _cluster(
-    options: ReplayOptions, backend: Backend, config: KVCacheManagerConfig, requests: list[Request], setup: Setup
+    options: ReplayOptions,
+    backend: Backend,
+    config: KVCacheManagerConfig,
+    requests: list[Request],
+    setup: Setup,
+    baseline: KVCacheManagerConfig | None = None,
 ) -> int:
-    """``--instances`` / ``--router``: one cluster replay per router, then their reports."""
+    """``--instances`` / ``--router``: one cluster replay per router, then their reports. With
+    ``--remote``, each router's cluster replays first without the shared store (``baseline``),
+    then with it: the hit rate the store adds is the headline."""
     names = options.router or ("round-robin",)
     if "dynamo" in names:
         try:
@@ -199,24 +218,12 @@ def _cluster(
             raise OptionError("router", missing, "dynamo")
     reports = []
     for name in names:
-        label = f"replay ({backend.name}, {plural(options.instances, 'instance')}, router {name})"
-        try:
-            with (
-                _option_errors(options),
-                ProgressBar(label, quiet=options.quiet, forced=options.progress) as bar,
-            ):
-                result = replay_cluster(
-                    backend,
-                    config,
-                    requests,
-                    instances=options.instances,
-                    router=name,
-                    max_in_flight=options.max_in_flight,
-                    progress=bar.callback,
-                )
-        except RuntimeError as exc:  # the indexer failed to start or to follow
-            raise OptionError("router", str(exc), name) from None
-        reports.append(cluster_report(result, setup))
+        without = None if baseline is None else _cluster_run(options, backend, baseline, requests, name, "no store")
+        result = _cluster_run(options, backend, config, requests, name)
+        if config.remote_tier is not None:
+            for instance in result.instances:  # the store all of them shared
+                instance.store = store_stats(config.remote_tier.store)
+        reports.append(cluster_report(result, setup, without))
     if options.json:
         print(json.dumps(reports if len(reports) > 1 else reports[0], indent=2))
     else:
@@ -231,10 +238,39 @@ def _cluster(
     return 0
 
 
-def _replay(options: ReplayOptions, backends: list[Backend], disk_dir: str | None) -> int:
+def _cluster_run(
+    options: ReplayOptions,
+    backend: Backend,
+    config: KVCacheManagerConfig,
+    requests: list[Request],
+    router: str,
+    note: str = "",
+) -> ClusterResult:
+    label = (
+        f"replay ({backend.name}, {plural(options.instances, 'instance')}, router {router}{', ' * bool(note)}{note})"
+    )
+    try:
+        with (
+            _option_errors(options),
+            ProgressBar(label, quiet=options.quiet, forced=options.progress) as bar,
+        ):
+            return replay_cluster(
+                backend,
+                config,
+                requests,
+                instances=options.instances,
+                router=router,
+                max_in_flight=options.max_in_flight,
+                progress=bar.callback,
+            )
+    except RuntimeError as exc:  # the indexer failed to start or to follow
+        raise OptionError("router", str(exc), router) from None
+
+
+def _replay(options: ReplayOptions, backends: list[Backend], disk_dir: str | None, store: BlockStore | None) -> int:
     # Every quota is valid before anything runs; one of --quota and --host-quota is a single size.
     configs = [
-        _config(options, quota, host_quota=host, disk_dir=disk_dir)
+        _config(options, quota, host_quota=host, disk_dir=disk_dir, store=store)
         for quota in options.quota
         for host in options.host_quota or (None,)
     ]
@@ -245,7 +281,9 @@ def _replay(options: ReplayOptions, backends: list[Backend], disk_dir: str | Non
     )
     setup = Setup.from_options(options, len(requests))
     if options.clustered:
-        return _cluster(options, backends[0], configs[0], requests, setup)
+        host = options.host_quota[0] if options.host_quota else None
+        baseline = _config(options, options.quota[0], host_quota=host, disk_dir=disk_dir) if store else None
+        return _cluster(options, backends[0], configs[0], requests, setup, baseline)
     if len(configs) > 1:
         return _sweep(options, backends, configs, requests, setup)
     return _single(options, backends, configs[0], requests, setup)

@@ -46,6 +46,7 @@ from kv_api import (
     KVCache,
     KVCacheEventManager,
     KVCacheManagerConfig,
+    RemoteCacheTierConfig,
     StorageStatistics,
     create_manager,
 )
@@ -99,12 +100,27 @@ class ReplayResult:
     onboarding_resume_seconds: list[float] = field(default_factory=list)
     other_resume_seconds: list[float] = field(default_factory=list)
     level_utilization: list[float] = field(default_factory=list)  # per level at the end (see _occupancy)
+    # The remote tier's counters (CacheStats' remote_*), None without one.
+    remote: dict[str, int] | None = None
+    store: dict[str, Any] | None = None  # the store's own counters (kv_store.StoreStats), where it has them
+
+
+#: ``CacheStats``' remote counters, as a report names them.
+REMOTE_COUNTERS = {
+    "lookups": "remote_lookups",
+    "blocks": "remote_blocks",
+    "rejected": "remote_rejected",
+    "written": "remote_written",
+    "errors": "remote_errors",
+}
 
 
 def level_name(tier: object) -> str:
-    """``device``, ``host`` or ``disk``: a cache tier's config as the report names its level."""
+    """``device``, ``host``, ``disk`` or ``remote``: a cache tier's config as the report names its level."""
     if isinstance(tier, HostCacheTierConfig):
         return "host"
+    if isinstance(tier, RemoteCacheTierConfig):
+        return "remote"
     return "disk" if isinstance(tier, DiskCacheTierConfig) else "device"
 
 
@@ -311,11 +327,11 @@ class Replayer:
         self.requests: list[Request] = []
         self.result = ReplayResult(
             self.backend.name,
-            self.config.cache_tiers[0].quota,
+            self.config.local_tiers[0].quota,
             self.config.tokens_per_block,
             [],
             levels=[level_name(t) for t in self.config.cache_tiers],
-            level_quotas=[t.quota for t in self.config.cache_tiers],
+            level_quotas=[getattr(t, "quota", 0) for t in self.config.cache_tiers],  # a remote tier: 0
         )
         self.admitted_prompt = 0
         self.reused = 0
@@ -406,8 +422,10 @@ class Replayer:
             self.result.bytes_moved = dict(self.manager.get_bytes_moved())
         self.result.level_utilization = [
             _occupancy(self.manager.get_storage_statistics(level) if level else self.manager.get_storage_statistics())
-            for level in range(len(self.config.cache_tiers))
+            for level in range(len(self.config.local_tiers))
         ]
+        if self.config.remote_tier is not None:
+            self.result.remote = {name: getattr(stats, field) for name, field in REMOTE_COUNTERS.items()}
         self.result.peak_resident_bytes = resident.peak_bytes()
         return self.result
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from kv_api.constants import ceil_div
 from kv_replay.header import Setup
+from kv_replay.remote_report import REMOTE_ROWS, REMOTE_SCHEMA, remote_cells, remote_summary
 from kv_replay.replayer import ReplayResult
 from kv_replay.sizes import format_size, human_size
 
@@ -21,7 +22,7 @@ _LATENCY = {
     },
     "additionalProperties": False,
 }
-_LEVELS = ["device", "host", "disk"]
+_LEVELS = ["device", "host", "disk", "remote"]
 
 #: JSON Schema of ``kvcore replay --json`` (one summary) and ``--json --compare`` (several).
 SUMMARY_SCHEMA: dict[str, Any] = {
@@ -56,6 +57,7 @@ SUMMARY_SCHEMA: dict[str, Any] = {
         "onboarded_pages",
         "resume_latency_us",
         "level_utilization",
+        "remote",
     ],
     "properties": {
         "trace": {"type": "string"},
@@ -94,7 +96,7 @@ SUMMARY_SCHEMA: dict[str, Any] = {
         },
         "bytes_moved": {
             "type": "object",
-            "propertyNames": {"pattern": "^(device|host|disk)->(device|host|disk)$"},
+            "propertyNames": {"pattern": "^(device|host|disk|remote)->(device|host|disk|remote)$"},
             "additionalProperties": {"type": "integer", "minimum": 0},
         },
         "onboarded_pages": {"type": "integer", "minimum": 0},
@@ -107,9 +109,10 @@ SUMMARY_SCHEMA: dict[str, Any] = {
         "level_utilization": {
             "type": "object",
             "required": ["device"],
-            "properties": {level: {"type": "number", "minimum": 0, "maximum": 1} for level in _LEVELS},
+            "properties": {level: {"type": "number", "minimum": 0, "maximum": 1} for level in _LEVELS[:3]},
             "additionalProperties": False,
         },
+        "remote": REMOTE_SCHEMA,
     },
     "additionalProperties": False,
 }
@@ -203,6 +206,7 @@ def summary(result: ReplayResult, setup: Setup | None = None) -> dict[str, Any]:
             "other": latency_us(result.other_resume_seconds),
         },
         "level_utilization": dict(zip(result.levels, result.level_utilization, strict=False)),
+        "remote": remote_summary(result),
     }
 
 
@@ -246,7 +250,7 @@ def _tier_rows(summaries: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
     for kind, label in (("onboarding", "onboarding resume"), ("other", "other resume")):
         rows.append((f"{kind}_count", f"{label}s", "{:,}"))
         rows += [(f"{kind}_{q}", f"{label} {q}", "{:,.1f} us") for q in ("p50", "p99", "mean")]
-    rows += [(f"utilization_{level}", f"{level} utilisation at end", "{:.1%}") for level in levels]
+    rows += [(f"utilization_{level}", f"{level} utilisation at end", "{:.1%}") for level in levels if level != "remote"]
     return rows
 
 
@@ -270,7 +274,7 @@ def _cells(s: dict[str, Any]) -> dict[str, Any]:
     flat["admission_p99"] = s["admission_latency_us"]["p99"]
     flat["quota"] = format_size(s["quota"])
     flat["peak_resident_mib"] = s["peak_resident_bytes"] / (1 << 20)
-    return flat
+    return flat | remote_cells(s)
 
 
 def _grid(rows: list[list[str]], left: int) -> list[str]:
@@ -296,6 +300,8 @@ def table(summaries: list[dict[str, Any]]) -> str:
     if _tiered(summaries):  # after the evictions row
         at = [key for key, _, _ in ROWS].index("evictions") + 1
         rows = [*ROWS[:at], *_tier_rows(summaries), *ROWS[at:]]
+    if any(s["remote"] for s in summaries):
+        rows = [*rows, *REMOTE_ROWS]
     lines = [[label, *(fmt.format(c[key]) for c in cells)] for key, label, fmt in rows]
     return "\n".join(_grid([header, *lines], left=1))
 

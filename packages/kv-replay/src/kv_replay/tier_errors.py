@@ -12,17 +12,20 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from kv_api import CacheTierConfig, DiskCacheTierConfig, KVCacheManagerConfig
+from kv_api import DiskCacheTierConfig, GpuCacheTierConfig, HostCacheTierConfig, KVCacheManagerConfig
 from kv_api.errors import DiskOOMError, HostOOMError
 
 __all__ = ["TierError", "tier_errors"]
+
+#: A level of this process (a remote tier's store fails as misses, never as an error).
+LocalTier = GpuCacheTierConfig | HostCacheTierConfig | DiskCacheTierConfig
 
 
 class TierError(Exception):
     """The manager failed on the cache level ``tier``: on its ``field`` (``"quota"``, or
     ``"path"``, a disk tier's directory), with the backend's ``error``."""
 
-    def __init__(self, tier: CacheTierConfig, field: str, error: Exception) -> None:
+    def __init__(self, tier: LocalTier, field: str, error: Exception) -> None:
         super().__init__(f"{type(tier).__name__}.{field}: {error}")
         self.tier = tier
         self.field = field
@@ -37,7 +40,7 @@ def tier_errors(config: KVCacheManagerConfig) -> Iterator[None]:
     try:
         yield
     except HostOOMError as exc:
-        raise TierError(_failed_level(config.cache_tiers, exc), "quota", exc) from None
+        raise TierError(_failed_level(config.local_tiers, exc), "quota", exc) from None
     except (DiskOOMError, OSError) as exc:
         disk = next((t for t in config.cache_tiers if isinstance(t, DiskCacheTierConfig)), None)
         if disk is None or isinstance(exc, BrokenPipeError):
@@ -46,7 +49,7 @@ def tier_errors(config: KVCacheManagerConfig) -> Iterator[None]:
         raise TierError(disk, "quota" if sized else "path", exc) from None
 
 
-def _failed_level(tiers: Sequence[CacheTierConfig], exc: Exception) -> CacheTierConfig:
+def _failed_level(tiers: Sequence[LocalTier], exc: Exception) -> LocalTier:
     """The level ``exc`` says failed (its ``level``), else the device level: memory no level
     asked for (a request's block table) is the device quota's to blame."""
     level = getattr(exc, "level", None)
