@@ -36,9 +36,16 @@ BatchDesc batch_desc(nb::handle b) {
 KVCacheManagerConfig manager_config(nb::handle c) {
   KVCacheManagerConfig out;
   out.tokens_per_block = nb::cast<std::int64_t>(c.attr("tokens_per_block"));
-  if (!c.attr("remote_tier").is_none()) {  // Capabilities.remote_tier is False here (docs/store.md)
-    PyErr_SetString(PyExc_NotImplementedError, "kv_core_cpp: no remote tier (RemoteCacheTierConfig) yet");
-    throw nb::python_error();
+  nb::object remote = c.attr("remote_tier");
+  if (!remote.is_none()) {
+    // kv_api computes what names the values, so that both backends' are byte-identical.
+    const auto bytes = [](nb::handle b) {
+      const nb::bytes v = nb::borrow<nb::bytes>(b);
+      return std::string(v.c_str(), v.size());
+    };
+    out.remote_tier =
+        RemoteTierConfig{bytes(api("block_value.store_namespace")(remote.attr("model_id"), remote.attr("revision"), c)),
+                         bytes(api("block_value.layout_fingerprint")(c))};
   }
   for (nb::handle tier : c.attr("local_tiers")) {
     CacheTierConfig t;

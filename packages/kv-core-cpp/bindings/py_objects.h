@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 
+#include "kvcore/block_store.h"
 #include "kvcore/event_manager.h"
 #include "kvcore/kv_cache.h"
 #include "kvcore/manager.h"
@@ -46,11 +47,27 @@ class PyPageCopier : public PageCopier {
   PyObject* copier_;
 };
 
+// A kv_api.BlockStore called from the core (py_block_store.cc): the GIL is taken for each call;
+// an Exception the store raises is its fault, a miss (-1, false) the core counts, as
+// kv_core_py's remote tier catches them; a BaseException (KeyboardInterrupt) propagates.
+class PyBlockStore : public BlockStore {
+ public:
+  explicit PyBlockStore(nb::handle store) : store_(store.ptr()) {}  // borrowed: PyManager owns it
+  std::int64_t contains(const std::vector<std::string>& keys) override;
+  std::int64_t get_into(const std::vector<std::string>& keys, const std::vector<ValueBuffer>& buffers) override;
+  bool put(const std::vector<std::string>& keys, std::vector<std::string> values) override;
+
+ private:
+  PyObject* store_;
+};
+
 struct PyManager {
-  nb::object config;                     // the kv_api config, as given (frozen)
-  nb::object event_manager;              // keeps the events alive as long as the manager
-  nb::object page_copier;                // the Python copier (None: the core's own copies)
-  std::unique_ptr<PyPageCopier> copier;  // declared before the manager: destroyed after it
+  nb::object config;                          // the kv_api config, as given (frozen)
+  nb::object event_manager;                   // keeps the events alive as long as the manager
+  nb::object page_copier;                     // the Python copier (None: the core's own copies)
+  std::unique_ptr<PyPageCopier> copier;       // declared before the manager: destroyed after it
+  nb::object store;                           // the remote tier's kv_api.BlockStore (None: no remote tier)
+  std::unique_ptr<PyBlockStore> block_store;  // declared before the manager: destroyed after it
   std::unique_ptr<KVCacheManager> manager;
   nb::tuple life_cycles;  // kv_api.LifeCycle objects (with get_stale_range), handed to priority callbacks
 };

@@ -39,14 +39,23 @@ void init(PyManager* self, nb::handle config, nb::handle event_manager, nb::hand
   // The default copier is memmove in the core: no Python call per batch (as kv_core_py).
   const bool own_copies = page_copier.is_none() || page_copier.type().is(api("HostMemoryCopier"));
   auto copier = own_copies ? nullptr : std::make_unique<PyPageCopier>(page_copier);
+  nb::object remote = config.attr("remote_tier");
+  nb::object store = remote.is_none() ? nb::none() : remote.attr("store");
+  auto block_store = store.is_none() ? nullptr : std::make_unique<PyBlockStore>(store);
   std::unique_ptr<KVCacheManager> manager;
   {
     nb::gil_scoped_release release;
-    manager = std::make_unique<KVCacheManager>(c, events, copier.get());
+    manager = std::make_unique<KVCacheManager>(c, events, copier.get(), block_store.get());
   }
   nb::tuple life_cycles = life_cycle_objects(*manager);
-  new (self) PyManager{nb::borrow(config), nb::borrow(event_manager), nb::borrow(page_copier),
-                       std::move(copier),  std::move(manager),        life_cycles};
+  new (self) PyManager{nb::borrow(config),
+                       nb::borrow(event_manager),
+                       nb::borrow(page_copier),
+                       std::move(copier),
+                       store,
+                       std::move(block_store),
+                       std::move(manager),
+                       life_cycles};
 }
 
 // --- page copies -------------------------------------------------------------------------------
@@ -217,7 +226,9 @@ std::int64_t cache_id_arg(nb::handle cache_id) { return arg::int_between("cache_
 
 nb::object stats_object(const CacheStats& s) {
   return api("stats.CacheStats")(s.requests, s.lookup_tokens, s.reused_tokens, s.allocated_pages, s.evicted_pages,
-                                 s.committed_blocks, s.onboarded_pages, s.corrupt_pages, s.disk_full_events);
+                                 s.committed_blocks, s.onboarded_pages, s.corrupt_pages, s.disk_full_events,
+                                 s.remote_lookups, s.remote_blocks, s.remote_rejected, s.remote_written,
+                                 s.remote_errors);
 }
 
 // One of the manager's statistics snapshots, taken without the GIL.

@@ -9,6 +9,7 @@
 #include "kvcore/constants.h"
 #include "kvcore/error.h"
 #include "kvcore/kv_cache.h"
+#include "kvcore/remote_tier.h"
 
 namespace kvcore {
 
@@ -44,7 +45,10 @@ void KVCache::commit(const Tokens& src, std::size_t begin, std::size_t end, bool
   const std::int64_t last = static_cast<std::int64_t>(tokens_.size()) / tokens_per_block_;
   // A decode step's usual commit: what the rest finds here is no scratch, nothing stale, no
   // block filled, no snapshot.
-  if (full_attention_only_ && !min_snapshot && last == first && !is_end) return;
+  if (full_attention_only_ && !min_snapshot && last == first && !is_end) {
+    if (context_.remote != nullptr) context_.remote->flush();  // what a stop_committing() added
+    return;
+  }
   // A longer history leaves fewer scratch blocks.
   for (int group : block_layer_groups_) {
     free_scratch(group, static_cast<std::size_t>(scratch_need(group, capacity_, history_)));
@@ -68,6 +72,7 @@ void KVCache::commit(const Tokens& src, std::size_t begin, std::size_t end, bool
   if (min_snapshot && added > 0 && !is_end) snapshot(false);
   apply_stale_releases(stale_releases(history_), history_);
   if (is_end) stop_committing_locked(min_snapshot);
+  if (context_.remote != nullptr) context_.remote->flush();
 }
 
 std::optional<Digest> KVCache::commit_keys_parent_at(std::int64_t ordinal) const {
@@ -126,6 +131,7 @@ void KVCache::commit_block(std::int64_t ordinal, const std::vector<Page*>* pages
     }
     block = context_.tree().add(parent, key, tokens_, begin, end, ordinal);
     stats.committed_block();
+    if (full && context_.remote != nullptr) context_.remote->add_pending(block);
     if (shorter != nullptr) context_.storage().adopt(block, shorter);
   }
   Page* const* ours_by_group = pages == nullptr ? cache_block.pages.data() : pages->data();

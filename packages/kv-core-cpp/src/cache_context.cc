@@ -16,6 +16,11 @@ void add(CacheStats& to, const CacheStats& d) {
   to.onboarded_pages += d.onboarded_pages;
   to.corrupt_pages += d.corrupt_pages;
   to.disk_full_events += d.disk_full_events;
+  to.remote_lookups += d.remote_lookups;
+  to.remote_blocks += d.remote_blocks;
+  to.remote_rejected += d.remote_rejected;
+  to.remote_written += d.remote_written;
+  to.remote_errors += d.remote_errors;
 }
 
 }  // namespace

@@ -20,7 +20,8 @@ constexpr std::int64_t kPrefetchBlocks = 8;
 }  // namespace
 
 KVCache::KVCache(CacheContext& context, std::int64_t id, const ReuseScope& scope, const Digest& root_key,
-                 TokenList tokens, const MatchPath& path, PriorityCallback priority, RequestStats request_stats)
+                 TokenList tokens, const MatchPath& path, PriorityCallback priority, RequestStats request_stats,
+                 const std::vector<const Block*>& fetched)
     : stats(std::move(request_stats)),
       context_(context),
       id_(id),
@@ -40,16 +41,16 @@ KVCache::KVCache(CacheContext& context, std::int64_t id, const ReuseScope& scope
       num_reused_(history_),
       index_(num_layer_groups_),
       stale_scan_(num_layer_groups_, 0),
-      cached_by_level_(static_cast<std::size_t>(context.storage().num_levels()), 0),
+      cached_by_level_(static_cast<std::size_t>(context.storage().num_levels() + (context.remote != nullptr)), 0),
       ssm_state_(num_layer_groups_, nullptr),
       ssm_locked_(num_layer_groups_, false),
       ssm_snapshot_(num_layer_groups_, nullptr),
       scratch_on_(context.swa_scratch_reuse().has_value()),
       scratch_pages_(num_layer_groups_) {
-  hold_matched(path);
+  hold_matched(path, fetched);
 }
 
-void KVCache::hold_matched(const MatchPath& path) {
+void KVCache::hold_matched(const MatchPath& path, const std::vector<const Block*>& fetched) {
   // Priorities first: a failing callback must leave the tree untouched.
   struct Reused {
     std::int64_t ordinal;
@@ -77,7 +78,12 @@ void KVCache::hold_matched(const MatchPath& path) {
   std::vector<int> block_level(path.size(), 0);  // the coldest level among a block's reused pages
   for (const Reused& r : reused) block_level[r.ordinal] = std::max(block_level[r.ordinal], r.page->level);
   for (const Reused& r : snapshots) block_level[r.ordinal] = std::max(block_level[r.ordinal], r.page->level);
-  for (std::size_t i = 0; i < path.size(); ++i) cached_by_level_[block_level[i]] += path[i].second;
+  const int remote_column = context_.storage().num_levels();
+  for (std::size_t i = 0; i < path.size(); ++i) {
+    // A block the remote tier brought for this match counts there (the last column).
+    const bool brought = std::find(fetched.begin(), fetched.end(), path[i].first) != fetched.end();
+    cached_by_level_[brought ? remote_column : block_level[i]] += path[i].second;
+  }
   blocks_.reserve(path.size());
   for (const auto& [block, matched] : path) {
     CacheBlock& cache_block = blocks_.emplace_back(num_layer_groups_);

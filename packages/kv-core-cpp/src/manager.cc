@@ -21,7 +21,8 @@ KVCacheEventManager* bind_events(KVCacheEventManager* events, const LifeCycleReg
 
 }  // namespace
 
-KVCacheManager::KVCacheManager(const KVCacheManagerConfig& config, KVCacheEventManager* events, PageCopier* copier)
+KVCacheManager::KVCacheManager(const KVCacheManagerConfig& config, KVCacheEventManager* events, PageCopier* copier,
+                               BlockStore* store)
     : config_(config),
       registry_(config_),
       storage_config_(config_, registry_),
@@ -30,6 +31,10 @@ KVCacheManager::KVCacheManager(const KVCacheManagerConfig& config, KVCacheEventM
       storage_(config_, storage_config_, registry_, tree_, events_, copier),
       context_(config_, registry_, storage_, tree_, events_),
       stats_(context_) {
+  if (config_.remote_tier && store != nullptr) {
+    remote_ = std::make_unique<RemoteTier>(*config_.remote_tier, config_, context_, *store);
+    context_.remote = remote_.get();
+  }
   // The manager owns the context, so the context never calls a destroyed manager.
   context_.rematch = [this](const Digest& key, const Tokens& tokens) { return match(key, tokens, false); };
   if (events_ != nullptr) {

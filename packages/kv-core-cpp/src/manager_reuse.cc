@@ -20,6 +20,56 @@ MatchPath KVCacheManager::match(const Digest& root_key, const Tokens& tokens, bo
   return prune(with_backoff ? back_off(std::move(path), max_reused) : std::move(path));
 }
 
+MatchPath KVCacheManager::match_fetching(const Digest& root_key, const ReuseScope& scope, const Tokens& tokens,
+                                         std::optional<std::int64_t> max_reused, std::vector<const Block*>& fetched) {
+  MatchPath path =
+      tree_.walk(root_key, tokens, config_.tokens_per_block, config_.key_format, config_.enable_partial_reuse);
+  if (remote_ != nullptr) fetched = fetch_remote(root_key, scope, tokens, path, max_reused);
+  return prune(back_off(std::move(path), max_reused));
+}
+
+std::vector<const Block*> KVCacheManager::fetch_remote(const Digest& root_key, const ReuseScope& scope,
+                                                       const Tokens& tokens, MatchPath& path,
+                                                       std::optional<std::int64_t> max_reused) {
+  const std::int64_t tokens_per_block = config_.tokens_per_block;
+  std::size_t full = 0;
+  while (full < path.size() && path[full].second == tokens_per_block) ++full;
+  const auto num_tokens = static_cast<std::int64_t>(tokens.count);
+  const std::int64_t limit = max_reused ? std::min(num_tokens, *max_reused) : num_tokens;
+  const std::int64_t count = limit / tokens_per_block - static_cast<std::int64_t>(full);
+  if (count <= 0) return {};
+  Block* parent = full ? path[full - 1].first : nullptr;
+  const Digest parent_key = full ? parent->key : root_key;
+  std::vector<std::uint8_t> out(32 * static_cast<std::size_t>(count + 1));
+  chained_keys(parent_key, tokens, full, static_cast<std::size_t>(count), static_cast<std::size_t>(tokens_per_block),
+               config_.key_format, out.data());
+  std::vector<Digest> keys(static_cast<std::size_t>(count));
+  for (std::size_t i = 0; i < keys.size(); ++i) std::memcpy(keys[i].data(), out.data() + 32 * (i + 1), 32);
+  const TokenList list =
+      TokenList::from(tokens, 0, static_cast<std::size_t>(limit / tokens_per_block * tokens_per_block));
+  Storage::PageSet keep;
+  for (const auto& step : path) {
+    for (const Page* p : step.first->pages) {
+      if (p != nullptr) keep.insert(p);
+    }
+  }
+  // The root is looked up (or made) once room is made, which may prune it; the parent block is
+  // pinned meanwhile, so that a page-less one is not pruned from under us.
+  struct Pin {
+    Block* block;
+    ~Pin() {
+      if (block != nullptr) --block->pins;
+    }
+  } pin{parent};
+  if (parent != nullptr) ++parent->pins;
+  const std::vector<Block*> blocks = remote_->fetch(parent, parent_key, keys, static_cast<std::int64_t>(full), list,
+                                                    keep, [&] { return tree_.root(root_key, scope); });
+  if (blocks.empty()) return {};
+  path.resize(full);
+  for (Block* block : blocks) path.emplace_back(block, tokens_per_block);
+  return {blocks.begin(), blocks.end()};
+}
+
 MatchPath KVCacheManager::back_off(MatchPath path, std::optional<std::int64_t> max_reused) const {
   std::int64_t backoff = config_.reuse_match_backoff;
   if (max_reused) {
@@ -153,12 +203,13 @@ std::unique_ptr<KVCache> KVCacheManager::create_kv_cache(const ReuseScope& scope
   RequestStats stats(stats_, cache_id, enable_request_stats,
                      expected_prompt_length.value_or(static_cast<std::int64_t>(tokens.count)), text);
   const Digest root = root_key(scope);
-  const MatchPath path = match(root, tokens, true, max_reused_tokens);
+  std::vector<const Block*> fetched;
+  const MatchPath path = match_fetching(root, scope, tokens, max_reused_tokens, fetched);
   std::int64_t reused = 0;
   for (const auto& step : path) reused += step.second;
   auto cache = std::make_unique<KVCache>(context_, cache_id, scope, root,
                                          TokenList::from(tokens, 0, static_cast<std::size_t>(reused)), path,
-                                         std::move(priority), std::move(stats));
+                                         std::move(priority), std::move(stats), fetched);
   next_id_ = std::max(next_id_, cache_id) + 1;
   context_.register_cache(cache.get());
   cache->stats.created(tokens.count, static_cast<std::uint64_t>(reused),

@@ -192,6 +192,7 @@ Block* RadixTree::add(Node* parent, const Digest& key, const TokenList& source, 
 }
 
 void RadixTree::keep_spare(std::unique_ptr<Block> block) noexcept {
+  if (on_remove) on_remove(block.get());
   const std::size_t tokens = block->tokens.ids.capacity();
   if (spare_.size() >= kSpareBlocks || spare_tokens_ + tokens > kSpareTokens) return;  // freed here
   if (spare_.capacity() < kSpareBlocks) {
@@ -266,6 +267,7 @@ void RadixTree::prune(Node* node) {
 }
 
 void RadixTree::clear() {
+  if (on_remove) on_remove(nullptr);
   roots_.clear();
   root_order_.clear();
 }

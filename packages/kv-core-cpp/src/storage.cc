@@ -12,7 +12,7 @@ namespace kvcore {
 
 Storage::Storage(const KVCacheManagerConfig& manager_config, const StorageConfig& config,
                  const LifeCycleRegistry& registry, RadixTree& tree, KVCacheEventManager* events, PageCopier* copier)
-    : config_(config), registry_(registry), tree_(tree), events_(events), transfer_(copier) {
+    : config_(config), registry_(registry), tree_(tree), events_(events), transfer_(levels_, copier) {
   for (int level = 0; level < static_cast<int>(manager_config.cache_tiers.size()); ++level)
     levels_.push_back(std::make_unique<CacheLevel>(level, manager_config, registry, config));
 }
@@ -127,6 +127,21 @@ std::vector<Page*> Storage::new_pages(const std::vector<std::pair<int, int>>& re
     pages.push_back(page);
   }
   return pages;
+}
+
+Page* Storage::new_page_at(int level, int layer_group, std::uint64_t slot, int priority) {
+  Page* page = new_record();
+  page->slot = slot;
+  page->level = level;
+  page->layer_group = layer_group;
+  page->pool_group = config_.pool_group_of(layer_group);
+  page->priority = priority;
+  return page;
+}
+
+void Storage::free_new(Page* page) {
+  free(page);
+  retire(page);
 }
 
 void Storage::copy(Page* src, const Page* dst) {

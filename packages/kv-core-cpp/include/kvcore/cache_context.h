@@ -19,6 +19,7 @@
 namespace kvcore {
 
 class KVCache;
+class RemoteTier;
 
 struct CacheStats {
   std::uint64_t requests = 0;
@@ -30,6 +31,11 @@ struct CacheStats {
   std::uint64_t onboarded_pages = 0;
   std::uint64_t corrupt_pages = 0;
   std::uint64_t disk_full_events = 0;
+  std::uint64_t remote_lookups = 0;
+  std::uint64_t remote_blocks = 0;
+  std::uint64_t remote_rejected = 0;
+  std::uint64_t remote_written = 0;
+  std::uint64_t remote_errors = 0;
 };
 
 // Built by the manager, which owns it, and handed to each cache it creates. The manager works
@@ -100,7 +106,8 @@ class CacheContext {
   // The manager's reuse match without reuse_match_backoff (set by the manager): a planned drop
   // re-matches the committed tokens (planned_drop.h).
   std::function<MatchPath(const Digest&, const Tokens&)> rematch;
-  Rebalancer rebalancer;  // closing caches feed it
+  RemoteTier* remote = nullptr;  // the remote tier, set by the manager (which owns it) where configured
+  Rebalancer rebalancer;         // closing caches feed it
   CacheStats committed_stats;
   CacheStats iteration_stats;
 

@@ -36,6 +36,13 @@ struct BatchDesc {
   std::int64_t system_prompt_length = 0;
 };
 
+// What names a remote tier's values (kv_api.block_value computes both, so that every backend's
+// are byte-identical): the prefix of every store key and the layout fingerprint in each header.
+struct RemoteTierConfig {
+  std::string store_namespace;
+  std::string fingerprint;  // 32 bytes
+};
+
 // kv_api.CacheTier's values.
 enum class CacheTier { kGpu = 0, kHost = 1, kDisk = 2 };
 
@@ -51,7 +58,8 @@ struct SwaScratchReuseConfig {
 
 struct KVCacheManagerConfig {
   std::int64_t tokens_per_block = 32;
-  std::vector<CacheTierConfig> cache_tiers;  // warm to cold: the device tier first
+  std::vector<CacheTierConfig> cache_tiers;     // warm to cold: the device tier first (the local ones)
+  std::optional<RemoteTierConfig> remote_tier;  // below the last local tier (remote_tier.h)
   std::vector<LayerConfig> layers;
   double max_util_for_resume = 0.97;
   bool enable_partial_reuse = true;

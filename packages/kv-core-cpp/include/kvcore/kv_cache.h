@@ -40,9 +40,11 @@ class CacheContext;
 class KVCache {
  public:
   // SUSPENDED, on the matched prefix `path` (its pages held, priorities asked first so a failing
-  // callback changes nothing). REQUIRES: the manager's lock.
+  // callback changes nothing); `fetched`: the blocks the remote tier brought for this match
+  // (counted in cached_tokens_by_level's last column). REQUIRES: the manager's lock.
   KVCache(CacheContext& context, std::int64_t id, const ReuseScope& scope, const Digest& root_key, TokenList tokens,
-          const MatchPath& path, PriorityCallback priority, RequestStats request_stats);
+          const MatchPath& path, PriorityCallback priority, RequestStats request_stats,
+          const std::vector<const Block*>& fetched = {});
   ~KVCache();  // closes an open cache unless the manager shut down or is poisoned
   KVCache(const KVCache&) = delete;
   KVCache& operator=(const KVCache&) = delete;
@@ -142,7 +144,8 @@ class KVCache {
   // Everything below REQUIRES: the manager's lock.
 
   // -- kv_cache.cc --
-  void hold_matched(const MatchPath& path);                       // the constructor's share: blocks and holds
+  // The constructor's share: blocks and holds.
+  void hold_matched(const MatchPath& path, const std::vector<const Block*>& fetched);
   std::pair<std::vector<Need>, std::vector<int>> resume_needs();  // and their priorities
   void place_resumed(const std::vector<Need>& needs, const std::vector<Page*>& fresh);
   // What a page resume() allocates starts as: the reused snapshot (SSM state), the reused partial

@@ -23,6 +23,7 @@
 #include "kvcore/life_cycles.h"
 #include "kvcore/poison.h"
 #include "kvcore/radix_tree.h"
+#include "kvcore/remote_tier.h"
 #include "kvcore/request_stats.h"
 #include "kvcore/slot_counts.h"
 #include "kvcore/storage.h"
@@ -32,8 +33,10 @@ namespace kvcore {
 
 class KVCacheManager {
  public:
-  // `copier` (nullptr: host-memory copies) moves page bytes between memory tiers; the caller keeps it alive.
-  KVCacheManager(const KVCacheManagerConfig& config, KVCacheEventManager* events, PageCopier* copier = nullptr);
+  // `copier` (nullptr: host-memory copies) moves page bytes between memory tiers; `store` is the
+  // remote tier's (config.remote_tier; nullptr: none). The caller keeps both alive.
+  KVCacheManager(const KVCacheManagerConfig& config, KVCacheEventManager* events, PageCopier* copier = nullptr,
+                 BlockStore* store = nullptr);
   ~KVCacheManager();
   KVCacheManager(const KVCacheManager&) = delete;
   KVCacheManager& operator=(const KVCacheManager&) = delete;
@@ -121,6 +124,14 @@ class KVCacheManager {
  private:
   MatchPath match(const Digest& root_key, const Tokens& tokens, bool with_backoff = true,
                   std::optional<std::int64_t> max_reused = std::nullopt);
+  // create_kv_cache's match: match()'s, its walk continued in the remote tier before backing
+  // off; `fetched` gets the blocks the remote tier brought.
+  MatchPath match_fetching(const Digest& root_key, const ReuseScope& scope, const Tokens& tokens,
+                           std::optional<std::int64_t> max_reused, std::vector<const Block*>& fetched);
+  // Extends `path` past its full blocks with the remote tier's (a partial last block of the
+  // local walk gives way to a full one from the store), up to `max_reused` tokens.
+  std::vector<const Block*> fetch_remote(const Digest& root_key, const ReuseScope& scope, const Tokens& tokens,
+                                         MatchPath& path, std::optional<std::int64_t> max_reused);
   // reuse_match_backoff tokens off the tail, then down to `max_reused` tokens
   MatchPath back_off(MatchPath path, std::optional<std::int64_t> max_reused) const;
   // Cut until the path ends on an SSM snapshot taken there (unless `ssm` is false: the
@@ -141,6 +152,7 @@ class KVCacheManager {
   Storage storage_;
   CacheContext context_;  // the lock, the open caches, the shut-down flag and the statistics, shared with the caches
   StatsBook stats_;       // excluded and dirty ids, per-layer-group counters
+  std::unique_ptr<RemoteTier> remote_;  // where configured; the context points to it
   std::int64_t next_id_ = 0;
   std::int64_t layout_version_ = 0;  // successful device-level resizes and adjustments
   std::uint64_t evicted_mark_ = 0;

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -33,9 +34,38 @@ class PageCopier {
 // Slot pairs (source slot, destination slot) of one pool group.
 using SlotMoves = std::vector<std::pair<std::uint64_t, std::uint64_t>>;
 
+// A page copied out to a remote value's buffer: (level, pool group, slot) to `offset`.
+struct ExportPage {
+  int level = 0;
+  int pool_group = 0;
+  std::uint64_t slot = 0;
+  std::uint64_t offset = 0;
+};
+
+// A remote value's page copied in: `offset` of the buffer to (pool group, slot) of one level.
+struct ImportPage {
+  int pool_group = 0;
+  std::uint64_t slot = 0;
+  std::uint64_t offset = 0;
+};
+
+using CacheLevels = std::vector<std::unique_ptr<CacheLevel>>;
+
 class PageTransfer {
  public:
-  explicit PageTransfer(PageCopier* copier) : copier_(copier) {}  // nullptr: memmove
+  // `levels`: Storage's, which outlive it. `copier` nullptr: memmove.
+  PageTransfer(const CacheLevels& levels, PageCopier* copier) : levels_(levels), copier_(copier) {}
+
+  // The remote tier's level (its values' host memory in copier calls): after the last local one.
+  int remote_level() const { return static_cast<int>(levels_.size()); }
+  // Copies `pages` into `buffer` at their offsets, pool by pool: one copier call per memory
+  // level (ascending, runs in page order), positioned reads from disk. The indices of pages read
+  // from disk whose bytes failed their checksum.
+  std::vector<std::size_t> export_pages(const std::vector<ExportPage>& pages, std::uint8_t* buffer);
+  // Copies `buffer` at each page's offset into its slot of `level`, pool by pool: one copier call
+  // for a memory level, positioned writes (blocks allocated first) for disk, which may throw
+  // Error(kDiskOOM) or Error(kOS).
+  void import_pages(int level, const std::vector<ImportPage>& pages, const std::uint8_t* buffer);
 
   // Copies every pool of pool group `pool_group` from `src`'s slots to `dst`'s: all of it, or it
   // throws (the copier's error, Error(kDiskOOM) or Error(kOS)) and the destination slots hold
@@ -47,6 +77,10 @@ class PageTransfer {
   const std::vector<std::pair<std::pair<int, int>, std::uint64_t>>& bytes_moved() const { return bytes_; }
 
  private:
+  void count(int src_level, int dst_level, std::uint64_t num_bytes);
+  void copy_runs(int src_level, int dst_level, const std::vector<CopyRun>& runs);
+
+  const CacheLevels& levels_;
   PageCopier* copier_;
   std::vector<std::pair<std::pair<int, int>, std::uint64_t>> bytes_;
 };

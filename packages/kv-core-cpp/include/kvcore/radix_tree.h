@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <unordered_map>
@@ -150,6 +151,9 @@ class RadixTree {
   void prune(Node* node);
   const std::vector<Root*>& roots() const { return root_order_; }
   void clear();
+  // Told of every block leaving the tree (nullptr: all of them, clear()), before it may be
+  // recycled: the remote tier forgets the blocks it was to write. Must not throw.
+  std::function<void(const Block*)> on_remove;
 
  private:
   std::size_t num_layer_groups_;

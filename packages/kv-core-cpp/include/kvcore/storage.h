@@ -121,6 +121,14 @@ class Storage {
   // page the tree or a cache has.
   void resize_level(int level, const SlotCounts& counts, const std::vector<Page*>& live);
 
+  // -- pages from outside a cache (the remote tier's) --
+  // A new page record for a slot of `level` already allocated (no holder, no block yet).
+  Page* new_page_at(int level, int layer_group, std::uint64_t slot, int priority);
+  // A page of new_page_at that never entered the tree: its slot and record released.
+  void free_new(Page* page);
+  // A page that entered the tree from outside a cache joins its queue.
+  void settle(Page* page) { update(page); }
+
   // -- the tree's pages --
   // `block` replaces `sibling`, a partial block whose tokens it extends (see Storage.adopt).
   void adopt(Block* block, Block* sibling);

@@ -43,6 +43,7 @@ capabilities = Capabilities(
     native_buffers=True,
     host_tier=True,
     disk_tier=True,
+    remote_tier=True,
     ssm_layers=True,
     swa_scratch=True,
     batched_calls=True,

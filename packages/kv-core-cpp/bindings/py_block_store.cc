@@ -1,0 +1,77 @@
+// PyBlockStore: the core's BlockStore calls made on a kv_api.BlockStore, converted as
+// kv_core_py's remote tier converts them (operator.index of a count, an Exception a miss).
+#include <nanobind/nanobind.h>
+
+#include "py_objects.h"
+
+namespace kvcore::py {
+
+namespace {
+
+// The store raised: an Exception is its fault (-1: a miss, counted by the core); anything else
+// (KeyboardInterrupt, SystemExit) is the caller's and propagates, as kv_core_py catches only Exception.
+std::int64_t store_fault() {
+  if (!PyErr_ExceptionMatches(PyExc_Exception)) throw nb::python_error();
+  PyErr_Clear();
+  return -1;
+}
+
+// operator.index(result) (a bool is an int there); -1 where it is no index or out of int64 range.
+std::int64_t count_of(PyObject* result) {
+  if (result == nullptr) return store_fault();
+  PyObject* index = PyNumber_Index(result);
+  Py_DECREF(result);
+  if (index == nullptr) return store_fault();
+  const long long n = PyLong_AsLongLong(index);
+  Py_DECREF(index);
+  if (n == -1 && PyErr_Occurred()) return store_fault();  // OverflowError: out of range anyway
+  return n < 0 ? -1 : static_cast<std::int64_t>(n);
+}
+
+nb::list key_list(const std::vector<std::string>& keys) {
+  nb::list out;
+  for (const std::string& key : keys) out.append(nb::bytes(key.data(), key.size()));
+  return out;
+}
+
+}  // namespace
+
+std::int64_t PyBlockStore::contains(const std::vector<std::string>& keys) {
+  nb::gil_scoped_acquire acquire;
+  nb::list list = key_list(keys);
+  return count_of(PyObject_CallMethod(store_, "contains", "O", list.ptr()));
+}
+
+std::int64_t PyBlockStore::get_into(const std::vector<std::string>& keys, const std::vector<ValueBuffer>& buffers) {
+  nb::gil_scoped_acquire acquire;
+  nb::list list = key_list(keys);
+  nb::list views;
+  for (const ValueBuffer& b : buffers) {
+    views.append(nb::steal(
+        PyMemoryView_FromMemory(reinterpret_cast<char*>(b.data), static_cast<Py_ssize_t>(b.size), PyBUF_WRITE)));
+  }
+  const std::int64_t n = count_of(PyObject_CallMethod(store_, "get_into", "OO", list.ptr(), views.ptr()));
+  // The core frees the buffer: a view the store kept reads as released, never as freed memory.
+  for (nb::handle view : views) {
+    PyObject* done = PyObject_CallMethod(view.ptr(), "release", nullptr);
+    if (done == nullptr) {
+      PyErr_Clear();  // exported further (BufferError): nothing more to do
+    } else {
+      Py_DECREF(done);
+    }
+  }
+  return n;
+}
+
+bool PyBlockStore::put(const std::vector<std::string>& keys, std::vector<std::string> values) {
+  nb::gil_scoped_acquire acquire;
+  nb::list list = key_list(keys);
+  nb::list value_list = key_list(values);
+  values.clear();
+  PyObject* result = PyObject_CallMethod(store_, "put", "OO", list.ptr(), value_list.ptr());
+  if (result == nullptr) return store_fault() == 0;
+  Py_DECREF(result);
+  return true;
+}
+
+}  // namespace kvcore::py

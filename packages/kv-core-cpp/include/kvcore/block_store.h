@@ -1,0 +1,35 @@
+// kv_api.BlockStore as the core calls it (docs/store.md): a store of block values shared beyond
+// one manager, read and written in batches of a chain's consecutive blocks. The binding's
+// adapter calls the Python store; the remote tier (remote_tier.h) checks what it answers.
+//
+// Threads: called with the manager's lock held, on the thread of the manager call; the binding's
+// adapter takes the GIL for each call (docs/architecture.md, Threads).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvcore {
+
+// One value's destination: `size` writable bytes at `data`.
+struct ValueBuffer {
+  std::uint8_t* data = nullptr;
+  std::size_t size = 0;
+};
+
+class BlockStore {
+ public:
+  virtual ~BlockStore() = default;
+  // How many of `keys` the store has, from the first; what the store answered, or -1 where it
+  // raised or answered no integer (the caller checks the range: a store is a cache, its faults
+  // are misses).
+  virtual std::int64_t contains(const std::vector<std::string>& keys) = 0;
+  // Copies the value of keys[i] into buffers[i] for each i < n; n as contains() answers it.
+  virtual std::int64_t get_into(const std::vector<std::string>& keys, const std::vector<ValueBuffer>& buffers) = 0;
+  // Hands the store `values` (the store's from now on); false where it raised.
+  virtual bool put(const std::vector<std::string>& keys, std::vector<std::string> values) = 0;
+};
+
+}  // namespace kvcore
