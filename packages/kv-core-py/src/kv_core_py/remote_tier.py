@@ -194,11 +194,13 @@ class RemoteTier:
             pages.append(placed)
         try:
             storage.transfer.import_(level, copies, buffer)
-        except (OSError, DiskOOMError):
+        except BaseException as exc:  # the new slots go back whatever failed
             for placed in pages:
                 for page in placed:
                     if page is not None:
                         storage.free(page)
+            if not isinstance(exc, (OSError, DiskOOMError)):
+                raise  # the page copier's error, as any move's
             self.add_stats(remote_errors=1)
             return []
         return pages

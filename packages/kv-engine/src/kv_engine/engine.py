@@ -52,7 +52,11 @@ def _backend(backend: kv_api.Backend | str | None) -> kv_api.Backend:
 
 
 def _tiers(
-    device_quota: int, host_quota: int | None, disk_quota: int | None, disk_path: str | os.PathLike[str] | None
+    device_quota: int,
+    host_quota: int | None,
+    disk_quota: int | None,
+    disk_path: str | os.PathLike[str] | None,
+    remote: kv_api.RemoteCacheTierConfig | None = None,
 ) -> list[kv_api.CacheTierConfig]:
     tiers: list[kv_api.CacheTierConfig] = [kv_api.GpuCacheTierConfig(device_quota)]
     if host_quota is not None:
@@ -61,6 +65,8 @@ def _tiers(
         raise ValueError("disk_quota and disk_path go together")
     if disk_quota is not None and disk_path is not None:
         tiers.append(kv_api.DiskCacheTierConfig(disk_quota, os.fspath(disk_path)))
+    if remote is not None:
+        tiers.append(remote)
     return tiers
 
 
@@ -72,6 +78,8 @@ class Engine:
     prefill forward computes; ``max_running`` caps the requests in flight; ``keep_logits`` keeps
     each sampled token's logits in ``Output.logits``; ``reuse=False`` admits every request with
     nothing reused (the baseline reuse is measured against; blocks are still committed).
+    ``remote``: a remote tier below the local ones (docs/store.md); its ``model_id`` and
+    ``revision`` must name these weights and dtype, so no other model's K/V is ever read.
     """
 
     def __init__(
@@ -88,11 +96,12 @@ class Engine:
         prefill_chunk: int | None = None,
         keep_logits: bool = False,
         reuse: bool = True,
+        remote: kv_api.RemoteCacheTierConfig | None = None,
     ) -> None:
         self.model = model
         self.backend = _backend(backend)
         self.layout: ModelLayout = model_layout(model, tokens_per_block)
-        tiers = _tiers(device_quota, host_quota, disk_quota, disk_path)
+        tiers = _tiers(device_quota, host_quota, disk_quota, disk_path, remote)
         self.manager = self.backend.KVCacheManager(self.layout.manager_config(tiers))
         self.views = PageViews(self.manager, self.layout)
         self.max_running = max_running
@@ -102,7 +111,7 @@ class Engine:
         self.keep_logits = keep_logits
         self.reuse = reuse
         self.stats = EngineStats()
-        self._suspend_to_lower_level = len(tiers) > 1
+        self._suspend_to_lower_level = len(tiers) - (remote is not None) > 1  # a local level below the device
 
     # -- public -------------------------------------------------------------------------------------
 

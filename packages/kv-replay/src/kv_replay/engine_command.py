@@ -26,19 +26,20 @@ import re
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kv_api import Backend
+from kv_api import Backend, RemoteCacheTierConfig
 from kv_api.errors import HostOOMError
 from kv_replay.engine_report import Run, report, text
-from kv_replay.flag_types import disk_path_flag, integer, one_size, progress_flags
+from kv_replay.flag_types import disk_path_flag, integer, one_size, progress_flags, remote_flag
 from kv_replay.plural import plural
 from kv_replay.progress import ProgressBar
+from kv_replay.remote_store import open_store
 from kv_replay.replay_command import check_tiers
 from kv_replay.sizes import format_size, parse_size
 from kv_replay.trace import BUILTIN_TRACES, MAX_TOKENS, Request, load_trace
@@ -143,6 +144,7 @@ def _memory_flags(e: argparse.ArgumentParser) -> None:
         "--disk-quota", type=one_size, metavar="SIZE", help="add a disk tier of this size (default: none, no disk tier)"
     )
     disk_path_flag(e)
+    remote_flag(e)
 
 
 def _run_flags(e: argparse.ArgumentParser) -> None:
@@ -271,6 +273,7 @@ def _build(
             max_running=args.max_running,
             prefill_chunk=args.prefill_chunk,
             reuse=reuse,
+            remote=_remote(args),
         )
         return engine
 
@@ -285,6 +288,14 @@ def _build(
         raise EngineError(f"{flag}: {exc}: more address space than this machine has") from None
     except ValueError as exc:  # the model's layers (model_layout): main() checked the prefill chunk
         raise EngineError(f"--model {args.model}: {exc}") from None
+
+
+def _remote(args: argparse.Namespace) -> RemoteCacheTierConfig | None:
+    """``--remote``'s tier: keys name the model and its dtype, so no other weights' K/V is read."""
+    if args.store is None:
+        return None
+    name = args.model if args.model in MODELS else Path(args.model).name
+    return RemoteCacheTierConfig(args.store, f"kv-engine/{name}", args.dtype)
 
 
 def _generate(
@@ -363,7 +374,8 @@ def engine(args: argparse.Namespace, backend: Backend) -> int:
     kv_engine = _import_engine()
     check_tiers(args, [backend])
     requests = _requests(args)
-    with _threads(args.threads), _disk_dir(args):
+    with _threads(args.threads), _disk_dir(args), ExitStack() as stack:
+        args.store = stack.enter_context(open_store(args.remote)) if args.remote is not None else None
         model = _load_model(kv_engine, args)
         vocab = _vocabulary(model)
         runs = [Run(_build(kv_engine, model, args, backend, reuse=True))]

@@ -60,7 +60,8 @@ def _numbers(run: Run, requests: list[Request]) -> dict[str, Any]:
 
 def _levels(args: argparse.Namespace) -> list[str]:
     host = ["host"] if args.host_quota is not None else []
-    return ["device", *host, *(["disk"] if args.disk_quota is not None else [])]
+    remote = ["remote"] if getattr(args, "remote", None) is not None else []
+    return ["device", *host, *(["disk"] if args.disk_quota is not None else []), *remote]
 
 
 def _mismatches(requests: list[Request], runs: list[Run]) -> list[dict[str, Any]]:

@@ -15,6 +15,8 @@ from kv_replay.options import OptionError
 __all__ = ["open_store", "shown", "store_stats"]
 
 _INSTALL = "pip install './packages/kv-store[redis,server]'"
+#: The embedded server's memory: bounded, evicting least recently used keys, as a fleet's would be.
+EMBEDDED_MAXMEMORY = "1gb"
 
 
 def shown(spec: str) -> str:
@@ -37,7 +39,7 @@ def open_store(spec: str) -> Iterator[BlockStore]:
         raise OptionError("remote", f"kv_store is not installed ({_INSTALL})", shown(spec)) from None
     if spec == "valkey":
         try:
-            server = ValkeyServer().start()
+            server = ValkeyServer(maxmemory=EMBEDDED_MAXMEMORY, maxmemory_policy="allkeys-lru").start()
         except (OSError, RuntimeError) as exc:
             raise OptionError("remote", f"cannot start an embedded valkey-server: {exc}", spec) from None
         try:

@@ -1,0 +1,574 @@
+"""A block store on a Valkey/Redis server a fleet shares (docs/store.md): one string per block,
+under the block's store key, written once (``SET NX``).
+
+Reads run on the caller's thread (the manager's lock is held: bounded by ``timeout`` per socket
+operation); writes go to one background thread through a queue bounded in bytes. Every server
+fault is counted and opens a circuit breaker; while it is open no call touches the network.
+
+Eviction and prefix chains (``order_chains``): a block is only useful while every block before it
+in its chain is stored, but the server's LRU (a clock in seconds, sampled eviction) evicts the
+blocks of a chain in random order, and its first blocks first when a manager that has them
+locally writes only the rest. So the store keeps its own LRU on the server, exact and chain
+aware: a sorted set (``index_key``) scores each block by when it or a block after it in its chain
+was last read or written, less a microsecond per prefix token. A block then always scores below
+its ancestors, and before each write a script deletes the lowest scored blocks until the write
+fits under ``maxmemory``: chains are cut from the tail and the server's own eviction is a
+backstop. The scores of a block's ancestors come from a walk up the chain (``read_header``'s
+parent in each value), which stops at an ancestor scored less than ``touch_window_s`` ago; the
+blocks below it score no higher than it. A write whose parent is not stored is dropped (nothing
+could reach it), and each write batch goes tail first."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
+
+from kv_api.block_store import BlockStore
+from kv_api.block_value import read_header
+from kv_store.circuit_breaker import CircuitBreaker
+from kv_store.store_stats import StoreStats
+
+if TYPE_CHECKING:
+    import redis
+
+__all__ = ["RedisBlockStore", "safe_url"]
+
+log = logging.getLogger(__name__)
+
+_CHAINED_KEY_SIZE = 32  # a store key ends with the block's chained key, the header's ``key``
+_TOUCH_JOB_BYTES = 512  # what a queued touch after a read counts against ``max_pending_bytes``
+# Query parameters of a URL that carry no secret (redis-py passes any other one to the client).
+_PLAIN_QUERY = frozenset({"db", "protocol", "socket_timeout", "socket_connect_timeout", "ssl_cert_reqs"})
+
+# ARGV: index key, bytes to make room for (0: none), namespace, parent's chained key ('' for a
+# chain's first block), most ancestors to walk, window (s), then (key, prefix tokens) pairs to
+# score. Returns {1 if the chain is whole from its first block (or cannot be told) else 0,
+# blocks deleted}. Header offsets (read_header): key 40, parent 72, prefix tokens 104 (u64 LE),
+# block tokens 112 (u32 LE). allow-oom: at maxmemory under noeviction it still frees room.
+_CHAIN_SCRIPT = """#!lua flags=allow-oom
+local index, need, ns, key = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local left, window = tonumber(ARGV[5]), tonumber(ARGV[6])
+local function int(s, first, last)
+  local n = 0
+  for i = last, first, -1 do n = n * 256 + string.byte(s, i) end
+  return n
+end
+local deleted = 0
+for _, name in ipairs(redis.call('ZRANGE', index, 0, 1)) do  -- members whose block expired or went
+  if redis.call('EXISTS', name) == 0 then redis.call('ZREM', index, name) end
+end
+if need > 0 then
+  local info = redis.call('INFO', 'memory')
+  local used = tonumber(string.match(info, 'used_memory:(%d+)'))
+  local limit = tonumber(string.match(info, 'maxmemory:(%d+)'))
+  local pops = 0
+  while limit > 0 and used + need > limit - limit / 64 and pops < 4096 do
+    local low = redis.call('ZPOPMIN', index)
+    if #low == 0 then break end
+    used = used - redis.call('STRLEN', low[1]) - #low[1] - 64
+    deleted = deleted + redis.call('DEL', low[1])
+    pops = pops + 1
+  end
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local base, whole, path = now, 1, {}
+while key ~= '' and left > 0 do
+  local name = ns .. key
+  local head = redis.call('GETRANGE', name, 0, 115)
+  if #head < 116 then whole = 0; break end
+  if string.sub(head, 1, 4) ~= 'KVCB' or string.sub(head, 41, 72) ~= key then break end
+  local tokens = int(head, 105, 112)
+  local score = redis.call('ZSCORE', index, name)
+  if score and tonumber(score) + tokens * 1e-6 >= now - window then
+    base = math.min(now, tonumber(score) + tokens * 1e-6)
+    break
+  end
+  path[#path + 1] = tokens
+  path[#path + 1] = name
+  if int(head, 113, 116) == tokens then break end  -- a chain's first block
+  key = string.sub(head, 73, 104)
+  left = left - 1
+end
+if whole == 0 then return {0, deleted} end
+for i = 7, #ARGV, 2 do
+  path[#path + 1] = tonumber(ARGV[i + 1])
+  path[#path + 1] = ARGV[i]
+end
+for i = 1, #path, 2 do path[i] = string.format('%.6f', base - path[i] * 1e-6) end
+for i = 1, #path, 256 do redis.call('ZADD', index, unpack(path, i, math.min(i + 255, #path))) end
+return {1, deleted}
+"""
+
+
+def safe_url(url: str) -> str:
+    """``url`` without credentials: user and password become ``***``, and so does the value of
+    any query parameter that might carry one."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if "@" in netloc:
+            netloc = "***@" + netloc.rpartition("@")[2]
+        query = [(k, v if k in _PLAIN_QUERY else "***") for k, v in parse_qsl(parts.query, keep_blank_values=True)]
+        # by hand: urlunsplit drops the "//" of an empty netloc (unix:///path)
+        tail = f"?{urlencode(query, safe='*')}" if query else ""
+        return f"{parts.scheme}://{netloc}{parts.path}{tail}"
+    except ValueError:
+        return "<unparsable url>"
+
+
+def _secrets(url: str) -> list[str]:
+    """The strings of ``url`` that must never be shown (both raw and percent-decoded)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return [url]
+    found = [parts.username or "", parts.password or ""]
+    found += [v for k, v in parse_qsl(parts.query) if k not in _PLAIN_QUERY]
+    found += [unquote(s) for s in found] + [quote(s, safe="") for s in found]
+    return sorted({s for s in found if s}, key=len, reverse=True)
+
+
+@dataclasses.dataclass
+class _Job:
+    """A put batch, or (no values) a touch of the blocks a read returned."""
+
+    keys: list[bytes]
+    values: list[bytes]
+    nbytes: int
+    chain: _Chain | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Chain:
+    """What the chain script needs of a batch: its namespace, its first block's parent (b"" for
+    a chain's first block) and each block's prefix tokens."""
+
+    namespace: bytes
+    parent: bytes
+    tokens: list[int]
+
+    @staticmethod
+    def of(keys: Sequence[bytes], values: Sequence[bytes | memoryview]) -> _Chain | None:
+        """None unless every value is a block value of its key (``read_header``)."""
+        tokens: list[int] = []
+        parent = b""
+        for n, (key, value) in enumerate(zip(keys, values, strict=False)):
+            header = read_header(value)
+            if header is None or len(key) <= _CHAINED_KEY_SIZE or key[-_CHAINED_KEY_SIZE:] != header.key:
+                return None
+            if n == 0 and header.prefix_tokens != header.num_tokens:
+                parent = header.parent
+            tokens.append(header.prefix_tokens)
+        return _Chain(bytes(keys[0][:-_CHAINED_KEY_SIZE]), parent, tokens)
+
+
+@dataclasses.dataclass
+class _Counters:
+    values: dict[str, float] = dataclasses.field(
+        default_factory=lambda: {f.name: 0 for f in dataclasses.fields(StoreStats)}
+    )
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    def add(self, **deltas: float) -> None:
+        with self.lock:
+            for name, delta in deltas.items():
+                self.values[name] += delta
+
+    def snapshot(self) -> StoreStats:
+        with self.lock:
+            values: dict[str, Any] = {k: (v if k == "call_seconds" else int(v)) for k, v in self.values.items()}
+        return StoreStats(**values)
+
+
+def _byte_view(buffer: memoryview) -> memoryview:
+    return buffer if buffer.format == "B" and buffer.ndim == 1 else buffer.cast("B")
+
+
+class RedisBlockStore(BlockStore):
+    """Blocks on the server at ``url`` (``redis://[user:password@]host:port/db``, ``rediss://``
+    for TLS, ``unix://``), or on ``client`` (a ``redis.Redis``; ``url`` then only names it).
+
+    ``ttl``: seconds a block lives (None: until evicted). ``timeout``: seconds per connect and per
+    socket operation. ``max_pending_bytes``: the most value bytes queued for the writer (a put
+    that does not fit keeps its first blocks and drops the rest). ``batch`` / ``batch_bytes``: the
+    most keys / value bytes per command or pipeline. ``close_timeout``: how long ``close`` waits for
+    the queue. ``backoff_s`` / ``max_backoff_s``: the breaker's first and longest open period.
+    ``order_chains``: the chain-aware LRU of the module's doc, at ``index_key``, its walks at most
+    ``max_walk`` blocks long; off, puts go head first and the server's eviction alone decides.
+    Threads may share it."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        ttl: float | None = None,
+        timeout: float = 0.5,
+        max_pending_bytes: int = 64 << 20,
+        batch: int = 128,
+        batch_bytes: int = 16 << 20,
+        close_timeout: float = 5.0,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 30.0,
+        order_chains: bool = True,
+        index_key: bytes = b"kvcore:block-lru",
+        max_walk: int = 4096,
+        touch_window_s: float = 1.0,
+        client: redis.Redis | None = None,
+    ) -> None:
+        try:
+            import redis
+        except ImportError:
+            raise ImportError("RedisBlockStore needs the redis client: pip install 'kv-store[redis]'") from None
+        if ttl is not None and ttl <= 0:
+            raise ValueError("ttl must be positive")
+        if batch < 1 or batch_bytes < 1:
+            raise ValueError("batch and batch_bytes must be positive")
+        self.url = safe_url(url)  # the only form of the url this object keeps
+        self._secrets = _secrets(url)
+        self._ttl_ms = None if ttl is None else max(1, round(ttl * 1000))
+        self.timeout = timeout
+        self.max_pending_bytes = max_pending_bytes
+        self.batch = batch
+        self.batch_bytes = batch_bytes
+        self.close_timeout = close_timeout
+        self.order_chains = order_chains
+        self.index_key = index_key
+        self.max_walk = max_walk
+        self.touch_window_s = touch_window_s
+        # ConnectionError covers refused, reset, timeouts and auth failures; ResponseError an OOM
+        # reply; OSError what a socket raises outside redis-py's wrapping
+        self._faults: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+        self._no_script: type[BaseException] = redis.exceptions.NoScriptError
+        self._refused: type[BaseException] = redis.exceptions.ResponseError
+        self._owns_client = client is None
+        self._client: redis.Redis = client if client is not None else self._connect(url)
+        self._breaker = CircuitBreaker(base_s=backoff_s, cap_s=max_backoff_s)
+        self._counters = _Counters()
+        self._script_sha: str | None = None
+        self._chains_on = order_chains  # off for good when the server refuses the script
+        self._refusals = 0  # script refusals in a row
+        self._queue: deque[_Job] = deque()
+        self._pending = 0  # bytes in the queue and in the job being written
+        self._busy = False
+        self._closed = False
+        self._stop = False
+        self._cond = threading.Condition()
+        self._writer = threading.Thread(target=self._write_loop, name="kv-store-redis-writer", daemon=True)
+        self._writer.start()
+
+    def _connect(self, url: str) -> redis.Redis:
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        try:
+            # no retries: the breaker decides when to try again, and a retry is a hang
+            return redis.Redis.from_url(
+                url,
+                socket_timeout=self.timeout,
+                socket_connect_timeout=self.timeout,
+                retry=Retry(NoBackoff(), 0),
+                health_check_interval=0,
+            )
+        except ValueError as exc:
+            raise ValueError(f"bad store url {self.url}: {self._scrub(str(exc))}") from None
+
+    # -- the BlockStore calls ----------------------------------------------------------------------
+
+    def contains(self, keys: Sequence[bytes]) -> int:
+        with self._timed():
+            self._counters.add(lookups=1)
+            if not keys or self._closed or not self._breaker.allow():
+                return 0
+            found = 0
+            try:
+                for start in range(0, len(keys), self.batch):
+                    pipe = self._client.pipeline(transaction=False)
+                    for key in keys[start : start + self.batch]:
+                        pipe.exists(key)
+                    for present in pipe.execute():
+                        if not present:
+                            self._breaker.record_success()
+                            return found
+                        found += 1
+            except self._faults as exc:
+                self._fault(exc, "contains")
+                return found
+            self._breaker.record_success()
+            return found
+
+    def get_into(self, keys: Sequence[bytes], buffers: Sequence[memoryview]) -> int:
+        if len(keys) != len(buffers):
+            raise ValueError(f"{len(keys)} keys but {len(buffers)} buffers")
+        with self._timed():
+            self._counters.add(gets=1)
+            if not keys or self._closed or not self._breaker.allow():
+                return 0
+            got = 0
+            try:
+                while got < len(keys):
+                    size = max(1, _byte_view(buffers[got]).nbytes)
+                    stop = min(len(keys), got + self.batch, got + max(1, self.batch_bytes // size))
+                    got += self._copy(self._client.mget(keys[got:stop]), buffers[got:stop])
+                    if got < stop:
+                        break
+            except self._faults as exc:
+                self._fault(exc, "get_into")
+            else:
+                self._breaker.record_success()
+            if got and self._chains_on:
+                self._enqueue_touch(keys[:got], buffers[:got])
+            return got
+
+    def _copy(self, values: Sequence[object], buffers: Sequence[memoryview]) -> int:
+        """Copy values into buffers up to the first missing or bad one; returns how many."""
+        for n, (value, buffer) in enumerate(zip(values, buffers, strict=True)):
+            if value is None:
+                return n
+            view = _byte_view(buffer)
+            if not isinstance(value, bytes) or len(value) != view.nbytes:  # str: a decode_responses client
+                self._counters.add(bad_values=1)
+                return n
+            view[:] = value
+            self._counters.add(hits=1, bytes_read=len(value))
+        return len(values)
+
+    def put(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+        if len(keys) != len(values):
+            raise ValueError(f"{len(keys)} keys but {len(values)} values")
+        with self._timed():
+            self._counters.add(puts=len(keys))
+            if not keys:
+                return
+            if self._closed or self._breaker.retry_in() > 0:
+                self._counters.add(dropped=len(keys))  # down: dropping costs nothing, queueing would
+                return
+            owned = [v if type(v) is bytes else bytes(v) for v in values]
+            with self._cond:
+                room = self.max_pending_bytes - self._pending
+                fits = 0
+                for value in owned:  # keep a prefix: a chain's tail is useless without its head
+                    if len(value) > room:
+                        break
+                    room -= len(value)
+                    fits += 1
+                if fits:
+                    nbytes = sum(len(v) for v in owned[:fits])
+                    self._queue.append(_Job([bytes(k) for k in keys[:fits]], owned[:fits], nbytes))
+                    self._pending += nbytes
+                    self._cond.notify_all()
+            if fits < len(keys):
+                self._counters.add(dropped=len(keys) - fits)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` s (None: ``close_timeout``) for the queued puts and touches;
+        True when none is left. Not a BlockStore call: for tests and tools."""
+        with self._cond:
+            return self._drain(self.close_timeout if timeout is None else timeout)
+
+    def _drain(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while (self._queue or self._busy) and time.monotonic() < deadline:
+            self._cond.wait(max(0.0, deadline - time.monotonic()))
+        return not (self._queue or self._busy)
+
+    def close(self) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True  # puts from now on are dropped
+            self._drain(self.close_timeout)
+            left = sum(len(job.values) for job in self._queue)
+            self._queue.clear()
+            self._stop = True
+            self._cond.notify_all()
+        self._counters.add(dropped=left)
+        # the job in flight ends within a few socket timeouts; the thread is a daemon anyway
+        self._writer.join(timeout=4 * self.timeout + 1.0)
+        if self._owns_client:
+            try:
+                self._client.close()
+            except self._faults:
+                pass
+
+    def stats(self) -> StoreStats:
+        # the breaker counts its own openings: two calls failing together open it once
+        return dataclasses.replace(self._counters.snapshot(), breaker_opens=self._breaker.opens)
+
+    def __repr__(self) -> str:
+        return f"RedisBlockStore({self.url!r}, {self._breaker.state.value})"
+
+    __str__ = __repr__
+
+    def __enter__(self) -> RedisBlockStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- faults -------------------------------------------------------------------------------------
+
+    @contextmanager
+    def _timed(self) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._counters.add(calls=1, call_seconds=time.perf_counter() - start)
+
+    def _scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _fault(self, exc: BaseException, what: str) -> None:
+        """Count a failed operation and open the breaker; never shows a credential."""
+        self._counters.add(errors=1)
+        message = self._scrub(f"{type(exc).__name__}: {exc}")
+        if self._breaker.record_failure():
+            log.warning("%s: %s failed (%s); no calls for %.1f s", self.url, what, message, self._breaker.retry_in())
+        else:
+            log.debug("%s: %s failed (%s)", self.url, what, message)
+
+    # -- the writer thread --------------------------------------------------------------------------
+
+    def _enqueue_touch(self, keys: Sequence[bytes], buffers: Sequence[memoryview]) -> None:
+        chain = _Chain.of(keys, [_byte_view(b) for b in buffers])
+        if chain is None:
+            return
+        with self._cond:
+            if self._closed or self._pending + _TOUCH_JOB_BYTES > self.max_pending_bytes:
+                return  # a missed touch costs no block now
+            self._queue.append(_Job([bytes(k) for k in keys], [], _TOUCH_JOB_BYTES, chain))
+            self._pending += _TOUCH_JOB_BYTES
+            self._cond.notify_all()
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stop:
+                    self._cond.wait()
+                if self._stop:
+                    return
+                job = self._queue.popleft()
+                self._busy = True
+            try:
+                self._run(job)
+            except Exception as exc:  # noqa: BLE001 (a bug here must not end the writer)
+                self._counters.add(errors=1, dropped=len(job.values))
+                log.error("%s: writer failed: %s", self.url, self._scrub(f"{type(exc).__name__}: {exc}"))
+            finally:
+                with self._cond:
+                    self._pending -= job.nbytes
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _run(self, job: _Job) -> None:
+        if not self._breaker.allow():
+            self._counters.add(dropped=len(job.values))
+            return
+        writing = False  # once writing, _write counts its own drops
+        try:
+            if self._chains_on and job.values and job.chain is None:
+                job.chain = _Chain.of(job.keys, job.values)  # here, not in put: off the caller's thread
+            if self._chains_on and job.chain is not None and not self._order(job):
+                self._counters.add(dropped=len(job.values))  # its parent is gone: no reader could reach it
+            elif job.values:
+                writing = True
+                self._write(job)
+        except self._faults as exc:
+            if not writing:
+                self._counters.add(dropped=len(job.values))
+            self._fault(exc, "put" if job.values else "touch")
+            return
+        self._breaker.record_success()
+
+    def _order(self, job: _Job) -> bool:
+        """Run the chain script for ``job``: make room for its values, score its blocks and their
+        ancestors. False when the job is a chain's tail whose head is gone."""
+        assert job.chain is not None
+        # room for the values and for the pipeline carrying them (the server's query buffer)
+        need = job.nbytes + min(job.nbytes, self.batch_bytes) + (64 << 10) if job.values else 0
+        args: list[Any] = [self.index_key, need, job.chain.namespace, job.chain.parent, self.max_walk]
+        args.append(self.touch_window_s)
+        for key, tokens in zip(job.keys, job.chain.tokens, strict=True):
+            args += [key, tokens]
+        for _ in range(2):
+            try:
+                if self._script_sha is None:
+                    self._script_sha = str(self._client.script_load(_CHAIN_SCRIPT))
+                whole, deleted = self._client.evalsha(self._script_sha, 0, *args)
+            except self._no_script:
+                self._script_sha = None  # a restarted server has no scripts: load it again
+                continue
+            except self._refused as exc:
+                if "OOM" in str(exc):
+                    raise
+                self._script_refused(exc)
+                return True
+            self._refusals = 0
+            self._counters.add(evicted=int(deleted))
+            return bool(whole)
+        return True
+
+    def _script_refused(self, exc: BaseException) -> None:
+        # not a fault of the server (an ACL without scripts, scripting off): after a few in a row
+        # the store goes on without its LRU, on the server's eviction alone
+        self._refusals += 1
+        if self._refusals >= 3:
+            self._chains_on = False
+            log.warning("%s: chain LRU off (%s)", self.url, self._scrub(f"{type(exc).__name__}: {exc}"))
+
+    def _write(self, job: _Job) -> None:
+        """SET NX each block, in pipelines of at most ``batch`` keys and about ``batch_bytes``,
+        the chain's tail first when ``order_chains``. Raises the first fault, its blocks and the
+        ones after it counted as dropped."""
+        chunks: list[range] = []
+        start = 0
+        while start < len(job.keys):
+            stop, size = start, 0
+            while stop < len(job.keys) and stop - start < self.batch and (stop == start or size < self.batch_bytes):
+                size += len(job.values[stop])
+                stop += 1
+            chunks.append(range(start, stop))
+            start = stop
+        if self.order_chains:
+            chunks = [chunk[::-1] for chunk in reversed(chunks)]
+        settled = 0
+        try:
+            for chunk in chunks:
+                failure = self._write_chunk(job, chunk)
+                settled += len(chunk)
+                if failure is not None:
+                    raise failure
+        except self._faults:
+            self._counters.add(dropped=len(job.keys) - settled)
+            raise
+
+    def _write_chunk(self, job: _Job, chunk: range) -> BaseException | None:
+        """One pipeline; returns the first refusal among its replies (its blocks counted)."""
+        pipe = self._client.pipeline(transaction=False)
+        for i in chunk:
+            pipe.set(job.keys[i], job.values[i], nx=True, px=self._ttl_ms)
+        written = skipped = failed = nbytes = 0
+        failure: BaseException | None = None
+        for i, reply in zip(chunk, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(reply, BaseException):
+                # an OOM reply (noeviction at maxmemory), a READONLY replica, an ACL refusal
+                failure = failure or reply
+                failed += 1
+            elif reply:
+                written += 1
+                nbytes += len(job.values[i])
+            else:
+                skipped += 1  # SET NX: another writer (or an earlier put) has it already
+        self._counters.add(written=written, skipped=skipped, dropped=failed, bytes_written=nbytes)
+        return failure

@@ -1,0 +1,330 @@
+"""RedisBlockStore against a real valkey-server the tests start (no mock of the server)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from block_chains import NAMESPACE, buffers_for, make_chain, raw_key
+
+pytest.importorskip("redis")
+
+import redis
+
+from kv_store.redis_block_store import RedisBlockStore, safe_url
+from kv_store.valkey_server import ValkeyServer
+
+# A loaded 2-core machine may stall a thread for a while: a generous bound on one call to a dead
+# server (its timeout is 0.5 s, and an open breaker answers without the network).
+CALL_BOUND_S = 2.0
+
+
+def _store(url: str, **options: object) -> RedisBlockStore:
+    return RedisBlockStore(url, **options)  # type: ignore[arg-type]
+
+
+def test_round_trip_every_byte(valkey: ValkeyServer, client: redis.Redis) -> None:
+    keys, values = make_chain(40, 10_000)
+    with _store(valkey.url) as store:
+        store.put(keys, values)
+        assert store.flush()
+        assert store.contains(keys) == 40
+        buffers = buffers_for(values)
+        assert store.get_into(keys, buffers) == 40
+        assert [bytes(b) for b in buffers] == values
+        # values are opaque: bytes that are no block value go through the same way
+        opaque = [os.urandom(777) for _ in range(3)]
+        okeys = [b"opaque:%d" % i for i in range(3)]
+        owned: list[Any] = [bytearray(v) for v in opaque]
+        store.put(okeys, owned)  # a bytearray is copied, not kept
+        assert store.flush()
+        obuf = buffers_for(opaque)
+        assert store.get_into(okeys, obuf) == 3 and [bytes(b) for b in obuf] == opaque
+        stats = store.stats()
+    assert client.get(keys[7]) == values[7]
+    assert stats.written == 43 and stats.hits == 43 and stats.errors == 0
+    assert stats.bytes_read == stats.bytes_written == sum(map(len, values + opaque))
+    assert stats.calls == 5 and stats.call_seconds > 0  # 2 puts, 1 contains, 2 get_into
+
+
+def test_contains_counts_the_present_prefix(valkey: ValkeyServer, client: redis.Redis) -> None:
+    keys, values = make_chain(300, 1000)  # more than one batch of EXISTS
+    with _store(valkey.url, batch=128) as store:
+        assert store.contains(keys) == 0
+        store.put(keys, values)
+        assert store.flush()
+        assert store.contains(keys) == 300
+        client.delete(keys[200])
+        assert store.contains(keys) == 200
+        assert store.contains(keys[201:]) == 99
+        assert store.contains([b"missing", *keys]) == 0
+        assert store.contains([]) == 0
+        assert store.stats().lookups == 6
+
+
+def test_get_into_stops_at_a_miss_and_at_a_bad_value(valkey: ValkeyServer, client: redis.Redis) -> None:
+    keys, values = make_chain(10, 5000)
+    with _store(valkey.url, batch=3) as store:  # batches of 3: the stops fall inside and across
+        store.put(keys, values)
+        assert store.flush()
+        client.set(keys[6], values[6][:-1])  # truncated, under its real key
+        buffers = buffers_for(values)
+        assert store.get_into(keys, buffers) == 6
+        assert [bytes(b) for b in buffers[:6]] == values[:6]
+        assert store.stats().bad_values == 1
+        client.set(keys[4], values[4] + b"x")  # one byte too long
+        assert store.get_into(keys, buffers) == 4 and store.stats().bad_values == 2
+        client.delete(keys[2])  # a miss is no bad value
+        assert store.get_into(keys, buffers) == 2 and store.stats().bad_values == 2
+        client.set(keys[0], b"garbage")
+        assert store.get_into(keys, buffers) == 0 and store.stats().bad_values == 3
+        with pytest.raises(ValueError):
+            store.get_into(keys, buffers[:3])
+
+
+def test_a_key_keeps_its_first_value(valkey: ValkeyServer, client: redis.Redis) -> None:
+    keys, first = make_chain(3, 2000, seed=1)
+    _, second = make_chain(3, 2000, seed=2)
+    with _store(valkey.url) as store:
+        store.put(keys, first)
+        assert store.flush()
+        store.put(keys, [second[0], second[1], second[2]])
+        assert store.flush()
+        buffers = buffers_for(first)
+        assert store.get_into(keys, buffers) == 3
+        assert [bytes(b) for b in buffers] == first
+        stats = store.stats()
+    assert (stats.puts, stats.written, stats.skipped) == (6, 3, 3)
+
+
+def test_ttl(valkey: ValkeyServer, client: redis.Redis) -> None:
+    keys, values = make_chain(2, 1000)
+    with _store(valkey.url, ttl=0.4) as store:
+        store.put(keys, values)
+        assert store.flush()
+        assert store.contains(keys) == 2
+        assert 0 < client.pttl(keys[0]) <= 400
+        time.sleep(0.6)
+        assert store.contains(keys) == 0
+    with _store(valkey.url) as store:  # no ttl: no expiry
+        store.put(keys, values)
+        assert store.flush()
+        assert client.pttl(keys[0]) == -1
+
+
+def test_put_is_bounded_in_memory(valkey: ValkeyServer, client: redis.Redis) -> None:
+    keys, values = make_chain(10, 4000)
+    with _store(valkey.url, max_pending_bytes=9000) as store:  # room for 2 values
+        store.put(keys, values)
+        assert store.stats().dropped == 8  # counted at once: put never waits
+        assert store.flush()
+        assert store.contains(keys) == 2  # it kept the chain's first blocks, not any two
+        stats = store.stats()
+    assert (stats.puts, stats.written, stats.dropped) == (10, 2, 8)
+
+
+def test_close_flushes_then_drops(valkey: ValkeyServer, client: redis.Redis) -> None:
+    keys, values = make_chain(5, 1000)
+    store = _store(valkey.url)
+    store.put(keys, values)
+    store.close()
+    store.close()  # idempotent
+    assert client.exists(*keys) == 5
+    store.put(keys, values)  # after close: dropped, no exception, no network
+    assert store.contains(keys) == 0 and store.get_into(keys, buffers_for(values)) == 0
+    assert store.stats().dropped == 5
+
+
+def test_a_dead_server_costs_misses_not_hangs(server_factory: type[ValkeyServer]) -> None:
+    server = server_factory().start()
+    keys, values = make_chain(20, 2000)
+    store = _store(server.url, timeout=0.5, backoff_s=0.3, max_backoff_s=0.6)
+    store.put(keys, values)
+    assert store.flush()
+    server.kill()
+    buffers = buffers_for(values)
+    start = time.monotonic()
+    for _ in range(50):
+        t = time.monotonic()
+        assert store.contains(keys) == 0
+        assert store.get_into(keys, buffers) == 0
+        store.put(keys, values)
+        assert time.monotonic() - t < CALL_BOUND_S
+    assert time.monotonic() - start < 3 * CALL_BOUND_S
+    stats = store.stats()
+    assert stats.errors >= 1 and stats.breaker_opens >= 1
+    assert stats.dropped >= 20  # puts while down
+    server.restart()  # same port, empty
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and store.contains(keys) < 20:
+        store.put(keys, values)
+        store.flush(1.0)
+        time.sleep(0.1)
+    assert store.contains(keys) == 20
+    assert store.get_into(keys, buffers) == 20 and [bytes(b) for b in buffers] == values
+    store.close()
+
+
+def test_a_server_gone_mid_write_loses_only_writes(server_factory: type[ValkeyServer]) -> None:
+    server = server_factory().start()
+    store = _store(server.url, timeout=0.5, backoff_s=5.0, close_timeout=2.0)
+    keys, values = make_chain(64, 64 << 10)
+    store.put(keys, values)
+    server.kill()  # while the writer may be busy with them
+    start = time.monotonic()
+    store.close()
+    assert time.monotonic() - start < 2.0 + 4 * 0.5 + CALL_BOUND_S
+    stats = store.stats()
+    assert stats.written + stats.skipped + stats.dropped == 64
+
+
+def test_password_never_shows(server_factory: type[ValkeyServer], caplog: pytest.LogCaptureFixture) -> None:
+    secret = "hunter2-s3cret"
+    caplog.set_level(logging.DEBUG)
+    server = server_factory(password=secret, username="kvcore").start()
+    keys, values = make_chain(4, 1000)
+    with _store(server.url) as good:
+        good.put(keys, values)
+        assert good.flush()
+        assert good.contains(keys) == 4
+        assert secret not in repr(good) + str(good) + good.url
+    wrong = server.url.replace(secret, "not-" + secret)
+    bad = _store(wrong, backoff_s=0.1)
+    assert bad.contains(keys) == 0
+    time.sleep(0.15)
+    assert bad.get_into(keys, buffers_for(values)) == 0
+    bad.put(keys, values)
+    bad.close()
+    stats = bad.stats()
+    assert stats.errors >= 1 and stats.hits == 0 and stats.dropped == 4
+    shown = repr(bad) + str(bad) + repr(stats) + caplog.text + bad.url
+    assert "failed" in caplog.text  # the fault was logged, without the password
+    assert secret not in shown and "kvcore:" not in bad.url
+    with pytest.raises(ValueError) as error:
+        _store(f"nosuch://kvcore:{secret}@127.0.0.1:1")
+    assert secret not in str(error.value)
+
+
+def test_safe_url() -> None:
+    assert safe_url("redis://user:pw@host:6379/2") == "redis://***@host:6379/2"
+    assert safe_url("rediss://:pw@host:6380") == "rediss://***@host:6380"
+    assert safe_url("redis://host:1/0?password=pw&db=3") == "redis://host:1/0?password=***&db=3"
+    assert safe_url("unix:///tmp/v.sock?password=pw") == "unix:///tmp/v.sock?password=***"
+    assert safe_url("redis://127.0.0.1:6379") == "redis://127.0.0.1:6379"
+
+
+def test_a_full_noeviction_server_drops_puts(
+    server_factory: type[ValkeyServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    server = server_factory(maxmemory="3mb", maxmemory_policy="noeviction").start()
+    plain = redis.Redis.from_url(server.url)
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        for i in range(100):  # other data fills it: the store may not evict that
+            plain.set(f"other:{i}", os.urandom(100_000))
+    keys, values = make_chain(8, 20_000)
+    store = _store(server.url, backoff_s=0.05)
+    store.put(keys, values)
+    assert store.flush()
+    stats = store.stats()
+    assert stats.written == 0 and stats.dropped == 8 and stats.errors >= 1
+    assert store.contains(keys) == 0
+    store.close()
+    plain.close()
+
+
+def test_the_stores_lru_makes_room_on_a_noeviction_server(server_factory: type[ValkeyServer]) -> None:
+    server = server_factory(maxmemory="4mb", maxmemory_policy="noeviction").start()
+    with _store(server.url) as store:
+        chains = [make_chain(10, 50_000, seed=s) for s in range(20)]  # 10 MB in all
+        for keys, values in chains:
+            store.put(keys, values)
+            assert store.flush()
+        stats = store.stats()
+        assert stats.errors == 0 and stats.evicted > 0 and stats.written == 200
+        present = [store.contains(keys) for keys, _ in chains]
+    assert present[-1] == 10  # the last written is whole
+    assert sum(present) * 50_000 > 2 << 20
+    for (keys, _), n in zip(chains, present, strict=True):
+        plain = redis.Redis.from_url(server.url)
+        assert plain.exists(*keys) == n  # nothing past a hole: evicted from the tail
+        plain.close()
+
+
+def _scores(client: redis.Redis, index: bytes, keys: list[bytes]) -> list[float]:
+    scores = [client.zscore(index, k) for k in keys]
+    assert all(s is not None for s in scores), "every block is in the index"
+    return [float(s) for s in scores if s is not None]
+
+
+def test_reads_keep_a_chains_head_recent(valkey: ValkeyServer, client: redis.Redis) -> None:
+    keys, values = make_chain(30, 1000)
+    with _store(valkey.url, touch_window_s=0.0) as store:
+        store.put(keys, values)
+        assert store.flush()
+        index = store.index_key
+        scores = _scores(client, index, keys)
+        assert all(a > b for a, b in itertools.pairwise(scores))  # head scores highest
+        time.sleep(0.05)
+        assert store.get_into(keys[25:], buffers_for(values[25:])) == 5  # a manager with 25 locally
+        assert store.flush()
+        after = _scores(client, index, keys)
+    assert after[0] > scores[0] and after[0] > after[25] > scores[29]
+    assert all(a > b for a, b in itertools.pairwise(after))
+
+
+def test_a_tail_without_its_head_is_not_written(valkey: ValkeyServer, client: redis.Redis) -> None:
+    keys, values = make_chain(6, 1000)
+    with _store(valkey.url) as store:
+        store.put(keys[:3], values[:3])
+        assert store.flush()
+        client.delete(keys[2])  # evicted meanwhile
+        store.put(keys[3:], values[3:])  # its parent is gone: no reader could reach it
+        assert store.flush()
+        assert client.exists(*keys[3:]) == 0
+        assert store.stats().dropped == 3
+        store.put(keys[2:], values[2:])  # a manager that recomputed the hole: all written
+        assert store.flush()
+        assert store.contains(keys) == 6
+    with _store(valkey.url, order_chains=False) as naive:  # without the index: written as asked
+        client.flushall()
+        naive.put(keys[3:], values[3:])
+        assert naive.flush() and client.exists(*keys[3:]) == 3
+
+
+_WRITER = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, sys.argv[2])
+    from block_chains import make_chain
+    from kv_store.redis_block_store import RedisBlockStore
+    keys, values = make_chain(12, 30_000, seed=7)
+    store = RedisBlockStore(sys.argv[1])
+    store.put(keys, values)
+    store.close()
+    print(store.stats().written)
+    """
+)
+
+
+def test_two_processes_share_blocks(valkey: ValkeyServer, client: redis.Redis) -> None:
+    here = str(Path(__file__).parent)
+    done = subprocess.run(
+        [sys.executable, "-c", _WRITER, valkey.url, here], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "12"
+    keys, values = make_chain(12, 30_000, seed=7)
+    with _store(valkey.url) as reader:
+        buffers = buffers_for(values)
+        assert reader.contains(keys) == 12
+        assert reader.get_into(keys, buffers) == 12
+        assert [bytes(b) for b in buffers] == values
+    assert raw_key(keys[0]) in values[0] and keys[0].startswith(NAMESPACE)
