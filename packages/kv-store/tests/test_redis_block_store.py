@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from block_chains import NAMESPACE, buffers_for, make_chain, raw_key
 
-pytest.importorskip("redis")
-
 import redis
 
 from kv_store.redis_block_store import RedisBlockStore, safe_url
 from kv_store.valkey_server import ValkeyServer
+
+pytest_plugins = ["store_fixtures"]  # its fixtures (no conftest.py: mypy sees one module per name)
 
 # A loaded 2-core machine may stall a thread for a while: a generous bound on one call to a dead
 # server (its timeout is 0.5 s, and an open breaker answers without the network).
