@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from block_chains import NAMESPACE, buffers_for, make_chain, raw_key
-
 import redis
+from block_chains import NAMESPACE, buffers_for, make_chain, raw_key
 
 from kv_store.redis_block_store import RedisBlockStore, safe_url
 from kv_store.valkey_server import ValkeyServer
