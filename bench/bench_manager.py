@@ -34,21 +34,29 @@ from kv_api import (
     GpuCacheTierConfig,
     HostCacheTierConfig,
     KVCacheManagerConfig,
+    RemoteCacheTierConfig,
     SsmLayerConfig,
 )
 
 
 def config(
-    tokens: int, tokens_per_block: int, tiers_in: str | None = None, hybrid: bool = False
+    tokens: int,
+    tokens_per_block: int,
+    tiers_in: str | None = None,
+    hybrid: bool = False,
+    remote: kv_api.BlockStore | None = None,
 ) -> KVCacheManagerConfig:
     """Room for two prompts with headroom; with ``tiers_in``, a host and a disk tier (in that
-    directory) of the device's size below it. ``hybrid``: one full-attention, one window and one
-    SSM layer instead of two full-attention layers."""
+    directory) of the device's size below it; with ``remote``, a remote tier on that store last.
+    ``hybrid``: one full-attention, one window and one SSM layer instead of two full-attention
+    layers."""
     kv = [BufferConfig("key", 512), BufferConfig("value", 512)]
     quota = 4 * (tokens // tokens_per_block + 16) * 2 * 1024
     tiers: list[CacheTierConfig] = [GpuCacheTierConfig(quota)]
     if tiers_in is not None:
         tiers += [HostCacheTierConfig(quota), DiskCacheTierConfig(quota, tiers_in)]
+    if remote is not None:
+        tiers.append(RemoteCacheTierConfig(remote, "bench"))
     if hybrid:
         layers: list[AttentionLayerConfig | SsmLayerConfig] = [
             AttentionLayerConfig(0, kv),
@@ -83,18 +91,19 @@ def measure(
     steps: int,
     tiers_in: str | None = None,
     hybrid: bool = False,
+    remote: kv_api.BlockStore | None = None,
 ) -> dict[str, float]:
     out: dict[str, float] = {}
     out["hash"] = best_of(lambda: timed(lambda: backend.block_keys(tokens_per_block, None, tokens)), repeat)
 
     def cold() -> float:
-        manager = backend.KVCacheManager(config(len(tokens), tokens_per_block, tiers_in, hybrid))
+        manager = backend.KVCacheManager(config(len(tokens), tokens_per_block, tiers_in, hybrid, remote))
         seconds, cache = admit(manager, tokens)
         cache.close()
         return seconds
 
     out["cold"] = best_of(cold, repeat)
-    manager = backend.KVCacheManager(config(len(tokens), tokens_per_block, tiers_in, hybrid))
+    manager = backend.KVCacheManager(config(len(tokens), tokens_per_block, tiers_in, hybrid, remote))
     _, first = admit(manager, tokens)
     first.commit(tokens)
     first.close()

@@ -16,7 +16,8 @@ import pytest
 import redis
 from block_chains import NAMESPACE, buffers_for, make_chain, raw_key
 
-from kv_store.redis_block_store import RedisBlockStore, safe_url
+from kv_store.redis_block_store import RedisBlockStore
+from kv_store.store_url import safe_url
 from kv_store.valkey_server import ValkeyServer
 
 pytest_plugins = ["store_fixtures"]  # its fixtures (no conftest.py: mypy sees one module per name)

@@ -18,7 +18,7 @@ from kv_core_py.block_keys import chained_keys, root_key
 from kv_core_py.cache_context import CacheContext
 from kv_core_py.kv_cache import KVCache
 from kv_core_py.life_cycles import LifeCycleRegistry
-from kv_core_py.radix_tree import Block, Node, RadixTree
+from kv_core_py.radix_tree import Block, RadixTree
 from kv_core_py.request_stats import RequestStats, StatsBook, first_digest, text_only_error
 from kv_core_py.tokens import Tokens
 
@@ -77,14 +77,24 @@ class ManagerReuse(kv_api.KVCacheManager):
         count = limit // tokens_per_block - full
         if count <= 0:
             return set()
-        parent: Node | None = path[full - 1][0] if full else self._tree.roots.get(root_key)
+        # The root is looked up (or made) once room is made, which may prune it; the parent block
+        # is pinned meanwhile, so that a page-less one is not pruned from under us.
+        parent: Block | None = path[full - 1][0] if full else None
         parent_key = path[full - 1][0].key if full else root_key
         keys = chained_keys(parent_key, tokens, full, count, tokens_per_block)[1:]
         chunks = [
             tokens.to_list(b * tokens_per_block, (b + 1) * tokens_per_block) for b in range(full, full + len(keys))
         ]
         keep = {id(p) for block, _ in path for p in block.pages if p is not None}
-        blocks = remote.fetch(parent, parent_key, keys, full, chunks, keep, lambda: self._tree.root(root_key, scope))
+        if parent is not None:
+            parent.pins += 1
+        try:
+            blocks = remote.fetch(
+                parent, parent_key, keys, full, chunks, keep, lambda: self._tree.root(root_key, scope)
+            )
+        finally:
+            if parent is not None:
+                parent.pins -= 1
         if blocks:
             path[full:] = [(block, tokens_per_block) for block in blocks]
         return set(map(id, blocks))

@@ -25,6 +25,11 @@ request either decodes or is left alone with the whole pool and then rejected), 
 replay ends within ``len(requests) + total output tokens`` steps; ``run`` raises rather than
 loop if a step ever makes no progress.
 
+A remote tier: before each admission the replay waits for the store's queued writes (a store's
+``flush``, where it has one), as the time between an engine's requests lets them land; a replay
+runs far faster than an engine, and a store's bounded queue would otherwise drop what a fleet
+writes. The wait is not the manager's time.
+
 Errors: the manager's failures on one cache level, building it or running (memory it cannot
 map, a disk tier's files), are a ``kv_replay.tier_errors.TierError`` naming the level and field.
 """
@@ -126,6 +131,9 @@ def level_name(tier: object) -> str:
 
 _T = TypeVar("_T")
 _now = time.perf_counter
+#: The longest wait for a remote store's queued writes before an admission (a store that is down
+#: drops them sooner: its calls time out).
+_STORE_SETTLE_S = 10.0
 _Queued = tuple[int, "np.ndarray[Any, np.dtype[np.int32]]", int, bool]  # index, tokens, generated, first
 
 
@@ -177,6 +185,8 @@ class Replayer:
         self.progress = progress
         # The decode step's resizes and commits as one call each, where the backend has them.
         self.batched = backend.capabilities.batched_calls
+        remote = config.remote_tier
+        self._settle_store = getattr(remote.store, "flush", None) if remote is not None else None
 
     # -- timed manager calls --------------------------------------------------------------------------
 
@@ -199,6 +209,8 @@ class Replayer:
     def _admit(self, entry: _Queued) -> _Live:
         index, tokens, generated, first = entry
         request = self.requests[index]
+        if self._settle_store is not None:
+            self._settle_store(_STORE_SETTLE_S)
         start = _now()
         cache = self._timed(self.manager.create_kv_cache, request.scope, tokens, hashed=len(tokens))
         return _Live(index, request, cache, tokens, generated, first, start, output=request.output.tolist())

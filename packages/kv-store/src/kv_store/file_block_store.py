@@ -24,13 +24,13 @@ from types import TracebackType
 
 from kv_api.block_store import BlockStore
 from kv_api.block_value import read_header
+from kv_store.chain_lru import CHAINED_KEY_SIZE
 from kv_store.file_index import TEMP_PREFIX, Entry, FileIndex, file_name, key_id, scan_directory
 from kv_store.store_stats import StoreStats
 
 __all__ = ["FileBlockStore"]
 
 LOCK_NAME = ".lock"
-_CHAINED_KEY_SIZE = 32  # a store key ends with the block's chained key, the header's ``key``
 _COUNTERS = (
     "lookups", "gets", "hits", "bad_values", "puts", "written", "skipped", "dropped", "errors",
     "breaker_opens", "bytes_read", "bytes_written", "calls", "evicted",
@@ -364,10 +364,10 @@ def _lineage(key: bytes, value: bytes, previous: Entry | None) -> tuple[bytes | 
     value's header where it names this key, else the batch's previous block (a put is consecutive
     blocks of one chain)."""
     header = read_header(value)
-    if header is not None and len(key) > _CHAINED_KEY_SIZE and header.key == key[-_CHAINED_KEY_SIZE:]:
+    if header is not None and len(key) > CHAINED_KEY_SIZE and header.key == key[-CHAINED_KEY_SIZE:]:
         if header.prefix_tokens == header.num_tokens:
             return None, header.prefix_tokens  # a chain's first block: its parent is the scope's root, no block
-        return key_id(key[:-_CHAINED_KEY_SIZE] + header.parent), header.prefix_tokens
+        return key_id(key[:-CHAINED_KEY_SIZE] + header.parent), header.prefix_tokens
     if previous is None:
         return None, 1
     return previous.id, previous.depth + 1

@@ -5,18 +5,7 @@ Reads run on the caller's thread (the manager's lock is held: bounded by ``timeo
 operation); writes go to one background thread through a queue bounded in bytes. Every server
 fault is counted and opens a circuit breaker; while it is open no call touches the network.
 
-Eviction and prefix chains (``order_chains``): a block is only useful while every block before it
-in its chain is stored, but the server's LRU (a clock in seconds, sampled eviction) evicts the
-blocks of a chain in random order, and its first blocks first when a manager that has them
-locally writes only the rest. So the store keeps its own LRU on the server, exact and chain
-aware: a sorted set (``index_key``) scores each block by when it or a block after it in its chain
-was last read or written, less a microsecond per prefix token. A block then always scores below
-its ancestors, and before each write a script deletes the lowest scored blocks until the write
-fits under ``maxmemory``: chains are cut from the tail and the server's own eviction is a
-backstop. The scores of a block's ancestors come from a walk up the chain (``read_header``'s
-parent in each value), which stops at an ancestor scored less than ``touch_window_s`` ago; the
-blocks below it score no higher than it. A write whose parent is not stored is dropped (nothing
-could reach it), and each write batch goes tail first."""
+The chain-aware LRU on the server that keeps chains reachable as it evicts: ``chain_lru``."""
 
 from __future__ import annotations
 
@@ -28,112 +17,21 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from kv_api.block_store import BlockStore
-from kv_api.block_value import read_header
+from kv_store.chain_lru import CHAIN_SCRIPT, Chain
 from kv_store.circuit_breaker import CircuitBreaker
 from kv_store.store_stats import StoreStats
+from kv_store.store_url import safe_url, url_secrets
 
 if TYPE_CHECKING:
     import redis
 
-__all__ = ["RedisBlockStore", "safe_url"]
+__all__ = ["RedisBlockStore"]
 
 log = logging.getLogger(__name__)
 
-_CHAINED_KEY_SIZE = 32  # a store key ends with the block's chained key, the header's ``key``
 _TOUCH_JOB_BYTES = 512  # what a queued touch after a read counts against ``max_pending_bytes``
-# Query parameters of a URL that carry no secret (redis-py passes any other one to the client).
-_PLAIN_QUERY = frozenset({"db", "protocol", "socket_timeout", "socket_connect_timeout", "ssl_cert_reqs"})
-
-# ARGV: index key, bytes to make room for (0: none), namespace, parent's chained key ('' for a
-# chain's first block), most ancestors to walk, window (s), then (key, prefix tokens) pairs to
-# score. Returns {1 if the chain is whole from its first block (or cannot be told) else 0,
-# blocks deleted}. Header offsets (read_header): key 40, parent 72, prefix tokens 104 (u64 LE),
-# block tokens 112 (u32 LE). allow-oom: at maxmemory under noeviction it still frees room.
-_CHAIN_SCRIPT = """#!lua flags=allow-oom
-local index, need, ns, key = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local left, window = tonumber(ARGV[5]), tonumber(ARGV[6])
-local function int(s, first, last)
-  local n = 0
-  for i = last, first, -1 do n = n * 256 + string.byte(s, i) end
-  return n
-end
-local deleted = 0
-for _, name in ipairs(redis.call('ZRANGE', index, 0, 1)) do  -- members whose block expired or went
-  if redis.call('EXISTS', name) == 0 then redis.call('ZREM', index, name) end
-end
-if need > 0 then
-  local info = redis.call('INFO', 'memory')
-  local used = tonumber(string.match(info, 'used_memory:(%d+)'))
-  local limit = tonumber(string.match(info, 'maxmemory:(%d+)'))
-  local pops = 0
-  while limit > 0 and used + need > limit - limit / 64 and pops < 4096 do
-    local low = redis.call('ZPOPMIN', index)
-    if #low == 0 then break end
-    used = used - redis.call('STRLEN', low[1]) - #low[1] - 64
-    deleted = deleted + redis.call('DEL', low[1])
-    pops = pops + 1
-  end
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local base, whole, path = now, 1, {}
-while key ~= '' and left > 0 do
-  local name = ns .. key
-  local head = redis.call('GETRANGE', name, 0, 115)
-  if #head < 116 then whole = 0; break end
-  if string.sub(head, 1, 4) ~= 'KVCB' or string.sub(head, 41, 72) ~= key then break end
-  local tokens = int(head, 105, 112)
-  local score = redis.call('ZSCORE', index, name)
-  if score and tonumber(score) + tokens * 1e-6 >= now - window then
-    base = math.min(now, tonumber(score) + tokens * 1e-6)
-    break
-  end
-  path[#path + 1] = tokens
-  path[#path + 1] = name
-  if int(head, 113, 116) == tokens then break end  -- a chain's first block
-  key = string.sub(head, 73, 104)
-  left = left - 1
-end
-if whole == 0 then return {0, deleted} end
-for i = 7, #ARGV, 2 do
-  path[#path + 1] = tonumber(ARGV[i + 1])
-  path[#path + 1] = ARGV[i]
-end
-for i = 1, #path, 2 do path[i] = string.format('%.6f', base - path[i] * 1e-6) end
-for i = 1, #path, 256 do redis.call('ZADD', index, unpack(path, i, math.min(i + 255, #path))) end
-return {1, deleted}
-"""
-
-
-def safe_url(url: str) -> str:
-    """``url`` without credentials: user and password become ``***``, and so does the value of
-    any query parameter that might carry one."""
-    try:
-        parts = urlsplit(url)
-        netloc = parts.netloc
-        if "@" in netloc:
-            netloc = "***@" + netloc.rpartition("@")[2]
-        query = [(k, v if k in _PLAIN_QUERY else "***") for k, v in parse_qsl(parts.query, keep_blank_values=True)]
-        # by hand: urlunsplit drops the "//" of an empty netloc (unix:///path)
-        tail = f"?{urlencode(query, safe='*')}" if query else ""
-        return f"{parts.scheme}://{netloc}{parts.path}{tail}"
-    except ValueError:
-        return "<unparsable url>"
-
-
-def _secrets(url: str) -> list[str]:
-    """The strings of ``url`` that must never be shown (both raw and percent-decoded)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return [url]
-    found = [parts.username or "", parts.password or ""]
-    found += [v for k, v in parse_qsl(parts.query) if k not in _PLAIN_QUERY]
-    found += [unquote(s) for s in found] + [quote(s, safe="") for s in found]
-    return sorted({s for s in found if s}, key=len, reverse=True)
 
 
 @dataclasses.dataclass
@@ -143,31 +41,7 @@ class _Job:
     keys: list[bytes]
     values: list[bytes]
     nbytes: int
-    chain: _Chain | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class _Chain:
-    """What the chain script needs of a batch: its namespace, its first block's parent (b"" for
-    a chain's first block) and each block's prefix tokens."""
-
-    namespace: bytes
-    parent: bytes
-    tokens: list[int]
-
-    @staticmethod
-    def of(keys: Sequence[bytes], values: Sequence[bytes | memoryview]) -> _Chain | None:
-        """None unless every value is a block value of its key (``read_header``)."""
-        tokens: list[int] = []
-        parent = b""
-        for n, (key, value) in enumerate(zip(keys, values, strict=False)):
-            header = read_header(value)
-            if header is None or len(key) <= _CHAINED_KEY_SIZE or key[-_CHAINED_KEY_SIZE:] != header.key:
-                return None
-            if n == 0 and header.prefix_tokens != header.num_tokens:
-                parent = header.parent
-            tokens.append(header.prefix_tokens)
-        return _Chain(bytes(keys[0][:-_CHAINED_KEY_SIZE]), parent, tokens)
+    chain: Chain | None = None
 
 
 @dataclasses.dataclass
@@ -232,7 +106,7 @@ class RedisBlockStore(BlockStore):
         if batch < 1 or batch_bytes < 1:
             raise ValueError("batch and batch_bytes must be positive")
         self.url = safe_url(url)  # the only form of the url this object keeps
-        self._secrets = _secrets(url)
+        self._secrets = url_secrets(url)
         self._ttl_ms = None if ttl is None else max(1, round(ttl * 1000))
         self.timeout = timeout
         self.max_pending_bytes = max_pending_bytes
@@ -441,7 +315,7 @@ class RedisBlockStore(BlockStore):
     # -- the writer thread --------------------------------------------------------------------------
 
     def _enqueue_touch(self, keys: Sequence[bytes], buffers: Sequence[memoryview]) -> None:
-        chain = _Chain.of(keys, [_byte_view(b) for b in buffers])
+        chain = Chain.of(keys, [_byte_view(b) for b in buffers])
         if chain is None:
             return
         with self._cond:
@@ -478,7 +352,7 @@ class RedisBlockStore(BlockStore):
         writing = False  # once writing, _write counts its own drops
         try:
             if self._chains_on and job.values and job.chain is None:
-                job.chain = _Chain.of(job.keys, job.values)  # here, not in put: off the caller's thread
+                job.chain = Chain.of(job.keys, job.values)  # here, not in put: off the caller's thread
             if self._chains_on and job.chain is not None and not self._order(job):
                 self._counters.add(dropped=len(job.values))  # its parent is gone: no reader could reach it
             elif job.values:
@@ -504,7 +378,7 @@ class RedisBlockStore(BlockStore):
         for _ in range(2):
             try:
                 if self._script_sha is None:
-                    self._script_sha = str(self._client.script_load(_CHAIN_SCRIPT))
+                    self._script_sha = str(self._client.script_load(CHAIN_SCRIPT))
                 whole, deleted = self._client.evalsha(self._script_sha, 0, *args)
             except self._no_script:
                 self._script_sha = None  # a restarted server has no scripts: load it again

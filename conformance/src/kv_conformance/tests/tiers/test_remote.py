@@ -220,6 +220,26 @@ def test_a_failing_put_never_fails_the_commit(backend: kv_api.Backend) -> None:
     assert manager.create_kv_cache(None, toks(16)).num_committed_tokens == 16  # still local
 
 
+def test_what_the_store_brings_stays_in_the_tree_when_room_empties_the_root(backend: kv_api.Backend) -> None:
+    """Room for the store's blocks evicts every local block of their scope, so the scope's root
+    goes and comes back: the blocks brought hang under the tree's root, found by later matches."""
+    layers = [AttentionLayerConfig(0, [BufferConfig("key", 1024)])]
+    scope = ReuseScope(salt=7)
+    store = MemoryBlockStore()
+    write_prompt(backend.KVCacheManager(config(store, layers=layers)), toks(20), 1, scope=scope)
+    reader = backend.KVCacheManager(config(MemoryBlockStore(), layers=layers))
+    total = reader.get_storage_statistics(0)[0].total
+    write_prompt(reader, toks(8, 500), 2, scope=scope)  # the scope's only local blocks, least recent
+    write_prompt(reader, toks((total - 2) * TPB, 1000), 3)  # the rest of the pool, another scope
+    assert reader.get_storage_statistics(0)[0].free == 0
+    reader.init_config.cache_tiers[-1].store.values.update(store.values)  # type: ignore[union-attr]
+    cache = reader.create_kv_cache(scope, toks(20))
+    assert cache.num_committed_tokens == 20 and reader.probe_reuse(scope, toks(8, 500)) == 0
+    cache.close()
+    assert reader.probe_reuse(scope, toks(20)) == 20
+    check_accounting(reader, open_caches=False)
+
+
 def test_max_reused_tokens_bounds_the_fetch(backend: kv_api.Backend) -> None:
     store = RecordingStore()
     write_prompt(backend.KVCacheManager(config(store)), toks(16), 1)

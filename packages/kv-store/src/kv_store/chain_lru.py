@@ -1,0 +1,107 @@
+"""``RedisBlockStore``'s chain-aware LRU (``order_chains``). A block is only useful while every
+block before it in its chain is stored, but the server's LRU (a clock in seconds, sampled eviction) evicts the
+blocks of a chain in random order, and its first blocks first when a manager that has them
+locally writes only the rest. So the store keeps its own LRU on the server, exact and chain
+aware: a sorted set (``index_key``) scores each block by when it or a block after it in its chain
+was last read or written, less a microsecond per prefix token. A block then always scores below
+its ancestors, and before each write a script deletes the lowest scored blocks until the write
+fits under ``maxmemory``: chains are cut from the tail and the server's own eviction is a
+backstop. The scores of a block's ancestors come from a walk up the chain (``read_header``'s
+parent in each value), which stops at an ancestor scored less than ``touch_window_s`` ago; the
+blocks below it score no higher than it. A write whose parent is not stored is dropped (nothing
+could reach it), and each write batch goes tail first."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from kv_api.block_value import read_header
+
+__all__ = ["CHAINED_KEY_SIZE", "CHAIN_SCRIPT", "Chain"]
+
+CHAINED_KEY_SIZE = 32  # a store key ends with the block's chained key, the header's ``key``
+
+# ARGV: index key, bytes to make room for (0: none), namespace, parent's chained key ('' for a
+# chain's first block), most ancestors to walk, window (s), then (key, prefix tokens) pairs to
+# score. Returns {1 if the chain is whole from its first block (or cannot be told) else 0,
+# blocks deleted}. Header offsets (read_header): key 40, parent 72, prefix tokens 104 (u64 LE),
+# block tokens 112 (u32 LE). allow-oom: at maxmemory under noeviction it still frees room.
+CHAIN_SCRIPT = """#!lua flags=allow-oom
+local index, need, ns, key = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local left, window = tonumber(ARGV[5]), tonumber(ARGV[6])
+local function int(s, first, last)
+  local n = 0
+  for i = last, first, -1 do n = n * 256 + string.byte(s, i) end
+  return n
+end
+local deleted = 0
+for _, name in ipairs(redis.call('ZRANGE', index, 0, 1)) do  -- members whose block expired or went
+  if redis.call('EXISTS', name) == 0 then redis.call('ZREM', index, name) end
+end
+if need > 0 then
+  local info = redis.call('INFO', 'memory')
+  local used = tonumber(string.match(info, 'used_memory:(%d+)'))
+  local limit = tonumber(string.match(info, 'maxmemory:(%d+)'))
+  local pops = 0
+  while limit > 0 and used + need > limit - limit / 64 and pops < 4096 do
+    local low = redis.call('ZPOPMIN', index)
+    if #low == 0 then break end
+    used = used - redis.call('STRLEN', low[1]) - #low[1] - 64
+    deleted = deleted + redis.call('DEL', low[1])
+    pops = pops + 1
+  end
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local base, whole, path = now, 1, {}
+while key ~= '' and left > 0 do
+  local name = ns .. key
+  local head = redis.call('GETRANGE', name, 0, 115)
+  if #head < 116 then whole = 0; break end
+  if string.sub(head, 1, 4) ~= 'KVCB' or string.sub(head, 41, 72) ~= key then break end
+  local tokens = int(head, 105, 112)
+  local score = redis.call('ZSCORE', index, name)
+  if score and tonumber(score) + tokens * 1e-6 >= now - window then
+    base = math.min(now, tonumber(score) + tokens * 1e-6)
+    break
+  end
+  path[#path + 1] = tokens
+  path[#path + 1] = name
+  if int(head, 113, 116) == tokens then break end  -- a chain's first block
+  key = string.sub(head, 73, 104)
+  left = left - 1
+end
+if whole == 0 then return {0, deleted} end
+for i = 7, #ARGV, 2 do
+  path[#path + 1] = tonumber(ARGV[i + 1])
+  path[#path + 1] = ARGV[i]
+end
+for i = 1, #path, 2 do path[i] = string.format('%.6f', base - path[i] * 1e-6) end
+for i = 1, #path, 256 do redis.call('ZADD', index, unpack(path, i, math.min(i + 255, #path))) end
+return {1, deleted}
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Chain:
+    """What the chain script needs of a batch: its namespace, its first block's parent (b"" for
+    a chain's first block) and each block's prefix tokens."""
+
+    namespace: bytes
+    parent: bytes
+    tokens: list[int]
+
+    @staticmethod
+    def of(keys: Sequence[bytes], values: Sequence[bytes | memoryview]) -> Chain | None:
+        """None unless every value is a block value of its key (``read_header``)."""
+        tokens: list[int] = []
+        parent = b""
+        for n, (key, value) in enumerate(zip(keys, values, strict=False)):
+            header = read_header(value)
+            if header is None or len(key) <= CHAINED_KEY_SIZE or key[-CHAINED_KEY_SIZE:] != header.key:
+                return None
+            if n == 0 and header.prefix_tokens != header.num_tokens:
+                parent = header.parent
+            tokens.append(header.prefix_tokens)
+        return Chain(bytes(keys[0][:-CHAINED_KEY_SIZE]), parent, tokens)
