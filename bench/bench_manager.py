@@ -133,12 +133,18 @@ def measure(
 
 
 def iteration(
-    backend: kv_api.Backend, running: int, tokens_per_block: int, repeat: int, steps: int
+    backend: kv_api.Backend,
+    running: int,
+    tokens_per_block: int,
+    repeat: int,
+    steps: int,
+    remote: kv_api.BlockStore | None = None,
 ) -> dict[str, float]:
-    """Seconds per iteration of ``running`` requests, batched and one call per cache."""
+    """Seconds per iteration of ``running`` requests, batched and one call per cache (with
+    ``remote``, a remote tier on that store attached)."""
     prompt = 64
     manager = backend.KVCacheManager(
-        config(running * (prompt + 2 * repeat * steps + 2 * tokens_per_block), tokens_per_block)
+        config(running * (prompt + 2 * repeat * steps + 2 * tokens_per_block), tokens_per_block, remote=remote)
     )
     rng = np.random.default_rng(1)
     caches = manager.admit_many(

@@ -5,26 +5,32 @@ one run, on a real ``valkey-server`` started for the run (``kv_store.ValkeyServe
   through ``RedisBlockStore`` (``put`` per batch, then ``flush`` until the server has them all)
   and read back with ``get_into``, against plain pipelined ``SET NX`` / ``MGET`` of the same bytes
   in the same batches with the same ``redis`` client. Each round writes fresh keys.
-- The decode step and the cold / cached admission of bench_manager with a remote tier on that
-  server attached, against without, per backend (a decode step writes a block through every
-  ``tokens_per_block`` steps; a cold admission asks the store once).
-- A fleet: ``kvcore replay`` of the Mooncake synthetic trace on ``--instances`` managers, the
-  cluster hit rate with the shared store (``--remote valkey``) against without it.
+- bench_manager's decode step (one cache), decode iteration (``--running`` caches, batched),
+  cold and cached admission, per backend, with a remote tier attached against without: on
+  ``NullStore`` (the manager's own side: values encoded and handed over, lookups asked) and on
+  the server through ``RedisBlockStore`` (its client, writer thread and, on one machine, the
+  server's own work). A decode writes a block through every ``tokens_per_block`` tokens; a cold
+  admission asks the store once.
+- A fleet: ``kvcore replay`` of the first ``--limit`` requests of the Mooncake synthetic trace on
+  ``--instances`` managers, the cluster hit rate with the shared store (``--remote valkey``)
+  against without it, and one instance whose pool holds the whole trace (the most reuse there is).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from bench_manager import iteration
 from bench_manager import measure as measure_manager
 
 import kv_api
@@ -130,58 +136,92 @@ def throughput(url: str, args: argparse.Namespace) -> None:
         )
 
 
+class NullStore(kv_api.BlockStore):
+    """Has nothing and keeps nothing: what the manager's own side of a remote tier costs (values
+    encoded and handed over, lookups asked), without a client or a network."""
+
+    def contains(self, keys: Sequence[bytes]) -> int:
+        return 0
+
+    def get_into(self, keys: Sequence[bytes], buffers: Sequence[memoryview]) -> int:
+        return 0
+
+    def put(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def attached(url: str, args: argparse.Namespace) -> None:
-    """bench_manager's figures with the remote tier on the server, against without."""
+    """bench_manager's figures with a remote tier attached (on ``NullStore``, and on the server
+    through ``RedisBlockStore``), against without."""
+    import redis
+
     tokens = np.random.default_rng(0).integers(0, 2**31, args.tokens, dtype=np.int32)
-    print(
-        "\n| backend | decode step (us), no remote | with remote | x "
-        "| cold admission (ms), no remote | with remote | x | cached admission (ms), no remote | with remote | x |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| backend | figure | no remote tier | NullStore | x | RedisBlockStore | x |")
+    print("|---|---|---|---|---|---|---|")
     for name in args.backend or kv_api.available_backends():
         backend = kv_api.load_backend(name)
-        plain = measure_manager(backend, tokens, TOKENS_PER_BLOCK, args.repeat, args.steps)
-        with RedisBlockStore(url, timeout=5) as store:
-            remote = measure_manager(backend, tokens, TOKENS_PER_BLOCK, args.repeat, args.steps, remote=store)
-            assert store.flush(60) and store.stats().errors == 0
-        cells = [
-            f"{plain['decode'] * 1e6:.2f} | {remote['decode'] * 1e6:.2f} | {remote['decode'] / plain['decode']:.2f}",
-            f"{plain['cold'] * 1e3:.2f} | {remote['cold'] * 1e3:.2f} | {remote['cold'] / plain['cold']:.2f}",
-            f"{plain['cached'] * 1e3:.2f} | {remote['cached'] * 1e3:.2f} | {remote['cached'] / plain['cached']:.2f}",
+        figures: list[dict[str, float]] = []
+        stores: list[Callable[[], contextlib.AbstractContextManager[kv_api.BlockStore | None]]] = [
+            lambda: contextlib.nullcontext(None),
+            lambda: contextlib.nullcontext(NullStore()),
+            lambda: RedisBlockStore(url, timeout=5),
         ]
-        print(f"| {name} | " + " | ".join(cells) + " |")
+        for store in stores:
+            with redis.Redis.from_url(url) as client:
+                client.flushall()  # another run's blocks would be found
+            with store() as remote:
+                one = measure_manager(backend, tokens, TOKENS_PER_BLOCK, args.repeat, args.steps, remote=remote)
+                many = iteration(backend, args.running, TOKENS_PER_BLOCK, args.repeat, args.iterations, remote=remote)
+                one["iteration"] = many["batched"]
+                if isinstance(remote, RedisBlockStore):
+                    assert remote.flush(60) and remote.stats().errors == 0
+            figures.append(one)
+        rows = [
+            ("decode step, one cache (us)", "decode", 1e6),
+            (f"decode iteration, {args.running} caches batched (us)", "iteration", 1e6),
+            (f"cold admission, {len(tokens):,} tokens (ms)", "cold", 1e3),
+            ("cached admission (ms)", "cached", 1e3),
+        ]
+        for label, key, unit in rows:
+            plain, null, real = (f[key] for f in figures)
+            print(
+                f"| {name} | {label} | {plain * unit:.2f} | {null * unit:.2f} | {null / plain:.2f} "
+                f"| {real * unit:.2f} | {real / plain:.2f} |"
+            )
+
+
+def replay(*flags: str) -> tuple[dict[str, Any], float, str]:
+    """``kvcore replay mooncake-synthetic FLAGS --json --quiet``: its report, wall time and command."""
+    kvcore = os.path.join(os.path.dirname(sys.executable), "kvcore")
+    command = [kvcore if os.path.exists(kvcore) else "kvcore", "replay", "mooncake-synthetic", *flags]
+    start = time.perf_counter()
+    done = subprocess.run([*command, "--json", "--quiet"], check=True, capture_output=True, text=True)
+    return json.loads(done.stdout), time.perf_counter() - start, "kvcore " + " ".join(command[1:])
 
 
 def fleet(args: argparse.Namespace) -> None:
-    """``kvcore replay`` on ``--instances`` managers, with and without the shared store."""
-    kvcore = os.path.join(os.path.dirname(sys.executable), "kvcore")
-    command = [
-        kvcore if os.path.exists(kvcore) else "kvcore",
-        "replay",
-        "mooncake-synthetic",
-        "--limit",
-        str(args.limit),
-        "--instances",
-        str(args.instances),
-        "--quota",
-        args.quota,
-        "--remote",
-        "valkey",
-        "--json",
-        "--quiet",
-    ]
-    start = time.perf_counter()
-    done = subprocess.run(command, check=True, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    report: dict[str, Any] = json.loads(done.stdout)
+    """``kvcore replay`` on ``--instances`` managers, without the shared store then with it
+    (one command), and one instance with a pool holding the whole trace: the most reuse there is."""
+    # bench_replay_vs_mocker's geometry: 8,192 blocks of 32 tokens per instance in 2 MiB.
+    model = ["--limit", str(args.limit), "--layers", "1", "--bytes-per-token", "4"]
+    report, wall, command = replay(*model, "--quota", "2M", "--instances", str(args.instances), "--remote", "valkey")
+    whole, _, whole_command = replay(*model, "--quota", "1G")
     remote = report["remote"]
-    print(f"\n`kvcore {' '.join(command[1:])}` ({wall:.1f} s)\n")
-    print("| cluster hit rate without the store | with it | blocks from the store | written | dropped by the store |")
-    print("|---|---|---|---|---|")
+    print(f"\n`{command}` ({wall:.1f} s; both cluster replays)\n")
     print(
-        f"| {report['hit_rate_without_store']:.2%} | {report['hit_rate']:.2%} | {remote['blocks']:,} "
-        f"| {remote['written']:,} | {remote['store_dropped']:,} |"
+        "| cluster hit rate without the store | with it | one instance, unbounded pool "
+        "| blocks from the store | written | dropped by the store | store call (mean) |"
     )
+    print("|---|---|---|---|---|---|---|")
+    print(
+        f"| {report['hit_rate_without_store']:.2%} | {report['hit_rate']:.2%} | {whole['hit_rate']:.2%} "
+        f"| {remote['blocks']:,} | {remote['written']:,} | {remote['store_dropped']:,} "
+        f"| {remote['store_call_us']:.0f} us |"
+    )
+    print(f"\n(the unbounded pool: `{whole_command}`)")
 
 
 def main() -> None:
@@ -192,10 +232,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=100_000, help="prompt length of the admission figures")
     parser.add_argument("--steps", type=int, default=2000, help="decode steps per round")
+    parser.add_argument("--running", type=int, default=256, help="caches of the decode iteration (default: 256)")
+    parser.add_argument("--iterations", type=int, default=200, help="decode iterations per round")
     parser.add_argument("--backend", action="append", help="backends to measure (default: every installed one)")
     parser.add_argument("--limit", type=int, default=1000, help="requests of the fleet replay (default: 1000)")
     parser.add_argument("--instances", type=int, default=4)
-    parser.add_argument("--quota", default="1G", help="each instance's device quota in the fleet replay")
     args = parser.parse_args()
     with ValkeyServer() as server:
         throughput(server.url, args)

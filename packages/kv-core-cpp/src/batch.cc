@@ -4,6 +4,9 @@
 #include <utility>
 
 #include "kvcore/block_keys.h"
+#include "kvcore/cache_context.h"
+#include "kvcore/kv_cache.h"
+#include "kvcore/remote_tier.h"
 
 namespace kvcore {
 
@@ -100,13 +103,18 @@ std::optional<BatchFailure> commit_many(const std::vector<KVCache*>& caches, con
   const std::vector<HashedAhead> ahead =
       caches.empty() ? std::vector<HashedAhead>{} : hash_ahead(caches, tokens, starts, caches[0]->key_format());
   std::size_t next = 0;  // the next entry of `ahead` (in batch order)
-  return in_order(caches.size(), [&](std::size_t i) {
+  // The blocks the batch's commits write through go to the store in one put, after the last.
+  RemoteTier* remote = caches.empty() ? nullptr : caches[0]->context().remote;
+  if (remote != nullptr) remote->begin_batch();
+  const std::optional<BatchFailure> failure = in_order(caches.size(), [&](std::size_t i) {
     caches[i]->require(CacheStatus::kActive, "commit");
     caches[i]->require_commit_allowed();
     const std::uint8_t* keys = nullptr;
     if (next < ahead.size() && ahead[next].index == i) keys = ahead[next++].keys.data() + 32;
     caches[i]->commit(tokens, starts[i], starts[i + 1], is_end, keys);
   });
+  if (remote != nullptr) remote->end_batch();
+  return failure;
 }
 
 std::optional<BatchFailure> admit_many(KVCacheManager& manager, std::vector<Admission>& admissions,

@@ -308,6 +308,7 @@ void RemoteTier::encode(const Block* block, std::uint8_t* value) const {
 }
 
 void RemoteTier::flush() {
+  if (batches_ > 0) return;
   std::vector<Block*> blocks;
   blocks.swap(pending_);
   blocks.erase(std::remove_if(blocks.begin(), blocks.end(), [this](const Block* b) { return !writable(b); }),

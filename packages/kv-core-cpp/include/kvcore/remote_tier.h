@@ -41,8 +41,14 @@ class RemoteTier {
                             const std::function<Node*()>& new_root);
   // A full block that entered the tree in this call, to write at flush().
   void add_pending(Block* block) { pending_.push_back(block); }
-  // Hands the store this call's new full blocks (one put), their bytes copied now.
+  // Hands the store this call's new full blocks (one put), their bytes copied now; between
+  // begin_batch() and end_batch() (a batched call's caches) it waits for end_batch().
   void flush();
+  void begin_batch() { ++batches_; }
+  void end_batch() {
+    --batches_;
+    flush();
+  }
 
  private:
   // A store's count answer: in [0, n], else 0 and counted as an error.
@@ -76,6 +82,7 @@ class RemoteTier {
   std::uint64_t header_;
   std::uint64_t value_size_;
   std::vector<Block*> pending_;  // in the order they entered the tree; a block leaving it leaves this
+  int batches_ = 0;              // begin_batch() calls not ended: flush() waits
 };
 
 }  // namespace kvcore

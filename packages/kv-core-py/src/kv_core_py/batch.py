@@ -101,11 +101,19 @@ def commit_many(manager: KVCacheManager, caches: Any, tokens: Any, counts: Any, 
     end = bool(is_end)
     results: list[None] = []
     begin = 0
+    # The blocks the batch's commits write through go to the store in one put, after the last.
+    remote = manager._context.remote
     with in_order("commit_many", len(targets), results):
-        for cache, size in zip(targets, sizes, strict=True):
-            cache.commit(toks.to_list(begin, begin + size), end)
-            results.append(None)
-            begin += size
+        if remote is not None:
+            remote.begin_batch()
+        try:
+            for cache, size in zip(targets, sizes, strict=True):
+                cache.commit(toks.to_list(begin, begin + size), end)
+                results.append(None)
+                begin += size
+        finally:
+            if remote is not None:
+                remote.end_batch()
 
 
 def admit_many(

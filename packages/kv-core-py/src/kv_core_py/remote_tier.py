@@ -50,6 +50,7 @@ class RemoteTier:
         self.header = header_size(len(self.page_sizes))
         self.value_size = self.header + sum(self.page_sizes)
         self.pending: list[Block] = []  # full blocks that entered the tree in this call, to write
+        self.batches = 0  # begin_batch() calls not ended: flush() waits
 
     # -- reading -------------------------------------------------------------------------------------
 
@@ -227,8 +228,19 @@ class RemoteTier:
 
     # -- writing -------------------------------------------------------------------------------------
 
+    def begin_batch(self) -> None:
+        self.batches += 1
+
+    def end_batch(self) -> None:
+        self.batches -= 1
+        self.flush()
+
     def flush(self) -> None:
-        """Hand the store this call's new full blocks (one ``put``), their bytes copied now."""
+        """Hand the store this call's new full blocks (one ``put``), their bytes copied now;
+        between ``begin_batch`` and ``end_batch`` (a batched call's caches) it waits for
+        ``end_batch``."""
+        if self.batches:
+            return
         blocks, self.pending = self.pending, []
         blocks = [b for b in blocks if self._writable(b)]
         if not blocks:

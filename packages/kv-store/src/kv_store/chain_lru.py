@@ -23,19 +23,24 @@ __all__ = ["CHAINED_KEY_SIZE", "CHAIN_SCRIPT", "Chain"]
 CHAINED_KEY_SIZE = 32  # a store key ends with the block's chained key, the header's ``key``
 
 # ARGV: index key, bytes to make room for (0: none), namespace, parent's chained key ('' for a
-# chain's first block), most ancestors to walk, window (s), then (key, prefix tokens) pairs to
-# score. Returns {1 if the chain is whole from its first block (or cannot be told) else 0,
-# blocks deleted}. Header offsets (read_header): key 40, parent 72, prefix tokens 104 (u64 LE),
-# block tokens 112 (u32 LE). allow-oom: at maxmemory under noeviction it still frees room.
+# chain's first block), most ancestors to walk, window (s), TTL in ms (0: none), 3 for a write
+# or 2 for a touch, the bytes the values take, then per block its key, prefix tokens and (a
+# write) its value. A write SETs each value NX once the chain is known whole and room is
+# made, in one round trip. Returns {1 if the chain is whole from its first block (or cannot be
+# told) else 0, blocks deleted, blocks written, blocks already there, bytes written, 1 if the
+# server stayed full (noeviction: nothing written) else 0}. Header offsets (read_header): key 40,
+# parent 72, prefix tokens 104 (u64 LE), block tokens 112 (u32 LE). allow-oom: at maxmemory
+# under noeviction it still frees room.
 CHAIN_SCRIPT = """#!lua flags=allow-oom
 local index, need, ns, key = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local left, window = tonumber(ARGV[5]), tonumber(ARGV[6])
+local left, window, ttl, stride = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local size = tonumber(ARGV[9])
 local function int(s, first, last)
   local n = 0
   for i = last, first, -1 do n = n * 256 + string.byte(s, i) end
   return n
 end
-local deleted = 0
+local deleted, full = 0, 0
 for _, name in ipairs(redis.call('ZRANGE', index, 0, 1)) do  -- members whose block expired or went
   if redis.call('EXISTS', name) == 0 then redis.call('ZREM', index, name) end
 end
@@ -51,6 +56,7 @@ if need > 0 then
     deleted = deleted + redis.call('DEL', low[1])
     pops = pops + 1
   end
+  if limit > 0 and used + size > limit and string.match(info, 'maxmemory_policy:noeviction') then full = 1 end
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
@@ -72,14 +78,29 @@ while key ~= '' and left > 0 do
   key = string.sub(head, 73, 104)
   left = left - 1
 end
-if whole == 0 then return {0, deleted} end
-for i = 7, #ARGV, 2 do
+if whole == 0 or full == 1 then return {whole, deleted, 0, 0, 0, full} end
+local written, present, nbytes = 0, 0, 0
+for i = 10, #ARGV, stride do
+  if stride == 3 then
+    local done
+    if ttl > 0 then
+      done = redis.call('SET', ARGV[i], ARGV[i + 2], 'NX', 'PX', ttl)
+    else
+      done = redis.call('SET', ARGV[i], ARGV[i + 2], 'NX')
+    end
+    if done then
+      written = written + 1
+      nbytes = nbytes + #ARGV[i + 2]
+    else
+      present = present + 1
+    end
+  end
   path[#path + 1] = tonumber(ARGV[i + 1])
   path[#path + 1] = ARGV[i]
 end
 for i = 1, #path, 2 do path[i] = string.format('%.6f', base - path[i] * 1e-6) end
 for i = 1, #path, 256 do redis.call('ZADD', index, unpack(path, i, math.min(i + 255, #path))) end
-return {1, deleted}
+return {1, deleted, written, present, nbytes, 0}
 """
 
 
@@ -105,3 +126,8 @@ class Chain:
                 parent = header.parent
             tokens.append(header.prefix_tokens)
         return Chain(bytes(keys[0][:-CHAINED_KEY_SIZE]), parent, tokens)
+
+    def continued_by(self, last_key: bytes, other: Chain) -> bool:
+        """Whether ``other``, a batch put after ours, hangs under our last block (store key
+        ``last_key``), so that the two can go as one."""
+        return other.namespace == self.namespace and other.parent == last_key[-CHAINED_KEY_SIZE:]

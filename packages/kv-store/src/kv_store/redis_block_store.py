@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from kv_api.block_store import BlockStore
-from kv_store.chain_lru import CHAIN_SCRIPT, Chain
+from kv_store.chain_lru import CHAIN_SCRIPT, CHAINED_KEY_SIZE, Chain
 from kv_store.circuit_breaker import CircuitBreaker
 from kv_store.store_stats import StoreStats
 from kv_store.store_url import safe_url, url_secrets
@@ -122,6 +122,7 @@ class RedisBlockStore(BlockStore):
         self._faults: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
         self._no_script: type[BaseException] = redis.exceptions.NoScriptError
         self._refused: type[BaseException] = redis.exceptions.ResponseError
+        self._full: type[BaseException] = redis.exceptions.OutOfMemoryError
         self._owns_client = client is None
         self._client: redis.Redis = client if client is not None else self._connect(url)
         self._breaker = CircuitBreaker(base_s=backoff_s, cap_s=max_backoff_s)
@@ -162,22 +163,35 @@ class RedisBlockStore(BlockStore):
             self._counters.add(lookups=1)
             if not keys or self._closed or not self._breaker.allow():
                 return 0
-            found = 0
             try:
-                for start in range(0, len(keys), self.batch):
-                    pipe = self._client.pipeline(transaction=False)
-                    for key in keys[start : start + self.batch]:
-                        pipe.exists(key)
-                    for present in pipe.execute():
-                        if not present:
-                            self._breaker.record_success()
-                            return found
-                        found += 1
+                found = self._present_prefix(keys)
             except self._faults as exc:
                 self._fault(exc, "contains")
-                return found
+                return 0
             self._breaker.record_success()
             return found
+
+    def _present_prefix(self, keys: Sequence[bytes]) -> int:
+        """How many of ``keys`` are stored, from the first: the first key alone (a miss there is
+        the common answer), then runs of ``batch`` keys, each one multi-key ``EXISTS`` (a count),
+        halved to find the first missing key of a run that is not whole."""
+        if not self._client.exists(keys[0]):
+            return 0
+        found = 1
+        while found < len(keys):
+            run = keys[found : found + self.batch]
+            if self._client.exists(*run) == len(run):
+                found += len(run)
+                continue
+            low, high = 0, len(run)  # run[:low] stored; run[:high] not all stored
+            while high - low > 1:
+                middle = (low + high) // 2
+                if self._client.exists(*run[low:middle]) == middle - low:
+                    low = middle
+                else:
+                    high = middle
+            return found + low
+        return found
 
     def get_into(self, keys: Sequence[bytes], buffers: Sequence[memoryview]) -> int:
         if len(keys) != len(buffers):
@@ -204,16 +218,19 @@ class RedisBlockStore(BlockStore):
 
     def _copy(self, values: Sequence[object], buffers: Sequence[memoryview]) -> int:
         """Copy values into buffers up to the first missing or bad one; returns how many."""
-        for n, (value, buffer) in enumerate(zip(values, buffers, strict=True)):
+        copied = nbytes = bad = 0
+        for value, buffer in zip(values, buffers, strict=True):
             if value is None:
-                return n
+                break
             view = _byte_view(buffer)
             if not isinstance(value, bytes) or len(value) != view.nbytes:  # str: a decode_responses client
-                self._counters.add(bad_values=1)
-                return n
+                bad = 1
+                break
             view[:] = value
-            self._counters.add(hits=1, bytes_read=len(value))
-        return len(values)
+            copied += 1
+            nbytes += len(value)
+        self._counters.add(hits=copied, bytes_read=nbytes, bad_values=bad)
+        return copied
 
     def put(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
         if len(keys) != len(values):
@@ -332,7 +349,7 @@ class RedisBlockStore(BlockStore):
                     self._cond.wait()
                 if self._stop:
                     return
-                job = self._queue.popleft()
+                job = self._take()
                 self._busy = True
             try:
                 self._run(job)
@@ -345,41 +362,91 @@ class RedisBlockStore(BlockStore):
                     self._busy = False
                     self._cond.notify_all()
 
+    def _take(self) -> _Job:
+        """The next job, with the queued puts that continue its chain (a decode's one block per
+        put) joined to it, up to ``batch_bytes``: one round trip for all of them."""
+        job = self._queue.popleft()
+        if not (self._chains_on and job.values):
+            return job
+        job.chain = job.chain or Chain.of(job.keys, job.values)
+        while job.chain is not None and self._queue and self._queue[0].values:
+            after = self._queue[0]
+            after.chain = after.chain or Chain.of(after.keys, after.values)
+            if after.chain is None or not job.chain.continued_by(job.keys[-1], after.chain):
+                break
+            if job.nbytes + after.nbytes > self.batch_bytes:
+                break
+            self._queue.popleft()
+            job = _Job(
+                job.keys + after.keys,
+                job.values + after.values,
+                job.nbytes + after.nbytes,
+                dataclasses.replace(job.chain, tokens=job.chain.tokens + after.chain.tokens),
+            )
+        return job
+
     def _run(self, job: _Job) -> None:
         if not self._breaker.allow():
             self._counters.add(dropped=len(job.values))
             return
-        writing = False  # once writing, _write counts its own drops
         try:
             if self._chains_on and job.values and job.chain is None:
                 job.chain = Chain.of(job.keys, job.values)  # here, not in put: off the caller's thread
-            if self._chains_on and job.chain is not None and not self._order(job):
-                self._counters.add(dropped=len(job.values))  # its parent is gone: no reader could reach it
+            if self._chains_on and job.chain is not None:
+                self._write_chained(job)
             elif job.values:
-                writing = True
                 self._write(job)
         except self._faults as exc:
-            if not writing:
-                self._counters.add(dropped=len(job.values))
             self._fault(exc, "put" if job.values else "touch")
             return
         self._breaker.record_success()
 
-    def _order(self, job: _Job) -> bool:
-        """Run the chain script for ``job``: make room for its values, score its blocks and their
-        ancestors. False when the job is a chain's tail whose head is gone."""
+    def _write_chained(self, job: _Job) -> None:
+        """The chain script for each chunk of ``job``, head first (a chunk's parent is the one
+        before it): room made, blocks scored, and for a put its values written. Raises the first
+        fault, its blocks and the ones after it counted as dropped."""
         assert job.chain is not None
-        # room for the values and for the pipeline carrying them (the server's query buffer)
-        need = job.nbytes + min(job.nbytes, self.batch_bytes) + (64 << 10) if job.values else 0
-        args: list[Any] = [self.index_key, need, job.chain.namespace, job.chain.parent, self.max_walk]
-        args.append(self.touch_window_s)
-        for key, tokens in zip(job.keys, job.chain.tokens, strict=True):
-            args += [key, tokens]
+        chunks = self._chunks(job) if job.values else [range(len(job.keys))]
+        parent = job.chain.parent
+        for n, chunk in enumerate(chunks):
+            try:
+                answer = self._chain_call(job, chunk, parent)
+            except self._faults:
+                self._counters.add(dropped=sum(len(c) for c in chunks[n:]) if job.values else 0)
+                raise
+            if answer is None:  # the server refuses scripts: plain writes from here on
+                if job.values:
+                    self._write(_Job(job.keys[chunk.start :], job.values[chunk.start :], 0))
+                return
+            whole, deleted, written, present, nbytes, full = answer
+            self._counters.add(evicted=deleted, written=written, skipped=present, bytes_written=nbytes)
+            if not whole or full:
+                # its parent is gone (no reader could reach it), or a noeviction server is full
+                # of what the store may not evict (a fault: the breaker backs the writes off)
+                self._counters.add(dropped=sum(len(c) for c in chunks[n:]) if job.values else 0)
+                if full:
+                    raise self._full("the server is at maxmemory (noeviction) with no block of ours to evict")
+                return
+            parent = job.keys[chunk.stop - 1][-CHAINED_KEY_SIZE:]
+
+    def _chain_call(self, job: _Job, chunk: range, parent: bytes) -> list[int] | None:
+        """One run of the chain script over ``chunk`` of ``job``; None when the server refuses it."""
+        assert job.chain is not None
+        nbytes = sum(len(job.values[i]) for i in chunk) if job.values else 0
+        # Room for the values and as much again: the next request carrying values is in the
+        # server's memory before a script runs, and over maxmemory the server evicts first.
+        need = 2 * nbytes + (64 << 10) if job.values else 0
+        args: list[Any] = [self.index_key, need, job.chain.namespace, parent, self.max_walk, self.touch_window_s]
+        args += [self._ttl_ms or 0, 3 if job.values else 2, nbytes]
+        for i in chunk:
+            args += [job.keys[i], job.chain.tokens[i]]
+            if job.values:
+                args.append(job.values[i])
         for _ in range(2):
             try:
                 if self._script_sha is None:
                     self._script_sha = str(self._client.script_load(CHAIN_SCRIPT))
-                whole, deleted = self._client.evalsha(self._script_sha, 0, *args)
+                answer = [int(x) for x in self._client.evalsha(self._script_sha, 0, *args)]
             except self._no_script:
                 self._script_sha = None  # a restarted server has no scripts: load it again
                 continue
@@ -387,11 +454,10 @@ class RedisBlockStore(BlockStore):
                 if "OOM" in str(exc):
                     raise
                 self._script_refused(exc)
-                return True
+                return None
             self._refusals = 0
-            self._counters.add(evicted=int(deleted))
-            return bool(whole)
-        return True
+            return answer
+        return None
 
     def _script_refused(self, exc: BaseException) -> None:
         # not a fault of the server (an ACL without scripts, scripting off): after a few in a row
@@ -401,10 +467,8 @@ class RedisBlockStore(BlockStore):
             self._chains_on = False
             log.warning("%s: chain LRU off (%s)", self.url, self._scrub(f"{type(exc).__name__}: {exc}"))
 
-    def _write(self, job: _Job) -> None:
-        """SET NX each block, in pipelines of at most ``batch`` keys and about ``batch_bytes``,
-        the chain's tail first when ``order_chains``. Raises the first fault, its blocks and the
-        ones after it counted as dropped."""
+    def _chunks(self, job: _Job) -> list[range]:
+        """``job``'s blocks in runs of at most ``batch`` keys and about ``batch_bytes``."""
         chunks: list[range] = []
         start = 0
         while start < len(job.keys):
@@ -414,6 +478,13 @@ class RedisBlockStore(BlockStore):
                 stop += 1
             chunks.append(range(start, stop))
             start = stop
+        return chunks
+
+    def _write(self, job: _Job) -> None:
+        """SET NX each block, in pipelines of ``_chunks``, the chain's tail first when
+        ``order_chains`` (the server evicting as it goes then cuts from the tail). Raises the
+        first fault, its blocks and the ones after it counted as dropped."""
+        chunks = self._chunks(job)
         if self.order_chains:
             chunks = [chunk[::-1] for chunk in reversed(chunks)]
         settled = 0

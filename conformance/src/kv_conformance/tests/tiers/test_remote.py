@@ -259,6 +259,24 @@ def test_probes_stay_local(backend: kv_api.Backend) -> None:
     assert store.calls == []
 
 
+@pytest.mark.requires("batched_calls")
+def test_a_batched_commit_writes_its_blocks_in_one_put(backend: kv_api.Backend) -> None:
+    """``commit_many``: the blocks its commits complete go to the store in one put, in batch
+    order, after the last commit (a decode iteration's blocks, one network hand-off)."""
+    store = RecordingStore()
+    manager = backend.KVCacheManager(config(store))
+    caches = [active(manager, 8) for _ in range(3)]
+    store.calls.clear()
+    manager.commit_many(caches, toks(8) + toks(2, 100) + toks(8, 200), [8, 2, 8])
+    puts = [(keys, values) for method, keys, values in store.calls if method == "put"]
+    assert len(puts) == 1 and len(puts[0][0]) == 4  # two full blocks each of the first and third
+    headers = [read_header(v) for v in puts[0][1]]
+    assert [h.prefix_tokens for h in headers if h is not None] == [4, 8, 4, 8]
+    assert manager.get_committed_stats().remote_written == 4
+    for cache in caches:
+        cache.close()
+
+
 def test_backends_make_the_same_store_calls(backends: list[kv_api.Backend]) -> None:
     """Same config, same calls, two backends: the same store calls with the same keys and bytes."""
     recorded = []
