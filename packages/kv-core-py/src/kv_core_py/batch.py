@@ -16,6 +16,7 @@ from kv_api._check import int_in_range
 from kv_api.constants import CACHE_ID_LIMIT, TOKEN_LIMIT
 from kv_api.keys import check_reuse_scope
 from kv_core_py.kv_cache import KVCache
+from kv_core_py.remote_tier import RemoteTier
 from kv_core_py.tokens import Tokens
 
 # The manager as the contract types it: this module sits below manager.py (no import cycle).
@@ -86,7 +87,9 @@ def resize_many(manager: KVCacheManager, caches: Any, capacities: Any) -> list[b
     return results
 
 
-def commit_many(manager: KVCacheManager, caches: Any, tokens: Any, counts: Any, is_end: Any) -> None:
+def commit_many(
+    manager: KVCacheManager, caches: Any, tokens: Any, counts: Any, is_end: Any, remote: RemoteTier | None
+) -> None:
     cs = items("caches", caches)
     ns = items("counts", counts)
     same_length("counts", len(ns), "caches", len(cs))
@@ -102,7 +105,6 @@ def commit_many(manager: KVCacheManager, caches: Any, tokens: Any, counts: Any, 
     results: list[None] = []
     begin = 0
     # The blocks the batch's commits write through go to the store in one put, after the last.
-    remote = manager._context.remote
     with in_order("commit_many", len(targets), results):
         if remote is not None:
             remote.begin_batch()

@@ -455,7 +455,7 @@ class KVCacheManager(ManagerReuse):
         poison.check()
         with self._context.lock:
             self._require_live()
-            batch.commit_many(self, caches, tokens, counts, is_end)
+            batch.commit_many(self, caches, tokens, counts, is_end, self._context.remote)
 
     def admit_many(
         self,

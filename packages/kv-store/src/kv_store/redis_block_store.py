@@ -363,13 +363,15 @@ class RedisBlockStore(BlockStore):
                     self._cond.notify_all()
 
     def _take(self) -> _Job:
-        """The next job, with the queued puts that continue its chain (a decode's one block per
-        put) joined to it, up to ``batch_bytes``: one round trip for all of them."""
+        """The next job, with the queued jobs of its kind that continue its chain (a decode's one
+        block per put, a long read's touches) joined to it, up to ``batch_bytes``: one round trip
+        for all of them."""
         job = self._queue.popleft()
-        if not (self._chains_on and job.values):
+        if not self._chains_on:
             return job
         job.chain = job.chain or Chain.of(job.keys, job.values)
-        while job.chain is not None and self._queue and self._queue[0].values:
+        # puts join puts, touches (their chains known at the read) join touches
+        while job.chain is not None and self._queue and bool(self._queue[0].values) == bool(job.values):
             after = self._queue[0]
             after.chain = after.chain or Chain.of(after.keys, after.values)
             if after.chain is None or not job.chain.continued_by(job.keys[-1], after.chain):
