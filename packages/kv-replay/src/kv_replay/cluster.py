@@ -213,7 +213,8 @@ def cluster_table(reports: list[dict[str, Any]]) -> str:
             lines.append(
                 f"  shared store: cluster hit rate {rep['hit_rate']:.2%} with it{versus}; "
                 f"{remote['blocks']:,} blocks from it ({human_size(remote['bytes_in'])}), "
-                f"{remote['written']:,} written ({human_size(remote['bytes_out'])}), "
+                f"{remote['written']:,} handed to it ({human_size(remote['bytes_out'])}), "
+                f"{remote['store_dropped']:,} of them dropped, "
                 f"{remote['errors'] + remote['store_errors']:,} errors, calls {remote['store_call_us']:,.1f} us mean"
             )
         for i, inst in enumerate(rep["per_instance"]):
