@@ -96,6 +96,25 @@ def test_get_into_stops_at_a_miss_and_at_a_bad_value(valkey: ValkeyServer, clien
             store.get_into(keys, buffers[:3])
 
 
+def test_puts_that_continue_a_chain_go_as_one(valkey: ValkeyServer, client: redis.Redis) -> None:
+    """A decode's one block per put, queued behind a write in flight: joined into few script calls,
+    every block written and scored, whole from the first."""
+    keys, values = make_chain(60, 2000, seed=4)
+    client.config_resetstat()
+    with _store(valkey.url) as store:
+        store.put(keys[:1], values[:1])
+        for key, value in zip(keys[1:], values[1:], strict=True):
+            store.put([key], [value])
+        assert store.flush()
+        stats = store.stats()
+        assert (stats.written, stats.dropped) == (60, 0)
+        assert store.contains(keys) == 60
+    calls = client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    assert 1 <= calls < 30, calls  # one a put would be 60
+    scores = _scores(client, b"kvcore:block-lru", keys)
+    assert scores == sorted(scores, reverse=True)  # each block below its parent
+
+
 def test_a_key_keeps_its_first_value(valkey: ValkeyServer, client: redis.Redis) -> None:
     keys, first = make_chain(3, 2000, seed=1)
     _, second = make_chain(3, 2000, seed=2)

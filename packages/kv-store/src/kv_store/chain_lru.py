@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from kv_api.block_value import read_header
 
-__all__ = ["CHAINED_KEY_SIZE", "CHAIN_SCRIPT", "Chain"]
+__all__ = ["CHAINED_KEY_SIZE", "CHAIN_SCRIPT", "Chain", "hangs_under"]
 
 CHAINED_KEY_SIZE = 32  # a store key ends with the block's chained key, the header's ``key``
 
@@ -127,7 +127,9 @@ class Chain:
             tokens.append(header.prefix_tokens)
         return Chain(bytes(keys[0][:-CHAINED_KEY_SIZE]), parent, tokens)
 
-    def continued_by(self, last_key: bytes, other: Chain) -> bool:
-        """Whether ``other``, a batch put after ours, hangs under our last block (store key
-        ``last_key``), so that the two can go as one."""
-        return other.namespace == self.namespace and other.parent == last_key[-CHAINED_KEY_SIZE:]
+
+def hangs_under(last_key: bytes, key: bytes, parent: bytes) -> bool:
+    """Whether the block at store key ``key``, whose parent's chained key is ``parent``, is the
+    child of the block at store key ``last_key`` (one namespace): a batch that starts with it
+    continues a batch that ends with that one."""
+    return parent == last_key[-CHAINED_KEY_SIZE:] and key[:-CHAINED_KEY_SIZE] == last_key[:-CHAINED_KEY_SIZE]

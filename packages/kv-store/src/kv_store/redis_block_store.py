@@ -19,7 +19,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from kv_api.block_store import BlockStore
-from kv_store.chain_lru import CHAIN_SCRIPT, CHAINED_KEY_SIZE, Chain
+from kv_api.block_value import read_header
+from kv_store.chain_lru import CHAIN_SCRIPT, CHAINED_KEY_SIZE, Chain, hangs_under
 from kv_store.circuit_breaker import CircuitBreaker
 from kv_store.store_stats import StoreStats
 from kv_store.store_url import safe_url, url_secrets
@@ -365,27 +366,25 @@ class RedisBlockStore(BlockStore):
     def _take(self) -> _Job:
         """The next job, with the queued jobs of its kind that continue its chain (a decode's one
         block per put, a long read's touches) joined to it, up to ``batch_bytes``: one round trip
-        for all of them."""
+        for all of them. Called with the queue's lock held: one header read per join."""
         job = self._queue.popleft()
-        if not self._chains_on:
-            return job
-        job.chain = job.chain or Chain.of(job.keys, job.values)
-        # puts join puts, touches (their chains known at the read) join touches
-        while job.chain is not None and self._queue and bool(self._queue[0].values) == bool(job.values):
+        while self._chains_on and self._queue and bool(self._queue[0].values) == bool(job.values):
             after = self._queue[0]
-            after.chain = after.chain or Chain.of(after.keys, after.values)
-            if after.chain is None or not job.chain.continued_by(job.keys[-1], after.chain):
-                break
-            if job.nbytes + after.nbytes > self.batch_bytes:
+            if job.nbytes + after.nbytes > self.batch_bytes or not self._continues(job, after):
                 break
             self._queue.popleft()
-            job = _Job(
-                job.keys + after.keys,
-                job.values + after.values,
-                job.nbytes + after.nbytes,
-                dataclasses.replace(job.chain, tokens=job.chain.tokens + after.chain.tokens),
-            )
+            chain = None  # a put's: read in _run, off the lock
+            if job.chain is not None and after.chain is not None:
+                chain = dataclasses.replace(job.chain, tokens=job.chain.tokens + after.chain.tokens)
+            job = _Job(job.keys + after.keys, job.values + after.values, job.nbytes + after.nbytes, chain)
         return job
+
+    @staticmethod
+    def _continues(job: _Job, after: _Job) -> bool:
+        if after.values:
+            header = read_header(after.values[0])
+            return header is not None and hangs_under(job.keys[-1], after.keys[0], header.parent)
+        return after.chain is not None and hangs_under(job.keys[-1], after.keys[0], after.chain.parent)
 
     def _run(self, job: _Job) -> None:
         if not self._breaker.allow():
