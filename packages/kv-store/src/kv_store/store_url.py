@@ -8,7 +8,17 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 __all__ = ["safe_url", "url_secrets"]
 
 # Query parameters of a URL that carry no secret (redis-py passes any other one to the client).
-_PLAIN_QUERY = frozenset({"db", "protocol", "socket_timeout", "socket_connect_timeout", "ssl_cert_reqs"})
+_PLAIN_QUERY = frozenset(
+    {
+        "db",
+        "protocol",
+        "socket_timeout",
+        "socket_connect_timeout",
+        "ssl_cert_reqs",
+        "ssl_ca_certs",
+        "ssl_check_hostname",
+    }
+)
 
 
 def safe_url(url: str) -> str:
