@@ -211,6 +211,30 @@ def test_a_server_gone_mid_write_loses_only_writes(server_factory: type[ValkeySe
     assert stats.written + stats.skipped + stats.dropped == 64
 
 
+def test_a_server_refusing_scripts_gets_plain_writes(
+    server_factory: type[ValkeyServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """An ACL user without scripting: the chain LRU goes off (one warning) and the blocks are
+    still written, by plain pipelined SET NX, and read back."""
+    server = server_factory(password="admin-pw", username="admin").start()
+    admin = redis.Redis.from_url(server.url)
+    admin.acl_setuser("plain", enabled=True, passwords=["+plain-pw"], keys=["*"], commands=["+@all", "-@scripting"])
+    url = f"redis://plain:plain-pw@127.0.0.1:{server.port}/0"
+    chains = [make_chain(6, 1000, seed=s) for s in range(5)]
+    with _store(url) as store:
+        for keys, values in chains:
+            store.put(keys, values)
+            assert store.flush()
+        assert all(store.contains(keys) == 6 for keys, _ in chains)
+        buffers = buffers_for(chains[-1][1])
+        assert store.get_into(chains[-1][0], buffers) == 6 and [bytes(b) for b in buffers] == chains[-1][1]
+        stats = store.stats()
+    assert (stats.written, stats.dropped, stats.errors) == (30, 0, 0)
+    assert caplog.text.count("chain LRU off") == 1
+    assert admin.exists(b"kvcore:block-lru") == 0  # no index without scripts
+    admin.close()
+
+
 def test_password_never_shows(server_factory: type[ValkeyServer], caplog: pytest.LogCaptureFixture) -> None:
     secret = "hunter2-s3cret"
     caplog.set_level(logging.DEBUG)
