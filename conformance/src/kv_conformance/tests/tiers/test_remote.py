@@ -273,6 +273,11 @@ def test_a_batched_commit_writes_its_blocks_in_one_put(backend: kv_api.Backend) 
     headers = [read_header(v) for v in puts[0][1]]
     assert [h.prefix_tokens for h in headers if h is not None] == [4, 8, 4, 8]
     assert manager.get_committed_stats().remote_written == 4
+    # A commit that raises: the blocks of the ones before it still go, in the batch's one put.
+    store.calls.clear()
+    with pytest.raises(ValueError):
+        manager.commit_many(caches[1:], toks(6, 300) + toks(1, 500), [6, 1])  # the third cache is full
+    assert [len(keys) for method, keys, _ in store.calls if method == "put"] == [2]
     for cache in caches:
         cache.close()
 
