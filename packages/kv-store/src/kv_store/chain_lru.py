@@ -41,8 +41,10 @@ local function int(s, first, last)
   return n
 end
 local deleted, full = 0, 0
-for _, name in ipairs(redis.call('ZRANGE', index, 0, 1)) do  -- members whose block expired or went
-  if redis.call('EXISTS', name) == 0 then redis.call('ZREM', index, name) end
+if ttl > 0 then  -- members whose block expired (what the server evicts, making room pops)
+  for _, name in ipairs(redis.call('ZRANGE', index, 0, 1)) do
+    if redis.call('EXISTS', name) == 0 then redis.call('ZREM', index, name) end
+  end
 end
 if need > 0 then
   local info = redis.call('INFO', 'memory')
