@@ -53,7 +53,7 @@ from ._manager import check_indices, check_lengths, check_page_levels
 from ._store import RecordingStore
 
 #: Sequences (examples) per run, split into shards of at most SHARD_SIZE that xdist spreads over
-#: its workers; ``nox -s tests`` asks for 10,000 (noxfile.py), a plain pytest run for 200.
+#: its workers; ``nox -s tests`` asks for 6,000 (noxfile.py), a plain pytest run for 200.
 EXAMPLES = int(os.environ.get("KV_DIFFERENTIAL_EXAMPLES") or 200)
 SHARD_SIZE = 500
 SHARDS = max(1, -(-EXAMPLES // SHARD_SIZE))
