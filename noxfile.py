@@ -296,7 +296,7 @@ def sanitize(session: nox.Session) -> None:
         "ASAN_OPTIONS": "detect_leaks=0",  # CPython's own allocations are not leaks
         "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
         # One process, a Debug build under ASan: fewer differential sequences than `tests` runs.
-        "KV_DIFFERENTIAL_EXAMPLES": os.environ.get("KV_DIFFERENTIAL_EXAMPLES", "500"),
+        "KV_DIFFERENTIAL_EXAMPLES": os.environ.get("KV_DIFFERENTIAL_EXAMPLES", "250"),
     }
     # --capture=sys: a sanitizer report goes to the real stderr, not into a lost capture.
     session.run(
