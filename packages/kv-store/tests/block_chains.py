@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import random
 
+from kv_api.block_store import BlockStore
 from kv_api.block_value import encode_value, header_size
 
 NAMESPACE = b"kvcore:test-model@main:0123456789abcdef:"
@@ -36,3 +37,14 @@ def raw_key(key: bytes) -> bytes:
 
 def buffers_for(values: list[bytes]) -> list[memoryview]:
     return [memoryview(bytearray(len(v))) for v in values]
+
+
+def round_trip(store: BlockStore, keys: list[bytes], values: list[bytes]) -> None:
+    """Puts a chain, waits for its writes (``flush``), and checks every block is there and reads
+    back byte for byte."""
+    store.put(keys, values)
+    assert store.flush()  # type: ignore[attr-defined]
+    assert store.contains(keys) == len(keys)
+    buffers = buffers_for(values)
+    assert store.get_into(keys, buffers) == len(keys)
+    assert [bytes(b) for b in buffers] == values

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import redis
-from block_chains import NAMESPACE, buffers_for, make_chain, raw_key
+from block_chains import NAMESPACE, buffers_for, make_chain, raw_key, round_trip
 
 from kv_store.redis_block_store import RedisBlockStore
 from kv_store.store_url import safe_url
@@ -34,12 +34,7 @@ def _store(url: str, **options: object) -> RedisBlockStore:
 def test_round_trip_every_byte(valkey: ValkeyServer, client: redis.Redis) -> None:
     keys, values = make_chain(40, 10_000)
     with _store(valkey.url) as store:
-        store.put(keys, values)
-        assert store.flush()
-        assert store.contains(keys) == 40
-        buffers = buffers_for(values)
-        assert store.get_into(keys, buffers) == 40
-        assert [bytes(b) for b in buffers] == values
+        round_trip(store, keys, values)
         # values are opaque: bytes that are no block value go through the same way
         opaque = [os.urandom(777) for _ in range(3)]
         okeys = [b"opaque:%d" % i for i in range(3)]

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from block_chains import buffers_for, make_chain
+from block_chains import make_chain, round_trip
 from tls_proxy import TlsProxy, make_certificate
 
 from kv_store.redis_block_store import RedisBlockStore
@@ -37,12 +37,7 @@ def test_blocks_round_trip_over_tls(tls: tuple[TlsProxy, Path]) -> None:
     keys, values = make_chain(12, 20_000)
     url = f"rediss://:{SECRET}@127.0.0.1:{proxy.port}/0?ssl_ca_certs={cert}"
     with RedisBlockStore(url, timeout=5) as store:
-        store.put(keys, values)
-        assert store.flush()
-        assert store.contains(keys) == 12
-        buffers = buffers_for(values)
-        assert store.get_into(keys, buffers) == 12
-        assert [bytes(b) for b in buffers] == values
+        round_trip(store, keys, values)
         stats = store.stats()
         assert (stats.written, stats.errors) == (12, 0)
         assert SECRET not in store.url + repr(store) and store.url.startswith("rediss://***@")
