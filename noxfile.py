@@ -295,7 +295,7 @@ def sanitize(session: nox.Session) -> None:
         "LD_PRELOAD": ":".join(runtimes),  # the interpreter is not instrumented
         "ASAN_OPTIONS": "detect_leaks=0",  # CPython's own allocations are not leaks
         "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
-        # One process, a Debug build under ASan: fewer differential sequences than `tests` runs.
+        # A Debug build under ASan: fewer differential sequences than `tests` runs.
         "KV_DIFFERENTIAL_EXAMPLES": os.environ.get("KV_DIFFERENTIAL_EXAMPLES", "250"),
     }
     # --capture=sys: a sanitizer report goes to the real stderr, not into a lost capture.
@@ -306,6 +306,8 @@ def sanitize(session: nox.Session) -> None:
         "-p",
         "no:cacheprovider",
         "--capture=sys",
+        *PARALLEL,  # a worker's sanitizer report still reaches the real stderr, its test fails
+        os.environ.get("KV_TEST_WORKERS", "auto"),
         *session.posargs,
         env=env,
     )

@@ -8,8 +8,8 @@ its ancestors, and before each write a script deletes the lowest scored blocks u
 fits under ``maxmemory``: chains are cut from the tail and the server's own eviction is a
 backstop. The scores of a block's ancestors come from a walk up the chain (``read_header``'s
 parent in each value), which stops at an ancestor scored less than ``touch_window_s`` ago; the
-blocks below it score no higher than it. A write whose parent is not stored is dropped (nothing
-could reach it), and each write batch goes tail first."""
+blocks below it score no higher than it. A write whose parent is not stored is deleted again
+(nothing could reach it). A read's touch rides in the read's own pipeline, after its MGET."""
 
 from __future__ import annotations
 
@@ -22,15 +22,18 @@ __all__ = ["CHAINED_KEY_SIZE", "CHAIN_SCRIPT", "Chain", "hangs_under"]
 
 CHAINED_KEY_SIZE = 32  # a store key ends with the block's chained key, the header's ``key``
 
-# ARGV: index key, bytes to make room for (0: none), namespace, parent's chained key ('' for a
-# chain's first block), most ancestors to walk, window (s), TTL in ms (0: none), 3 for a write
-# or 2 for a touch, the bytes the values take, then per block its key, prefix tokens and (a
-# write) its value. A write SETs each value NX once the chain is known whole and room is
-# made, in one round trip. Returns {1 if the chain is whole from its first block (or cannot be
-# told) else 0, blocks deleted, blocks written, blocks already there, bytes written, 1 if the
-# server stayed full (noeviction: nothing written) else 0}. Header offsets (read_header): key 40,
-# parent 72, prefix tokens 104 (u64 LE), block tokens 112 (u32 LE). allow-oom: at maxmemory
-# under noeviction it still frees room.
+# ARGV: index key, bytes to make room for (0: none), namespace and parent's chained key ('' for
+# a chain's first block; both ignored by a touch), most ancestors to walk, window (s), TTL in ms (0:
+# none), 2 to score blocks about to be written or 1 to touch stored ones, the bytes the values
+# take, then per block its key and (to score) its prefix tokens. A touch reads each block's
+# prefix tokens, and the first one's parent, from the stored value, stops at the first block
+# not stored, and does nothing when the last block was scored less than a window ago. The
+# values themselves are not arguments: the writer pipelines its SET NXs right after the script
+# (a value passed through Lua is copied twice more on the server: a put took 3x plain SETs).
+# Returns {1 if the chain is whole from its first block (or cannot be told) else 0, blocks
+# deleted, 1 if the server stayed full (noeviction: nothing should be written) else 0}. Header
+# offsets (read_header): key 40, parent 72, prefix tokens 104 (u64 LE), block tokens 112 (u32
+# LE). allow-oom: at maxmemory under noeviction it still frees room.
 CHAIN_SCRIPT = """#!lua flags=allow-oom
 local index, need, ns, key = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local left, window, ttl, stride = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -39,6 +42,30 @@ local function int(s, first, last)
   local n = 0
   for i = last, first, -1 do n = n * 256 + string.byte(s, i) end
   return n
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local blocks = {}  -- per block: its prefix tokens, its key
+if stride == 2 then
+  for i = 10, #ARGV, 2 do
+    blocks[#blocks + 1] = tonumber(ARGV[i + 1])
+    blocks[#blocks + 1] = ARGV[i]
+  end
+else
+  for i = 10, #ARGV do
+    local head = redis.call('GETRANGE', ARGV[i], 0, 115)
+    if #head < 116 or string.sub(head, 1, 4) ~= 'KVCB' then break end
+    local tokens = int(head, 105, 112)
+    if i == 10 then  -- the chain's namespace and the first block's parent
+      ns, key = string.sub(ARGV[i], 1, #ARGV[i] - 32), ''
+      if int(head, 113, 116) ~= tokens then key = string.sub(head, 73, 104) end
+    end
+    blocks[#blocks + 1] = tokens
+    blocks[#blocks + 1] = ARGV[i]
+  end
+  if #blocks == 0 then return {1, 0, 0} end
+  local last = redis.call('ZSCORE', index, blocks[#blocks])
+  if last and tonumber(last) + blocks[#blocks - 1] * 1e-6 >= now - window then return {1, 0, 0} end
 end
 local deleted, full = 0, 0
 if ttl > 0 then  -- members whose block expired (what the server evicts, making room pops)
@@ -60,8 +87,6 @@ if need > 0 then
   end
   if limit > 0 and used + size > limit and string.match(info, 'maxmemory_policy:noeviction') then full = 1 end
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 local base, whole, path = now, 1, {}
 while key ~= '' and left > 0 do
   local name = ns .. key
@@ -80,29 +105,11 @@ while key ~= '' and left > 0 do
   key = string.sub(head, 73, 104)
   left = left - 1
 end
-if whole == 0 or full == 1 then return {whole, deleted, 0, 0, 0, full} end
-local written, present, nbytes = 0, 0, 0
-for i = 10, #ARGV, stride do
-  if stride == 3 then
-    local done
-    if ttl > 0 then
-      done = redis.call('SET', ARGV[i], ARGV[i + 2], 'NX', 'PX', ttl)
-    else
-      done = redis.call('SET', ARGV[i], ARGV[i + 2], 'NX')
-    end
-    if done then
-      written = written + 1
-      nbytes = nbytes + #ARGV[i + 2]
-    else
-      present = present + 1
-    end
-  end
-  path[#path + 1] = tonumber(ARGV[i + 1])
-  path[#path + 1] = ARGV[i]
-end
+if whole == 0 or full == 1 then return {whole, deleted, full} end
+for i = 1, #blocks do path[#path + 1] = blocks[i] end
 for i = 1, #path, 2 do path[i] = string.format('%.6f', base - path[i] * 1e-6) end
 for i = 1, #path, 256 do redis.call('ZADD', index, unpack(path, i, math.min(i + 255, #path))) end
-return {1, deleted, written, present, nbytes, 0}
+return {1, deleted, 0}
 """
 
 

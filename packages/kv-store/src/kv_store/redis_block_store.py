@@ -9,6 +9,7 @@ The chain-aware LRU on the server that keeps chains reachable as it evicts: ``ch
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -32,12 +33,10 @@ __all__ = ["RedisBlockStore"]
 
 log = logging.getLogger(__name__)
 
-_TOUCH_JOB_BYTES = 512  # what a queued touch after a read counts against ``max_pending_bytes``
-
 
 @dataclasses.dataclass
 class _Job:
-    """A put batch, or (no values) a touch of the blocks a read returned."""
+    """A put batch (``chain``: its blocks' places, read on the writer thread)."""
 
     keys: list[bytes]
     values: list[bytes]
@@ -206,16 +205,31 @@ class RedisBlockStore(BlockStore):
                 while got < len(keys):
                     size = max(1, _byte_view(buffers[got]).nbytes)
                     stop = min(len(keys), got + self.batch, got + max(1, self.batch_bytes // size))
-                    got += self._copy(self._client.mget(keys[got:stop]), buffers[got:stop])
+                    got += self._copy(self._read(keys[got:stop]), buffers[got:stop])
                     if got < stop:
                         break
             except self._faults as exc:
                 self._fault(exc, "get_into")
             else:
                 self._breaker.record_success()
-            if got and self._chains_on:
-                self._enqueue_touch(keys[:got], buffers[:got])
             return got
+
+    def _read(self, keys: Sequence[bytes]) -> list[object]:
+        """MGET ``keys``; with the chain LRU on, the touch of the blocks it finds in the same round
+        trip (the script reads their places from what is stored)."""
+        sha = self._sha() if self._chains_on else None
+        if sha is None:
+            return list(self._client.mget(keys))
+        pipe = self._client.pipeline(transaction=False)
+        pipe.mget(keys)
+        args: list[Any] = [self.index_key, 0, b"", b"", self.max_walk, self.touch_window_s, self._ttl_ms or 0, 1, 0]
+        pipe.evalsha(sha, 0, *args, *keys)
+        values, touched = pipe.execute(raise_on_error=False)
+        if isinstance(values, BaseException):
+            raise values
+        with contextlib.suppress(*self._faults):  # a touch refused costs no block now
+            self._script_answer(touched)
+        return list(values)
 
     def _copy(self, values: Sequence[object], buffers: Sequence[memoryview]) -> int:
         """Copy values into buffers up to the first missing or bad one; returns how many."""
@@ -261,7 +275,7 @@ class RedisBlockStore(BlockStore):
                 self._counters.add(dropped=len(keys) - fits)
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait up to ``timeout`` s (None: ``close_timeout``) for the queued puts and touches;
+        """Wait up to ``timeout`` s (None: ``close_timeout``) for the queued puts;
         True when none is left. Not a BlockStore call: for tests and tools."""
         with self._cond:
             return self._drain(self.close_timeout if timeout is None else timeout)
@@ -332,17 +346,6 @@ class RedisBlockStore(BlockStore):
 
     # -- the writer thread --------------------------------------------------------------------------
 
-    def _enqueue_touch(self, keys: Sequence[bytes], buffers: Sequence[memoryview]) -> None:
-        chain = Chain.of(keys, [_byte_view(b) for b in buffers])
-        if chain is None:
-            return
-        with self._cond:
-            if self._closed or self._pending + _TOUCH_JOB_BYTES > self.max_pending_bytes:
-                return  # a missed touch costs no block now
-            self._queue.append(_Job([bytes(k) for k in keys], [], _TOUCH_JOB_BYTES, chain))
-            self._pending += _TOUCH_JOB_BYTES
-            self._cond.notify_all()
-
     def _write_loop(self) -> None:
         while True:
             with self._cond:
@@ -364,101 +367,130 @@ class RedisBlockStore(BlockStore):
                     self._cond.notify_all()
 
     def _take(self) -> _Job:
-        """The next job, with the queued jobs of its kind that continue its chain (a decode's one
-        block per put, a long read's touches) joined to it, up to ``batch_bytes``: one round trip
-        for all of them. Called with the queue's lock held: one header read per join."""
+        """The next put, with the queued puts that continue its chain (a decode's one block per
+        put) joined to it, up to ``batch_bytes``: one round trip for all of them. Called with the
+        queue's lock held: one header read per join."""
         job = self._queue.popleft()
-        while self._chains_on and self._queue and bool(self._queue[0].values) == bool(job.values):
+        while self._chains_on and self._queue:
             after = self._queue[0]
             if job.nbytes + after.nbytes > self.batch_bytes or not self._continues(job, after):
                 break
             self._queue.popleft()
-            chain = None  # a put's: read in _run, off the lock
-            if job.chain is not None and after.chain is not None:
-                chain = dataclasses.replace(job.chain, tokens=job.chain.tokens + after.chain.tokens)
-            job = _Job(job.keys + after.keys, job.values + after.values, job.nbytes + after.nbytes, chain)
+            job = _Job(job.keys + after.keys, job.values + after.values, job.nbytes + after.nbytes)
         return job
 
     @staticmethod
     def _continues(job: _Job, after: _Job) -> bool:
-        if after.values:
-            header = read_header(after.values[0])
-            return header is not None and hangs_under(job.keys[-1], after.keys[0], header.parent)
-        return after.chain is not None and hangs_under(job.keys[-1], after.keys[0], after.chain.parent)
+        header = read_header(after.values[0])
+        return header is not None and hangs_under(job.keys[-1], after.keys[0], header.parent)
 
     def _run(self, job: _Job) -> None:
         if not self._breaker.allow():
             self._counters.add(dropped=len(job.values))
             return
         try:
-            if self._chains_on and job.values and job.chain is None:
+            if self._chains_on and job.chain is None:
                 job.chain = Chain.of(job.keys, job.values)  # here, not in put: off the caller's thread
             if self._chains_on and job.chain is not None:
                 self._write_chained(job)
-            elif job.values:
+            else:
                 self._write(job)
         except self._faults as exc:
-            self._fault(exc, "put" if job.values else "touch")
+            self._fault(exc, "put")
             return
         self._breaker.record_success()
 
     def _write_chained(self, job: _Job) -> None:
-        """The chain script for each chunk of ``job``, head first (a chunk's parent is the one
-        before it): room made, blocks scored, and for a put its values written. Raises the first
-        fault, its blocks and the ones after it counted as dropped."""
+        """For each chunk of ``job``, head first (a chunk's parent is the one before it), one
+        pipeline: the chain script (room made, blocks scored), then the values' SET NXs. Raises
+        the first fault, its blocks and the ones after it counted as dropped."""
         assert job.chain is not None
-        chunks = self._chunks(job) if job.values else [range(len(job.keys))]
+        chunks = self._chunks(job)
         parent = job.chain.parent
         for n, chunk in enumerate(chunks):
+            later = sum(len(c) for c in chunks[n + 1 :])
             try:
-                answer = self._chain_call(job, chunk, parent)
+                script, replies = self._chain_call(job, chunk, parent)
             except self._faults:
-                self._counters.add(dropped=sum(len(c) for c in chunks[n:]) if job.values else 0)
+                self._counters.add(dropped=len(chunk) + later)
                 raise
-            if answer is None:  # the server refuses scripts: plain writes from here on
-                if job.values:
-                    self._write(_Job(job.keys[chunk.start :], job.values[chunk.start :], 0))
+            failure = self._count_sets(job, chunk, replies)
+            try:
+                answer = self._script_answer(script)
+            except self._faults:
+                self._counters.add(dropped=later)
+                raise
+            whole, deleted, full = answer if answer is not None else (1, 0, 0)
+            self._counters.add(evicted=deleted)
+            if not whole:  # its parent is gone: no reader could reach what was just written
+                self._counters.add(dropped=later)
+                self._unwrite(job, chunk, replies)
                 return
-            whole, deleted, written, present, nbytes, full = answer
-            self._counters.add(evicted=deleted, written=written, skipped=present, bytes_written=nbytes)
-            if not whole or full:
-                # its parent is gone (no reader could reach it), or a noeviction server is full
-                # of what the store may not evict (a fault: the breaker backs the writes off)
-                self._counters.add(dropped=sum(len(c) for c in chunks[n:]) if job.values else 0)
-                if full:
-                    raise self._full("the server is at maxmemory (noeviction) with no block of ours to evict")
-                return
+            if full or failure is not None:
+                # a noeviction server full of what the store may not evict is a fault: the
+                # breaker backs the writes off
+                self._counters.add(dropped=later)
+                raise failure or self._full("the server is at maxmemory (noeviction) with no block of ours to evict")
             parent = job.keys[chunk.stop - 1][-CHAINED_KEY_SIZE:]
 
-    def _chain_call(self, job: _Job, chunk: range, parent: bytes) -> list[int] | None:
-        """One run of the chain script over ``chunk`` of ``job``; None when the server refuses it."""
+    def _chain_call(self, job: _Job, chunk: range, parent: bytes) -> tuple[object, list[object]]:
+        """One pipeline for ``chunk`` of ``job``: the chain script scoring its blocks (none where
+        the server refuses scripts), then each block's SET NX. The script's reply and the SETs'."""
         assert job.chain is not None
-        nbytes = sum(len(job.values[i]) for i in chunk) if job.values else 0
-        # Room for the values and as much again: the next request carrying values is in the
-        # server's memory before a script runs, and over maxmemory the server evicts first.
-        need = 2 * nbytes + (64 << 10) if job.values else 0
-        args: list[Any] = [self.index_key, need, job.chain.namespace, parent, self.max_walk, self.touch_window_s]
-        args += [self._ttl_ms or 0, 3 if job.values else 2, nbytes]
+        sha = self._sha()
+        pipe = self._client.pipeline(transaction=False)
+        if sha is not None:
+            nbytes = sum(len(job.values[i]) for i in chunk)
+            # Room for the values and as much again: the next request carrying values is in the
+            # server's memory before a script runs, and over maxmemory the server evicts first.
+            need = 2 * nbytes + (64 << 10)
+            args: list[Any] = [self.index_key, need, job.chain.namespace, parent, self.max_walk, self.touch_window_s]
+            args += [self._ttl_ms or 0, 2, nbytes]
+            for i in chunk:
+                args += [job.keys[i], job.chain.tokens[i]]
+            pipe.evalsha(sha, 0, *args)
         for i in chunk:
-            args += [job.keys[i], job.chain.tokens[i]]
-            if job.values:
-                args.append(job.values[i])
-        for _ in range(2):
+            pipe.set(job.keys[i], job.values[i], nx=True, px=self._ttl_ms)
+        replies = pipe.execute(raise_on_error=False)
+        return (replies[0], replies[1:]) if sha is not None else (None, replies)
+
+    def _unwrite(self, job: _Job, chunk: range, replies: list[object]) -> None:
+        """Delete the blocks of ``chunk`` its SET NXs wrote (``replies``): they are dropped."""
+        mine = [i for i, reply in zip(chunk, replies, strict=True) if reply is True]
+        if mine:
+            self._client.delete(*(job.keys[i] for i in mine))
+            nbytes = sum(len(job.values[i]) for i in mine)
+            self._counters.add(written=-len(mine), bytes_written=-nbytes, dropped=len(mine))
+
+    def _sha(self) -> str | None:
+        """The chain script's SHA, loaded once per server (a restarted one has no scripts); None
+        where the server refuses scripts."""
+        if self._script_sha is None:
             try:
-                if self._script_sha is None:
-                    self._script_sha = str(self._client.script_load(CHAIN_SCRIPT))
-                answer = [int(x) for x in self._client.evalsha(self._script_sha, 0, *args)]
-            except self._no_script:
-                self._script_sha = None  # a restarted server has no scripts: load it again
-                continue
+                self._script_sha = str(self._client.script_load(CHAIN_SCRIPT))
             except self._refused as exc:
-                if "OOM" in str(exc):
+                if isinstance(exc, self._full):
                     raise
                 self._script_refused(exc)
                 return None
-            self._refusals = 0
-            return answer
-        return None
+        return self._script_sha
+
+    def _script_answer(self, reply: object) -> list[int] | None:
+        """The chain script's answer among a pipeline's replies; None where it did not run: the
+        server lost it (loaded again next time) or refuses it (counted). An OOM reply raises."""
+        if reply is None:
+            return None
+        if isinstance(reply, self._no_script):
+            self._script_sha = None
+            return None
+        if isinstance(reply, self._refused) and not isinstance(reply, self._full) and "OOM" not in str(reply):
+            self._script_refused(reply)
+            return None
+        if isinstance(reply, BaseException):
+            raise reply
+        self._refusals = 0
+        assert isinstance(reply, list)
+        return [int(x) for x in reply]
 
     def _script_refused(self, exc: BaseException) -> None:
         # not a fault of the server (an ACL without scripts, scripting off): after a few in a row
@@ -504,9 +536,13 @@ class RedisBlockStore(BlockStore):
         pipe = self._client.pipeline(transaction=False)
         for i in chunk:
             pipe.set(job.keys[i], job.values[i], nx=True, px=self._ttl_ms)
+        return self._count_sets(job, chunk, pipe.execute(raise_on_error=False))
+
+    def _count_sets(self, job: _Job, chunk: range, replies: list[object]) -> BaseException | None:
+        """Counts what the SET NXs of ``chunk`` did; returns the first refusal among them."""
         written = skipped = failed = nbytes = 0
         failure: BaseException | None = None
-        for i, reply in zip(chunk, pipe.execute(raise_on_error=False), strict=True):
+        for i, reply in zip(chunk, replies, strict=True):
             if isinstance(reply, BaseException):
                 # an OOM reply (noeviction at maxmemory), a READONLY replica, an ACL refusal
                 failure = failure or reply
