@@ -4,7 +4,11 @@ one run, on a real ``valkey-server`` started for the run (``kv_store.ValkeyServe
 - Throughput: a chain of block values (real headers, so the chain-aware LRU does its work) put
   through ``RedisBlockStore`` (``put`` per batch, then ``flush`` until the server has them all)
   and read back with ``get_into``, against plain pipelined ``SET NX`` / ``MGET`` of the same bytes
-  in the same batches with the same ``redis`` client. Each round writes fresh keys.
+  in the same batches with the same ``redis`` client. Each round writes fresh keys. The store
+  packs its commands itself (values sent from the caller's bytes, values read straight into the
+  buffers) on the client's connection; the plain side is the client's own pipeline. A read right
+  after the put finds its blocks scored less than a window ago (no touch); a read a window later
+  scores each batch afresh.
 - bench_manager's decode step (one cache), decode iteration (``--running`` caches, batched),
   cold and cached admission, per backend, with a remote tier attached against without: on
   ``NullStore`` (the manager's own side: values encoded and handed over, lookups asked) and on
@@ -27,7 +31,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from bench_manager import iteration
@@ -109,8 +113,9 @@ def throughput_round(url: str, round_: int, blocks: int, page_bytes: int, batch:
 
         def through_store() -> None:
             out["put"] = timed(put)
-            out["get"] = timed(get)
-            assert store.flush(60)  # the reads' touches, untimed
+            out["get"] = timed(get)  # the blocks scored less than a window ago: no touch
+            time.sleep(store.touch_window_s + 0.1)
+            out["get_late"] = timed(get)  # each batch's blocks scored afresh (one ancestor walked)
 
         def plain() -> None:
             out["raw_put"] = timed(raw_put)
@@ -138,10 +143,11 @@ def throughput(url: str, args: argparse.Namespace) -> None:
     )
     print("| | RedisBlockStore (ms) | plain pipelined SET NX / MGET (ms) | x | RedisBlockStore MiB/s |")
     print("|---|---|---|---|---|")
-    for name, raw in (("put", "raw_put"), ("get", "raw_get")):
+    names = (("put", "raw_put"), ("get", "raw_get"), ("get, a window after the put", "raw_get"))
+    for (name, raw), key in zip(names, ("put", "get", "get_late"), strict=True):
         print(
-            f"| {name} | {result[name] * 1e3:.1f} | {result[raw] * 1e3:.1f} | {result[name] / result[raw]:.2f} "
-            f"| {size / result[name]:.0f} |"
+            f"| {name} | {result[key] * 1e3:.1f} | {result[raw] * 1e3:.1f} | {result[key] / result[raw]:.2f} "
+            f"| {size / result[key]:.0f} |"
         )
 
 
@@ -162,32 +168,73 @@ class NullStore(kv_api.BlockStore):
         pass
 
 
-def attached(url: str, args: argparse.Namespace) -> None:
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """User + system CPU of a process, or of one of its threads (Linux ``/proc``)."""
+    path = f"/proc/{pid}/task/{thread}/stat" if thread is not None else f"/proc/{pid}/stat"
+    with open(path) as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class BlockCosts:
+    """Where a block written through ``RedisBlockStore`` goes, per block over a run: the put call
+    on the engine's thread, the writer thread's CPU (holding the GIL for much of it) and the
+    server's CPU (on this machine, the same cores)."""
+
+    def __init__(self, store: RedisBlockStore, server_pid: int) -> None:
+        self.store, self.server_pid = store, server_pid
+        self.writer = store._writer._thread.native_id
+        self.start = self._now()
+
+    def _now(self) -> tuple[float, float, float, int]:
+        stats = self.store.stats()
+        writer = cpu_seconds(os.getpid(), self.writer)
+        return stats.call_seconds, writer, cpu_seconds(self.server_pid), stats.written
+
+    def line(self) -> str:
+        assert self.store.flush(60)
+        end = self._now()
+        calls, writer, server, written = (b - a for a, b in zip(self.start, end, strict=True))
+        size = self.store.stats().bytes_written / max(1, self.store.stats().written) / 1024
+        return (
+            f"RedisBlockStore, per block written through ({written:,} blocks of {size:.0f} KiB, the whole run): "
+            f"store calls {calls / written * 1e6:.1f} us on the engine's thread, writer thread "
+            f"{writer / written * 1e6:.1f} us CPU, server {server / written * 1e6:.1f} us CPU"
+        )
+
+
+def attached(server: ValkeyServer, args: argparse.Namespace) -> None:
     """bench_manager's figures with a remote tier attached (on ``NullStore``, and on the server
     through ``RedisBlockStore``), against without."""
     import redis
 
+    url = server.url
+    costs: list[str] = []
     tokens = np.random.default_rng(0).integers(0, 2**31, args.tokens, dtype=np.int32)
     print("\n| backend | figure | no remote tier | NullStore | x | RedisBlockStore | x |")
     print("|---|---|---|---|---|---|---|")
     for name in args.backend or kv_api.available_backends():
         backend = kv_api.load_backend(name)
-        figures: list[dict[str, float]] = []
         stores: list[Callable[[], contextlib.AbstractContextManager[kv_api.BlockStore | None]]] = [
             lambda: contextlib.nullcontext(None),
             lambda: contextlib.nullcontext(NullStore()),
             lambda: RedisBlockStore(url, timeout=5),
         ]
-        for store in stores:
+        rounds: list[list[dict[str, float]]] = [[], [], []]
+        # each side twice, the second time in reverse order: the machine's drift falls on all three
+        for side in [0, 1, 2, 2, 1, 0]:
             with redis.Redis.from_url(url) as client:
                 client.flushall()  # another run's blocks would be found
-            with store() as remote:
+            with stores[side]() as remote:
+                cost = BlockCosts(remote, server.pid or 0) if isinstance(remote, RedisBlockStore) else None
                 one = measure_manager(backend, tokens, TOKENS_PER_BLOCK, args.repeat, args.steps, remote=remote)
                 many = iteration(backend, args.running, TOKENS_PER_BLOCK, args.repeat, args.iterations, remote=remote)
                 one["iteration"] = many["batched"]
-                if isinstance(remote, RedisBlockStore):
-                    assert remote.flush(60) and remote.stats().errors == 0
-            figures.append(one)
+                if cost is not None:
+                    costs.append(f"{name}: {cost.line()}")
+                    assert cast(RedisBlockStore, remote).stats().errors == 0
+            rounds[side].append(one)
+        figures = [best(r) for r in rounds]
         rows = [
             ("decode step, one cache (us)", "decode", 1e6),
             (f"decode iteration, {args.running} caches batched (us)", "iteration", 1e6),
@@ -200,6 +247,9 @@ def attached(url: str, args: argparse.Namespace) -> None:
                 f"| {name} | {label} | {plain * unit:.2f} | {null * unit:.2f} | {null / plain:.2f} "
                 f"| {real * unit:.2f} | {real / plain:.2f} |"
             )
+    print()
+    for line in costs:
+        print(f"- {line}")
 
 
 def replay(*flags: str) -> tuple[dict[str, Any], float, str]:
@@ -249,7 +299,7 @@ def main() -> None:
     args = parser.parse_args()
     with ValkeyServer() as server:
         throughput(server.url, args)
-        attached(server.url, args)
+        attached(server, args)
     fleet(args)
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "header_size",
     "layout_fingerprint",
     "read_header",
+    "read_place",
     "store_namespace",
     "value_size",
 ]
@@ -105,6 +106,19 @@ def read_header(value: bytes | bytearray | memoryview) -> ValueHeader | None:
     lengths = struct.unpack_from(f"<{groups}Q", view, _FIXED.size)
     checksum = bytes(view[size - _DIGEST : size])
     return ValueHeader(version, fingerprint, key, parent, prefix, tokens, lengths, checksum)
+
+
+def read_place(value: bytes | bytearray | memoryview) -> tuple[bytes, bytes, int, int] | None:
+    """A value's key, parent key, prefix tokens and block tokens, from the fixed part of its
+    header alone (None where its magic or version is wrong): what a store reads of every block
+    it writes to order its chains, at a tenth of ``read_header``'s cost."""
+    size = value.nbytes if isinstance(value, memoryview) else len(value)
+    if size < _FIXED.size:
+        return None
+    magic, version, _, _, key, parent, prefix, tokens, _ = _FIXED.unpack_from(value)
+    if magic != VALUE_MAGIC or version != VALUE_VERSION:
+        return None
+    return key, parent, prefix, tokens
 
 
 def encode_value(

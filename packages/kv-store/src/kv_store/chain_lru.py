@@ -7,18 +7,22 @@ was last read or written, less a microsecond per prefix token. A block then alwa
 its ancestors, and before each write a script deletes the lowest scored blocks until the write
 fits under ``maxmemory``: chains are cut from the tail and the server's own eviction is a
 backstop. The scores of a block's ancestors come from a walk up the chain (``read_header``'s
-parent in each value), which stops at an ancestor scored less than ``touch_window_s`` ago; the
+parent in each value's header), which stops at an ancestor scored less than ``touch_window_s`` ago; the
 blocks below it score no higher than it. A write whose parent is not stored is deleted again
 (nothing could reach it). A read's touch rides in the read's own pipeline, after its MGET."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from kv_api.block_value import read_header
+from kv_api.block_value import read_place
 
-__all__ = ["CHAINED_KEY_SIZE", "CHAIN_SCRIPT", "Chain", "hangs_under"]
+__all__ = ["CHAINED_KEY_SIZE", "CHAIN_SCRIPT", "Chain", "ChainScript", "hangs_under"]
+
+log = logging.getLogger(__name__)
 
 CHAINED_KEY_SIZE = 32  # a store key ends with the block's chained key, the header's ``key``
 
@@ -32,7 +36,7 @@ CHAINED_KEY_SIZE = 32  # a store key ends with the block's chained key, the head
 # (a value passed through Lua is copied twice more on the server: a put took 3x plain SETs).
 # Returns {1 if the chain is whole from its first block (or cannot be told) else 0, blocks
 # deleted, 1 if the server stayed full (noeviction: nothing should be written) else 0}. Header
-# offsets (read_header): key 40, parent 72, prefix tokens 104 (u64 LE), block tokens 112 (u32
+# offsets (block_value): key 40, parent 72, prefix tokens 104 (u64 LE), block tokens 112 (u32
 # LE). allow-oom: at maxmemory under noeviction it still frees room.
 CHAIN_SCRIPT = """#!lua flags=allow-oom
 local index, need, ns, key = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
@@ -52,6 +56,12 @@ if stride == 2 then
     blocks[#blocks + 1] = ARGV[i]
   end
 else
+  -- the last block first: scored within the window, the ones before it were too
+  local head = redis.call('GETRANGE', ARGV[#ARGV], 0, 115)
+  if #head == 116 and string.sub(head, 1, 4) == 'KVCB' then
+    local last = redis.call('ZSCORE', index, ARGV[#ARGV])
+    if last and tonumber(last) + int(head, 105, 112) * 1e-6 >= now - window then return {1, 0, 0} end
+  end
   for i = 10, #ARGV do
     local head = redis.call('GETRANGE', ARGV[i], 0, 115)
     if #head < 116 or string.sub(head, 1, 4) ~= 'KVCB' then break end
@@ -124,16 +134,16 @@ class Chain:
 
     @staticmethod
     def of(keys: Sequence[bytes], values: Sequence[bytes | memoryview]) -> Chain | None:
-        """None unless every value is a block value of its key (``read_header``)."""
+        """None unless every value is a block value of its key (``read_place``)."""
         tokens: list[int] = []
         parent = b""
         for n, (key, value) in enumerate(zip(keys, values, strict=False)):
-            header = read_header(value)
-            if header is None or len(key) <= CHAINED_KEY_SIZE or key[-CHAINED_KEY_SIZE:] != header.key:
+            place = read_place(value)
+            if place is None or len(key) <= CHAINED_KEY_SIZE or key[-CHAINED_KEY_SIZE:] != place[0]:
                 return None
-            if n == 0 and header.prefix_tokens != header.num_tokens:
-                parent = header.parent
-            tokens.append(header.prefix_tokens)
+            if n == 0 and place[2] != place[3]:  # not a chain's first block
+                parent = place[1]
+            tokens.append(place[2])
         return Chain(bytes(keys[0][:-CHAINED_KEY_SIZE]), parent, tokens)
 
 
@@ -142,3 +152,59 @@ def hangs_under(last_key: bytes, key: bytes, parent: bytes) -> bool:
     child of the block at store key ``last_key`` (one namespace): a batch that starts with it
     continues a batch that ends with that one."""
     return parent == last_key[-CHAINED_KEY_SIZE:] and key[:-CHAINED_KEY_SIZE] == last_key[:-CHAINED_KEY_SIZE]
+
+
+class ChainScript:
+    """The chain script on one server (``client``, a ``redis.Redis``): loaded once, and again after
+    the server lost it (a restart); ``on`` until the server has refused it three times in a row
+    (an ACL without scripts, scripting off: not a fault), then the store goes on without its LRU,
+    on the server's eviction alone. ``name`` and ``describe`` (a refusal) are for the log, with no
+    secret."""
+
+    def __init__(self, client: Any, on: bool, name: str, describe: Callable[[BaseException], str]) -> None:
+        import redis
+
+        self.on = on
+        self._name = name
+        self._client = client
+        self._describe = describe
+        self._sha: str | None = None
+        self._refusals = 0  # refusals in a row
+        self._no_script: type[BaseException] = redis.exceptions.NoScriptError
+        self._refused: type[BaseException] = redis.exceptions.ResponseError
+        self._full: type[BaseException] = redis.exceptions.OutOfMemoryError
+
+    def sha(self) -> str | None:
+        """The script's SHA for EVALSHA; None where it is off or the server refuses it. An OOM
+        reply to loading it raises."""
+        if self.on and self._sha is None:
+            try:
+                self._sha = str(self._client.script_load(CHAIN_SCRIPT))
+            except self._refused as exc:
+                if isinstance(exc, self._full):
+                    raise
+                self._refuse(exc)
+        return self._sha if self.on else None
+
+    def answer(self, reply: object) -> list[int] | None:
+        """The script's answer among a pipeline's replies; None where it did not run: the server
+        lost it (loaded again next time) or refuses it (counted). An OOM reply raises."""
+        if reply is None:
+            return None
+        if isinstance(reply, self._no_script):
+            self._sha = None
+            return None
+        if isinstance(reply, self._refused) and not isinstance(reply, self._full) and "OOM" not in str(reply):
+            self._refuse(reply)
+            return None
+        if isinstance(reply, BaseException):
+            raise reply
+        self._refusals = 0
+        assert isinstance(reply, list)
+        return [int(x) for x in reply]
+
+    def _refuse(self, exc: BaseException) -> None:
+        self._refusals += 1
+        if self._refusals >= 3:
+            self.on = False
+            log.warning("%s: chain LRU off (%s)", self._name, self._describe(exc))

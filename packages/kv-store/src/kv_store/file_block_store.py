@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from types import TracebackType
 
 from kv_api.block_store import BlockStore
-from kv_api.block_value import read_header
+from kv_api.block_value import read_place
 from kv_store.chain_lru import CHAINED_KEY_SIZE
 from kv_store.file_index import TEMP_PREFIX, Entry, FileIndex, file_name, key_id, scan_directory
 from kv_store.store_stats import StoreStats
@@ -363,11 +363,12 @@ def _lineage(key: bytes, value: bytes, previous: Entry | None) -> tuple[bytes | 
     """The id of the block's parent (None: the first of a chain, or unknown) and its depth: from the
     value's header where it names this key, else the batch's previous block (a put is consecutive
     blocks of one chain)."""
-    header = read_header(value)
-    if header is not None and len(key) > CHAINED_KEY_SIZE and header.key == key[-CHAINED_KEY_SIZE:]:
-        if header.prefix_tokens == header.num_tokens:
-            return None, header.prefix_tokens  # a chain's first block: its parent is the scope's root, no block
-        return key_id(key[:-CHAINED_KEY_SIZE] + header.parent), header.prefix_tokens
+    place = read_place(value)
+    if place is not None and len(key) > CHAINED_KEY_SIZE and place[0] == key[-CHAINED_KEY_SIZE:]:
+        _, parent, prefix_tokens, num_tokens = place
+        if prefix_tokens == num_tokens:
+            return None, prefix_tokens  # a chain's first block: its parent is the scope's root, no block
+        return key_id(key[:-CHAINED_KEY_SIZE] + parent), prefix_tokens
     if previous is None:
         return None, 1
     return previous.id, previous.depth + 1

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["StoreStats"]
+__all__ = ["Counters", "StoreStats"]
 
 
 @dataclass(frozen=True)
@@ -39,3 +42,23 @@ class StoreStats:
     calls: int = 0
     call_seconds: float = 0.0
     evicted: int = 0
+
+
+@dataclass
+class Counters:
+    """A store's ``StoreStats`` as they count up, from any thread."""
+
+    values: dict[str, float] = dataclasses.field(
+        default_factory=lambda: {f.name: 0 for f in dataclasses.fields(StoreStats)}
+    )
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    def add(self, **deltas: float) -> None:
+        with self.lock:
+            for name, delta in deltas.items():
+                self.values[name] += delta
+
+    def snapshot(self) -> StoreStats:
+        with self.lock:
+            values: dict[str, Any] = {k: (v if k == "call_seconds" else int(v)) for k, v in self.values.items()}
+        return StoreStats(**values)

@@ -1,0 +1,349 @@
+"""``RedisBlockStore``'s writer (docs/store.md): puts queue here, bounded in bytes, and one
+background thread writes them, joining the puts that continue a chain; with the chain LRU on,
+each chunk is one pipeline (one write, then the replies) of the chain script and the values'
+``SET NX``es."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from kv_api.block_value import read_place
+from kv_store.chain_lru import CHAINED_KEY_SIZE, Chain, hangs_under
+
+if TYPE_CHECKING:
+    from kv_store.redis_block_store import RedisBlockStore
+
+__all__ = ["Job", "RedisWriter"]
+
+log = logging.getLogger("kv_store.redis_block_store")
+
+
+@dataclasses.dataclass
+class Job:
+    """A put batch (``chain``: its blocks' places, read on the writer thread)."""
+
+    keys: list[bytes]
+    values: list[bytes]
+    nbytes: int
+    chain: Chain | None = None
+
+
+class RedisWriter:
+    """The writing half of ``store``: its options, client, counters, breaker and chain script."""
+
+    def __init__(self, store: RedisBlockStore) -> None:
+        self._store = store
+        self._client = store._client
+        self._counters = store._counters
+        self._breaker = store._breaker
+        self._script = store._script
+        self._faults = store._faults
+        self._full = store._full
+        self.batch, self.batch_bytes, self.order_chains = store.batch, store.batch_bytes, store.order_chains
+        self.max_pending_bytes, self.linger_s = store.max_pending_bytes, store.linger_s
+        self._queue: deque[Job] = deque()
+        self._pending = 0  # bytes in the queue and in the job being written
+        self._queued_at = 0.0  # when the oldest queued put came
+        self._busy = False
+        self._draining = 0  # callers waiting for the queue: no lingering
+        self._stop = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._write_loop, name="kv-store-redis-writer", daemon=True)
+        self._thread.start()
+
+    def enqueue(self, keys: Sequence[bytes], owned: list[bytes]) -> int:
+        """Queue the first of ``keys`` / ``owned`` that fit under ``max_pending_bytes`` (a chain's
+        tail is useless without its head); how many."""
+        with self._cond:
+            if self._stop:  # closed: nothing would write it
+                return 0
+            room = self.max_pending_bytes - self._pending
+            fits = 0
+            for value in owned:
+                if len(value) > room:
+                    break
+                room -= len(value)
+                fits += 1
+            if fits:
+                nbytes = sum(len(v) for v in owned[:fits])
+                if not self._queue:
+                    self._queued_at = time.monotonic()
+                self._queue.append(Job([bytes(k) for k in keys[:fits]], owned[:fits], nbytes))
+                self._pending += nbytes
+                if len(self._queue) == 1 or self._pending >= self.batch_bytes:
+                    self._cond.notify_all()  # the writer waits for a first put, or lingers
+        return fits
+
+    def drain(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the queue; True when nothing is left to write."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._draining += 1
+            self._cond.notify_all()
+            try:
+                while (self._queue or self._busy) and time.monotonic() < deadline:
+                    self._cond.wait(max(0.0, deadline - time.monotonic()))
+            finally:
+                self._draining -= 1
+            return not (self._queue or self._busy)
+
+    def stop(self, timeout: float, join_s: float) -> int:
+        """Wait up to ``timeout`` s for the queue, drop the rest, end the thread (waiting up to
+        ``join_s`` for the job in flight: it is a daemon anyway); how many blocks were dropped."""
+        self.drain(timeout)
+        with self._cond:
+            left = sum(len(job.values) for job in self._queue)
+            self._queue.clear()
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(timeout=join_s)
+        return left
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stop:
+                    self._cond.wait()
+                self._linger()
+                if self._stop:
+                    return
+                jobs = self._take()
+                self._busy = True
+            try:
+                self._run(jobs)
+            except Exception as exc:  # noqa: BLE001 (a bug here must not end the writer)
+                self._counters.add(errors=1, dropped=sum(len(job.values) for job in jobs))
+                log.error("%s: writer failed: %s", self._store.url, self._store._scrub(f"{type(exc).__name__}: {exc}"))
+            finally:
+                with self._cond:
+                    self._pending -= sum(job.nbytes for job in jobs)
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _linger(self) -> None:
+        """Wait, up to ``linger_s`` after the oldest queued put, for a batch's worth of puts: an
+        engine step's blocks (a decode's one block per put, many caches) then go in one round trip,
+        and the engine's thread is not interrupted once per block. Called with the lock held."""
+        while not self._stop and not self._draining and self._pending < self.batch_bytes:
+            left = self._queued_at + self.linger_s - time.monotonic()
+            if left <= 0 or len(self._queue) >= self.batch:
+                return
+            self._cond.wait(left)
+
+    def _take(self) -> list[Job]:
+        """The next puts for one round trip, up to ``batch`` keys and ``batch_bytes``: each with
+        the queued puts that continue its chain joined to it (a decode's one block per put).
+        Called with the lock held."""
+        jobs = [self._take_chain()]
+        keys, nbytes = len(jobs[0].keys), jobs[0].nbytes
+        while self._queue and keys + len(self._queue[0].keys) <= self.batch:
+            if nbytes + self._queue[0].nbytes > self.batch_bytes:
+                break
+            jobs.append(self._take_chain())
+            keys, nbytes = keys + len(jobs[-1].keys), nbytes + jobs[-1].nbytes
+        return jobs
+
+    def _take_chain(self) -> Job:
+        """The next put with the queued puts that continue its chain, up to ``batch_bytes``: one
+        header read per join."""
+        job = self._queue.popleft()
+        while self._script.on and self._queue:
+            after = self._queue[0]
+            if job.nbytes + after.nbytes > self.batch_bytes or not self._continues(job, after):
+                break
+            self._queue.popleft()
+            job = Job(job.keys + after.keys, job.values + after.values, job.nbytes + after.nbytes)
+        return job
+
+    @staticmethod
+    def _continues(job: Job, after: Job) -> bool:
+        place = read_place(after.values[0])
+        return place is not None and hangs_under(job.keys[-1], after.keys[0], place[1])
+
+    def _run(self, jobs: list[Job]) -> None:
+        if not self._breaker.allow():
+            self._counters.add(dropped=sum(len(job.values) for job in jobs))
+            return
+        try:
+            if self._script.on:
+                for job in jobs:
+                    if job.chain is None:
+                        job.chain = Chain.of(job.keys, job.values)  # here, not in put: off the caller's thread
+            chained = [job for job in jobs if self._script.on and job.chain is not None]
+            plain = [job for job in jobs if not (self._script.on and job.chain is not None)]
+            if plain:
+                self._write(Job([k for j in plain for k in j.keys], [v for j in plain for v in j.values], 0))
+            if len(chained) == 1:
+                self._write_chained(chained[0])
+            elif chained:
+                self._write_together(chained)
+        except self._faults as exc:
+            self._store._fault(exc, "put")
+            return
+        self._breaker.record_success()
+
+    def _write_together(self, jobs: list[Job]) -> None:
+        """Chains of one chunk each (``_take``'s bounds) in one pipeline: per chain its script
+        call and its SET NXs. Raises the first fault, after every chain's replies are counted."""
+        try:
+            sha = self._script.sha()
+            commands: list[list[Any]] = []
+            for job in jobs:
+                assert job.chain is not None
+                commands += self._chunk_commands(job, range(len(job.keys)), job.chain.parent, sha)
+            _, replies = self._store._exchange(commands)
+        except self._faults:
+            self._counters.add(dropped=sum(len(job.keys) for job in jobs))
+            raise
+        failure: BaseException | None = None
+        at = 0
+        for job in jobs:
+            script = None if sha is None else replies[at]
+            at += sha is not None
+            try:
+                self._settle(job, range(len(job.keys)), script, replies[at : at + len(job.keys)], 0)
+            except self._faults as exc:
+                failure = failure or exc
+            at += len(job.keys)
+        if failure is not None:
+            raise failure
+
+    def _write_chained(self, job: Job) -> None:
+        """For each chunk of ``job``, head first (a chunk's parent is the one before it), one
+        pipeline: the chain script (room made, blocks scored), then the values' SET NXs. Raises
+        the first fault, its blocks and the ones after it counted as dropped."""
+        assert job.chain is not None
+        chunks = self._chunks(job)
+        parent = job.chain.parent
+        for n, chunk in enumerate(chunks):
+            later = sum(len(c) for c in chunks[n + 1 :])
+            try:
+                sha = self._script.sha()
+                _, replies = self._store._exchange(self._chunk_commands(job, chunk, parent, sha))
+            except self._faults:
+                self._counters.add(dropped=len(chunk) + later)
+                raise
+            script, replies = (replies[0], replies[1:]) if sha is not None else (None, replies)
+            if not self._settle(job, chunk, script, replies, later):
+                return
+            parent = job.keys[chunk.stop - 1][-CHAINED_KEY_SIZE:]
+
+    def _settle(self, job: Job, chunk: range, script: object, replies: list[object], later: int) -> bool:
+        """Count what the pipeline of ``chunk`` did (``script``: the chain script's reply, None
+        where it did not run; ``replies``: the SET NXs'); False when the chain broke (its parent
+        is gone: what was written is deleted again). Raises a refusal or a server full of what
+        the store may not evict; ``later``: the blocks of the job after it, dropped then."""
+        failure = self._count_sets(job, chunk, replies)
+        try:
+            answer = self._script.answer(script)
+        except self._faults:
+            self._counters.add(dropped=later)
+            raise
+        whole, deleted, full = answer if answer is not None else (1, 0, 0)
+        self._counters.add(evicted=deleted)
+        if not whole:  # no reader could reach what was just written
+            self._counters.add(dropped=later)
+            self._unwrite(job, chunk, replies)
+            return False
+        if full or failure is not None:
+            # a noeviction server full of what the store may not evict is a fault: the breaker
+            # backs the writes off
+            self._counters.add(dropped=later)
+            raise failure or self._full("the server is at maxmemory (noeviction) with no block of ours to evict")
+        return True
+
+    def _chunk_commands(self, job: Job, chunk: range, parent: bytes, sha: str | None) -> list[list[Any]]:
+        """The pipeline of ``chunk`` of ``job``: the chain script scoring its blocks (``sha``; none
+        where the server refuses scripts), then each block's SET NX."""
+        assert job.chain is not None
+        commands: list[list[Any]] = []
+        if sha is not None:
+            nbytes = sum(len(job.values[i]) for i in chunk)
+            # Room for the values and as much again: the next request carrying values is in the
+            # server's memory before a script runs, and over maxmemory the server evicts first.
+            need = 2 * nbytes + (64 << 10)
+            store = self._store
+            args: list[Any] = [store.index_key, need, job.chain.namespace, parent, store.max_walk]
+            args += [store.touch_window_s, store._ttl_ms or 0, 2, nbytes]
+            for i in chunk:
+                args += [job.keys[i], job.chain.tokens[i]]
+            commands.append(["EVALSHA", sha, 0, *args])
+        return commands + self._sets(job, chunk)
+
+    def _unwrite(self, job: Job, chunk: range, replies: list[object]) -> None:
+        """Delete the blocks of ``chunk`` its SET NXs wrote (``replies``): they are dropped."""
+        mine = [i for i, reply in zip(chunk, replies, strict=True) if _wrote(reply)]
+        if mine:
+            self._client.delete(*(job.keys[i] for i in mine))
+            nbytes = sum(len(job.values[i]) for i in mine)
+            self._counters.add(written=-len(mine), bytes_written=-nbytes, dropped=len(mine))
+
+    def _chunks(self, job: Job) -> list[range]:
+        """``job``'s blocks in runs of at most ``batch`` keys and about ``batch_bytes``."""
+        chunks: list[range] = []
+        start = 0
+        while start < len(job.keys):
+            stop, size = start, 0
+            while stop < len(job.keys) and stop - start < self.batch and (stop == start or size < self.batch_bytes):
+                size += len(job.values[stop])
+                stop += 1
+            chunks.append(range(start, stop))
+            start = stop
+        return chunks
+
+    def _write(self, job: Job) -> None:
+        """SET NX each block, in pipelines of ``_chunks``, the chain's tail first when
+        ``order_chains`` (the server evicting as it goes then cuts from the tail). Raises the
+        first fault, its blocks and the ones after it counted as dropped."""
+        chunks = self._chunks(job)
+        if self.order_chains:
+            chunks = [chunk[::-1] for chunk in reversed(chunks)]
+        settled = 0
+        try:
+            for chunk in chunks:
+                failure = self._write_chunk(job, chunk)
+                settled += len(chunk)
+                if failure is not None:
+                    raise failure
+        except self._faults:
+            self._counters.add(dropped=len(job.keys) - settled)
+            raise
+
+    def _write_chunk(self, job: Job, chunk: range) -> BaseException | None:
+        """One pipeline; returns the first refusal among its replies (its blocks counted)."""
+        _, replies = self._store._exchange(self._sets(job, chunk))
+        return self._count_sets(job, chunk, replies)
+
+    def _sets(self, job: Job, chunk: range) -> list[list[Any]]:
+        """Each block's ``SET key value NX [PX ttl]``: the value goes as it is (``command_packer``)."""
+        ttl = self._store._ttl_ms
+        tail: list[Any] = ["NX"] if ttl is None else ["NX", "PX", ttl]
+        return [["SET", job.keys[i], job.values[i], *tail] for i in chunk]
+
+    def _count_sets(self, job: Job, chunk: range, replies: list[object]) -> BaseException | None:
+        """Counts what the SET NXs of ``chunk`` did; returns the first refusal among them."""
+        written = skipped = failed = nbytes = 0
+        failure: BaseException | None = None
+        for i, reply in zip(chunk, replies, strict=True):
+            if isinstance(reply, BaseException):
+                # an OOM reply (noeviction at maxmemory), a READONLY replica, an ACL refusal
+                failure = failure or reply
+                failed += 1
+            elif _wrote(reply):
+                written += 1
+                nbytes += len(job.values[i])
+            else:
+                skipped += 1  # SET NX: another writer (or an earlier put) has it already
+        self._counters.add(written=written, skipped=skipped, dropped=failed, bytes_written=nbytes)
+        return failure
+
+
+def _wrote(reply: object) -> bool:
+    """Whether a SET NX's reply says it wrote (OK; None: the key was there; else a refusal)."""
+    return reply is not None and not isinstance(reply, BaseException)
