@@ -110,6 +110,38 @@ def test_puts_that_continue_a_chain_go_as_one(valkey: ValkeyServer, client: redi
     assert scores == sorted(scores, reverse=True)  # each block below its parent
 
 
+def test_puts_of_many_chains_share_a_round_trip(valkey: ValkeyServer, client: redis.Redis) -> None:
+    """An engine step's blocks of many caches, queued while the writer lingers: one pipeline for
+    all of them, each chain scored on its own; one whose parent is gone is deleted again, the
+    others kept."""
+    heads = [make_chain(2, 1500, seed=100 + n) for n in range(12)]
+    with _store(valkey.url, linger_s=0.5) as store:
+        store.put(heads[0][0][:1], heads[0][1][:1])
+        assert store.flush()
+        exchanges = 0
+        real = store._exchange
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal exchanges
+            exchanges += 1
+            return real(*args, **kwargs)
+
+        store._exchange = counted  # type: ignore[method-assign]
+        orphan = make_chain(3, 1500, seed=99)
+        store.put(orphan[0][2:], orphan[1][2:])  # its parent was never written
+        for keys, values in heads:
+            store.put(keys, values)  # a chain's first two blocks: one put each
+        assert store.flush()
+        stats = store.stats()
+    assert exchanges == 1  # was one per put
+    assert (stats.written, stats.dropped, stats.skipped) == (24, 1, 1)  # 1 before (then skipped), 23 new
+    assert client.exists(orphan[0][2]) == 0
+    assert all(client.exists(*keys) == 2 for keys, _ in heads)
+    for keys, _ in heads:
+        first, second = _scores(client, b"kvcore:block-lru", keys)
+        assert first > second
+
+
 def test_a_key_keeps_its_first_value(valkey: ValkeyServer, client: redis.Redis) -> None:
     keys, first = make_chain(3, 2000, seed=1)
     _, second = make_chain(3, 2000, seed=2)

@@ -37,14 +37,14 @@ def pack(commands: Sequence[Sequence[object]]) -> list[Part]:
     for command in commands:
         small += b"*%d\r\n" % len(command)
         for arg in command:
-            data = _encode(arg)
-            small += b"$%d\r\n" % len(data)
+            # the common types first, inline: a put packs a dozen arguments per block
+            data = arg if type(arg) is bytes else b"%d" % arg if type(arg) is int else _encode(arg)
             if len(data) >= _BY_REFERENCE:
+                small += b"$%d\r\n" % len(data)
                 parts += [bytes(small), data]
                 small = bytearray(b"\r\n")
             else:
-                small += data
-                small += b"\r\n"
+                small += b"$%d\r\n%s\r\n" % (len(data), data)
     if small:
         parts.append(bytes(small))
     return parts

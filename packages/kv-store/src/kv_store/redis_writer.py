@@ -47,6 +47,7 @@ class RedisWriter:
         self._full = store._full
         self.batch, self.batch_bytes, self.order_chains = store.batch, store.batch_bytes, store.order_chains
         self.max_pending_bytes, self.linger_s = store.max_pending_bytes, store.linger_s
+        self._window = repr(float(store.touch_window_s)).encode()  # packed once: a script argument
         self._queue: deque[Job] = deque()
         self._pending = 0  # bytes in the queue and in the job being written
         self._queued_at = 0.0  # when the oldest queued put came
@@ -194,9 +195,13 @@ class RedisWriter:
         try:
             sha = self._script.sha()
             commands: list[list[Any]] = []
+            # the first script call makes room for the whole pipeline, the others none (the
+            # server's memory is read once)
+            room = sum(job.nbytes for job in jobs)
             for job in jobs:
                 assert job.chain is not None
-                commands += self._chunk_commands(job, range(len(job.keys)), job.chain.parent, sha)
+                commands += self._chunk_commands(job, range(len(job.keys)), job.chain.parent, sha, room)
+                room = 0
             _, replies = self._store._exchange(commands)
         except self._faults:
             self._counters.add(dropped=sum(len(job.keys) for job in jobs))
@@ -258,22 +263,26 @@ class RedisWriter:
             raise failure or self._full("the server is at maxmemory (noeviction) with no block of ours to evict")
         return True
 
-    def _chunk_commands(self, job: Job, chunk: range, parent: bytes, sha: str | None) -> list[list[Any]]:
+    def _chunk_commands(
+        self, job: Job, chunk: range, parent: bytes, sha: str | None, room: int | None = None
+    ) -> list[list[Any]]:
         """The pipeline of ``chunk`` of ``job``: the chain script scoring its blocks (``sha``; none
-        where the server refuses scripts), then each block's SET NX."""
+        where the server refuses scripts) and making room for ``room`` value bytes (None: the
+        chunk's; 0: none), then each block's SET NX."""
         assert job.chain is not None
         commands: list[list[Any]] = []
         if sha is not None:
             nbytes = sum(len(job.values[i]) for i in chunk)
+            room = nbytes if room is None else room
             # Room for the values and as much again: the next request carrying values is in the
             # server's memory before a script runs, and over maxmemory the server evicts first.
-            need = 2 * nbytes + (64 << 10)
+            need = 2 * room + (64 << 10) if room else 0
             store = self._store
             args: list[Any] = [store.index_key, need, job.chain.namespace, parent, store.max_walk]
-            args += [store.touch_window_s, store._ttl_ms or 0, 2, nbytes]
+            args += [self._window, store._ttl_ms or 0, 2, room]
             for i in chunk:
                 args += [job.keys[i], job.chain.tokens[i]]
-            commands.append(["EVALSHA", sha, 0, *args])
+            commands.append([b"EVALSHA", sha.encode(), 0, *args])
         return commands + self._sets(job, chunk)
 
     def _unwrite(self, job: Job, chunk: range, replies: list[object]) -> None:
@@ -323,8 +332,8 @@ class RedisWriter:
     def _sets(self, job: Job, chunk: range) -> list[list[Any]]:
         """Each block's ``SET key value NX [PX ttl]``: the value goes as it is (``command_packer``)."""
         ttl = self._store._ttl_ms
-        tail: list[Any] = ["NX"] if ttl is None else ["NX", "PX", ttl]
-        return [["SET", job.keys[i], job.values[i], *tail] for i in chunk]
+        tail: list[Any] = [b"NX"] if ttl is None else [b"NX", b"PX", ttl]
+        return [[b"SET", job.keys[i], job.values[i], *tail] for i in chunk]
 
     def _count_sets(self, job: Job, chunk: range, replies: list[object]) -> BaseException | None:
         """Counts what the SET NXs of ``chunk`` did; returns the first refusal among them."""
