@@ -15,6 +15,7 @@ from kv_api.block_value import (
     header_size,
     layout_fingerprint,
     read_header,
+    read_place,
     store_namespace,
     value_size,
 )
@@ -59,6 +60,15 @@ def test_read_header_refuses_what_is_not_a_value() -> None:
     assert read_header(b"XXXX" + value[4:]) is None
     assert read_header(value[:4] + b"\x02\x00" + value[6:]) is None  # another version
     assert read_header(value[:6] + b"\x00\x00" + value[8:]) is None  # a header size that lies
+
+
+def test_read_place_is_the_headers_fixed_part() -> None:
+    value = encode_value(PRINT, KEY, PARENT, 40, 8, [b"ab"], [2])
+    assert read_place(value) == (KEY, PARENT, 40, 8)
+    assert read_place(memoryview(value)) == (KEY, PARENT, 40, 8)
+    assert read_place(value[:100]) is None  # cut inside the fixed part (120 bytes)
+    assert read_place(b"XXXX" + value[4:]) is None
+    assert read_place(value[:4] + b"\x02\x00" + value[6:]) is None  # another version
 
 
 def test_the_fingerprint_names_the_layout() -> None:
