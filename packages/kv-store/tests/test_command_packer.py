@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kv_store.command_packer import pack, send
+from kv_store.command_packer import Sets, command_count, pack, send, unpacked
 
 hiredis = pytest.importorskip("hiredis")
 
@@ -25,6 +25,28 @@ def test_packing_is_the_clients(commands: list[list[object]]) -> None:
     assert b"".join(bytes(p) for p in parts) == b"".join(hiredis.pack_command(tuple(c)) for c in commands)
     long = [a for c in commands for a in c if isinstance(a, bytes) and len(a) >= 4096]
     assert [p for p in parts if any(p is a for a in long)] == long  # by reference, not copied
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    before=st.lists(st.lists(args_st, min_size=1, max_size=4), max_size=3),
+    blocks=st.lists(st.tuples(st.binary(min_size=1, max_size=80), st.binary(max_size=9000)), max_size=6),
+    tail=st.sampled_from([(), (b"NX",), (b"NX", b"PX", b"1500")]),
+    after=st.lists(st.lists(args_st, min_size=1, max_size=4), max_size=2),
+)
+def test_sets_pack_as_their_commands(
+    before: list[list[object]], blocks: list[tuple[bytes, bytes]], tail: tuple[bytes, ...], after: list[list[object]]
+) -> None:
+    """A ``Sets`` among other commands: on the wire the client's packing of its SET commands,
+    each value sent from the caller's object; one reply per key."""
+    sets = Sets([k for k, _ in blocks], [v for _, v in blocks], tail)
+    commands = [*before, sets, *after]
+    flat = unpacked(commands)
+    assert flat == [*before, *([b"SET", k, v, *tail] for k, v in blocks), *after]
+    assert command_count(commands) == len(flat)
+    parts = pack(commands)
+    assert b"".join(bytes(p) for p in parts) == b"".join(hiredis.pack_command(tuple(c)) for c in flat)
+    assert all(any(p is v for p in parts) for _, v in blocks if v)
 
 
 def test_floats_and_buffers() -> None:

@@ -142,6 +142,26 @@ def test_puts_of_many_chains_share_a_round_trip(valkey: ValkeyServer, client: re
         assert first > second
 
 
+def test_a_put_of_many_chains_scores_each_on_its_own(valkey: ValkeyServer, client: redis.Redis) -> None:
+    """One put holding blocks of several chains (a batched commit's): each chain checked and
+    scored on its own, so an orphan among them is deleted and the others are kept."""
+    first, second = make_chain(2, 1500, seed=7), make_chain(2, 1500, seed=8)
+    orphan = make_chain(3, 1500, seed=9)
+    with _store(valkey.url) as store:
+        store.put([first[0][0], second[0][0]], [first[1][0], second[1][0]])
+        assert store.flush()
+        keys = [first[0][1], orphan[0][2], second[0][1]]
+        store.put(keys, [first[1][1], orphan[1][2], second[1][1]])
+        assert store.flush()
+        stats = store.stats()
+    assert (stats.written, stats.dropped) == (4, 1)
+    assert client.exists(orphan[0][2]) == 0
+    assert client.exists(*first[0], *second[0]) == 4
+    for chain in (first, second):
+        head, tail = _scores(client, b"kvcore:block-lru", chain[0])
+        assert head > tail
+
+
 def test_a_key_keeps_its_first_value(valkey: ValkeyServer, client: redis.Redis) -> None:
     keys, first = make_chain(3, 2000, seed=1)
     _, second = make_chain(3, 2000, seed=2)

@@ -71,6 +71,30 @@ def test_bulks_into_any_fragmentation(
     assert reader.reply(ERRORS) == [1, -2, 3]
 
 
+SET_REPLIES = {"ok": b"+OK\r\n", "nil": b"$-1\r\n", "null": b"_\r\n", "oom": b"-OOM full\r\n", "int": b":7\r\n"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    kinds=st.lists(st.sampled_from(sorted(SET_REPLIES)), max_size=60),
+    sizes=st.lists(st.integers(1, 12), max_size=80),
+)
+def test_replies_read_runs_of_ok_in_any_fragmentation(kinds: list[str], sizes: list[int]) -> None:
+    """A put's SET replies: the runs of +OK read at once, anything else one by one, in order,
+    and the reply after them still in step (the bytes after what was read are never taken)."""
+    data = b"".join(SET_REPLIES[k] for k in kinds) + b"+OKAY\r\n:5\r\n"
+    reader = ReplyReader(Chunked(data, sizes))  # type: ignore[arg-type]
+    got = reader.replies(len(kinds), ERRORS)
+    expected = {"ok": b"OK", "nil": None, "null": None, "int": 7}
+    assert len(got) == len(kinds)
+    for kind, reply in zip(kinds, got, strict=True):
+        if kind == "oom":
+            assert isinstance(reply, redis.exceptions.ResponseError)
+        else:
+            assert reply == expected[kind]
+    assert reader.replies(2, ERRORS) == [b"OKAY", 5]
+
+
 def test_error_replies() -> None:
     reader = ReplyReader(Chunked(b"-NOSCRIPT No matching script\r\n-ERR bad\r\n!5\r\nERR x\r\n", [3]))  # type: ignore[arg-type]
     first = reader.reply(ERRORS)

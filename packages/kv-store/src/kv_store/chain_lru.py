@@ -26,21 +26,23 @@ log = logging.getLogger(__name__)
 
 CHAINED_KEY_SIZE = 32  # a store key ends with the block's chained key, the header's ``key``
 
-# ARGV: index key, bytes to make room for (0: none), namespace and parent's chained key ('' for
-# a chain's first block; both ignored by a touch), most ancestors to walk, window (s), TTL in ms (0:
-# none), 2 to score blocks about to be written or 1 to touch stored ones, the bytes the values
-# take, then per block its key and (to score) its prefix tokens. A touch reads each block's
-# prefix tokens, and the first one's parent, from the stored value, stops at the first block
-# not stored, and does nothing when the last block was scored less than a window ago. The
+# ARGV: index key, bytes to make room for (0: none), two unused ('' each), most ancestors to walk
+# per chain, window (s), TTL in ms (0: none), 2 to score blocks about to be written or 1 to touch
+# stored ones, the bytes the values take; then, to score, per chain its namespace, its first
+# block's parent's chained key ('' for a chain's first block), its block count n and n pairs of
+# a block's key and prefix tokens (a pipeline's chains in one call: the server's memory read
+# once, one call's overhead); to touch, the keys of one chain's blocks. A touch reads each
+# block's prefix tokens, and the first one's parent, from the stored value, stops at the first
+# block not stored, and does nothing when the last block was scored less than a window ago. The
 # values themselves are not arguments: the writer pipelines its SET NXs right after the script
 # (a value passed through Lua is copied twice more on the server: a put took 3x plain SETs).
-# Returns {1 if the chain is whole from its first block (or cannot be told) else 0, blocks
-# deleted, 1 if the server stayed full (noeviction: nothing should be written) else 0}. Header
-# offsets (block_value): key 40, parent 72, prefix tokens 104 (u64 LE), block tokens 112 (u32
-# LE). allow-oom: at maxmemory under noeviction it still frees room.
+# Returns {blocks deleted, 1 if the server stayed full (noeviction: nothing should be written)
+# else 0, then per chain 1 if it is whole from its first block (or cannot be told) else 0}.
+# Header offsets (block_value): key 40, parent 72, prefix tokens 104 (u64 LE), block tokens 112
+# (u32 LE). allow-oom: at maxmemory under noeviction it still frees room.
 CHAIN_SCRIPT = """#!lua flags=allow-oom
-local index, need, ns, key = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local left, window, ttl, stride = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local index, need = ARGV[1], tonumber(ARGV[2])
+local walk, window, ttl, stride = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local size = tonumber(ARGV[9])
 local function int(s, first, last)
   local n = 0
@@ -49,33 +51,43 @@ local function int(s, first, last)
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local blocks = {}  -- per block: its prefix tokens, its key
+local function recent(name, tokens)  -- scored less than a window ago
+  local score = redis.call('ZSCORE', index, name)
+  return score and tonumber(score) + tokens * 1e-6 >= now - window
+end
+local chains = {}  -- per chain: its namespace, its parent's key, and per block its prefix tokens, its key
 if stride == 2 then
-  for i = 10, #ARGV, 2 do
-    blocks[#blocks + 1] = tonumber(ARGV[i + 1])
-    blocks[#blocks + 1] = ARGV[i]
+  local i = 10
+  while i <= #ARGV do
+    local chain = {ARGV[i], ARGV[i + 1], {}}
+    for j = i + 3, i + 2 + 2 * tonumber(ARGV[i + 2]), 2 do
+      chain[3][#chain[3] + 1] = tonumber(ARGV[j + 1])
+      chain[3][#chain[3] + 1] = ARGV[j]
+    end
+    chains[#chains + 1] = chain
+    i = i + 3 + 2 * tonumber(ARGV[i + 2])
   end
 else
   -- the last block first: scored within the window, the ones before it were too
   local head = redis.call('GETRANGE', ARGV[#ARGV], 0, 115)
-  if #head == 116 and string.sub(head, 1, 4) == 'KVCB' then
-    local last = redis.call('ZSCORE', index, ARGV[#ARGV])
-    if last and tonumber(last) + int(head, 105, 112) * 1e-6 >= now - window then return {1, 0, 0} end
+  if #head == 116 and string.sub(head, 1, 4) == 'KVCB' and recent(ARGV[#ARGV], int(head, 105, 112)) then
+    return {0, 0, 1}
   end
+  local chain = {'', '', {}}
   for i = 10, #ARGV do
     local head = redis.call('GETRANGE', ARGV[i], 0, 115)
     if #head < 116 or string.sub(head, 1, 4) ~= 'KVCB' then break end
     local tokens = int(head, 105, 112)
     if i == 10 then  -- the chain's namespace and the first block's parent
-      ns, key = string.sub(ARGV[i], 1, #ARGV[i] - 32), ''
-      if int(head, 113, 116) ~= tokens then key = string.sub(head, 73, 104) end
+      chain[1] = string.sub(ARGV[i], 1, #ARGV[i] - 32)
+      if int(head, 113, 116) ~= tokens then chain[2] = string.sub(head, 73, 104) end
     end
-    blocks[#blocks + 1] = tokens
-    blocks[#blocks + 1] = ARGV[i]
+    chain[3][#chain[3] + 1] = tokens
+    chain[3][#chain[3] + 1] = ARGV[i]
   end
-  if #blocks == 0 then return {1, 0, 0} end
-  local last = redis.call('ZSCORE', index, blocks[#blocks])
-  if last and tonumber(last) + blocks[#blocks - 1] * 1e-6 >= now - window then return {1, 0, 0} end
+  local blocks = chain[3]
+  if #blocks == 0 or recent(blocks[#blocks], blocks[#blocks - 1]) then return {0, 0, 1} end
+  chains[1] = chain
 end
 local deleted, full = 0, 0
 if ttl > 0 then  -- members whose block expired (what the server evicts, making room pops)
@@ -97,29 +109,37 @@ if need > 0 then
   end
   if limit > 0 and used + size > limit and string.match(info, 'maxmemory_policy:noeviction') then full = 1 end
 end
-local base, whole, path = now, 1, {}
-while key ~= '' and left > 0 do
-  local name = ns .. key
-  local head = redis.call('GETRANGE', name, 0, 115)
-  if #head < 116 then whole = 0; break end
-  if string.sub(head, 1, 4) ~= 'KVCB' or string.sub(head, 41, 72) ~= key then break end
-  local tokens = int(head, 105, 112)
-  local score = redis.call('ZSCORE', index, name)
-  if score and tonumber(score) + tokens * 1e-6 >= now - window then
-    base = math.min(now, tonumber(score) + tokens * 1e-6)
-    break
+local answer = {deleted, full}
+-- Per chain: its ancestors up to one scored within the window (the base), then its blocks,
+-- each scored a microsecond per prefix token below the base.
+local function score(ns, key, blocks)
+  local base, left, path = now, walk, {}
+  while key ~= '' and left > 0 do
+    local name = ns .. key
+    local head = redis.call('GETRANGE', name, 0, 115)
+    if #head < 116 then return 0 end
+    if string.sub(head, 1, 4) ~= 'KVCB' or string.sub(head, 41, 72) ~= key then break end
+    local tokens = int(head, 105, 112)
+    local last = redis.call('ZSCORE', index, name)
+    if last and tonumber(last) + tokens * 1e-6 >= now - window then
+      base = math.min(now, tonumber(last) + tokens * 1e-6)
+      break
+    end
+    path[#path + 1] = tokens
+    path[#path + 1] = name
+    if int(head, 113, 116) == tokens then break end  -- a chain's first block
+    key = string.sub(head, 73, 104)
+    left = left - 1
   end
-  path[#path + 1] = tokens
-  path[#path + 1] = name
-  if int(head, 113, 116) == tokens then break end  -- a chain's first block
-  key = string.sub(head, 73, 104)
-  left = left - 1
+  for i = 1, #blocks do path[#path + 1] = blocks[i] end
+  for i = 1, #path, 2 do path[i] = string.format('%.6f', base - path[i] * 1e-6) end
+  for i = 1, #path, 256 do redis.call('ZADD', index, unpack(path, i, math.min(i + 255, #path))) end
+  return 1
 end
-if whole == 0 or full == 1 then return {whole, deleted, full} end
-for i = 1, #blocks do path[#path + 1] = blocks[i] end
-for i = 1, #path, 2 do path[i] = string.format('%.6f', base - path[i] * 1e-6) end
-for i = 1, #path, 256 do redis.call('ZADD', index, unpack(path, i, math.min(i + 255, #path))) end
-return {1, deleted, 0}
+for i = 1, #chains do
+  answer[#answer + 1] = full == 1 and 1 or score(chains[i][1], chains[i][2], chains[i][3])
+end
+return answer
 """
 
 
@@ -133,18 +153,52 @@ class Chain:
     tokens: list[int]
 
     @staticmethod
-    def of(keys: Sequence[bytes], values: Sequence[bytes | memoryview]) -> Chain | None:
-        """None unless every value is a block value of its key (``read_place``)."""
+    def runs(keys: Sequence[bytes], values: Sequence[bytes | memoryview]) -> list[tuple[Chain | None, int]]:
+        """``keys`` / ``values`` cut into their chains, in order (a batched commit's put holds
+        many), each with its block count; a value that is not a block value of its key is a run
+        of its own, with None."""
+        runs: list[tuple[Chain | None, int]] = []
+        chain: Chain | None = None
+        count = 0
+        for i, (key, value) in enumerate(zip(keys, values, strict=True)):
+            place = _place(key, value)
+            if place is not None and chain is not None and hangs_under(keys[i - 1], key, place[1]):
+                chain.tokens.append(place[2])
+                count += 1
+                continue
+            if count:
+                runs.append((chain, count))
+            if place is None:
+                runs.append((None, 1))
+                chain, count = None, 0
+            else:
+                parent = b"" if place[2] == place[3] else place[1]  # b"": a chain's first block
+                chain, count = Chain(bytes(key[:-CHAINED_KEY_SIZE]), parent, [place[2]]), 1
+        if count:
+            runs.append((chain, count))
+        return runs
+
+    def extend(self, last_key: bytes, keys: Sequence[bytes], values: Sequence[bytes | memoryview]) -> bool:
+        """Add the blocks of ``keys`` / ``values`` where they continue this chain, whose last
+        block is at store key ``last_key``: each value a block value of its key, each block the
+        child of the one before it, in the chain's namespace. False (nothing added) where not."""
         tokens: list[int] = []
-        parent = b""
-        for n, (key, value) in enumerate(zip(keys, values, strict=False)):
-            place = read_place(value)
-            if place is None or len(key) <= CHAINED_KEY_SIZE or key[-CHAINED_KEY_SIZE:] != place[0]:
-                return None
-            if n == 0 and place[2] != place[3]:  # not a chain's first block
-                parent = place[1]
+        for key, value in zip(keys, values, strict=True):
+            place = _place(key, value)
+            if place is None or not hangs_under(last_key, key, place[1]):
+                return False
             tokens.append(place[2])
-        return Chain(bytes(keys[0][:-CHAINED_KEY_SIZE]), parent, tokens)
+            last_key = key
+        self.tokens.extend(tokens)
+        return True
+
+
+def _place(key: bytes, value: bytes | memoryview) -> tuple[bytes, bytes, int, int] | None:
+    """``read_place`` of ``value`` where it is the block value of store key ``key``, else None."""
+    place = read_place(value)
+    if place is None or len(key) <= CHAINED_KEY_SIZE or key[-CHAINED_KEY_SIZE:] != place[0]:
+        return None
+    return place
 
 
 def hangs_under(last_key: bytes, key: bytes, parent: bytes) -> bool:

@@ -79,6 +79,12 @@ class CircuitBreaker:
             self.opens += 1
             return True
 
+    @property
+    def closed(self) -> bool:
+        """Whether it is closed, read without the lock (a hot path's check: a stale answer costs
+        one call let through or refused)."""
+        return self._state is BreakerState.CLOSED
+
     def retry_in(self) -> float:
         """Seconds until a trial may go (0 when closed or a trial may go now)."""
         with self._lock:

@@ -15,14 +15,14 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from kv_api.block_store import BlockStore
 from kv_store.chain_lru import ChainScript
 from kv_store.circuit_breaker import CircuitBreaker
-from kv_store.command_packer import pack, send
+from kv_store.command_packer import Command, command_count, pack, send, unpacked
 from kv_store.redis_writer import RedisWriter
 from kv_store.reply_reader import BulkResult, ReplyReader
 from kv_store.store_stats import Counters, StoreStats
@@ -228,29 +228,29 @@ class RedisBlockStore(BlockStore):
         return result.copied
 
     def _exchange(
-        self, commands: Sequence[Sequence[object]], buffers: Sequence[memoryview] | None = None
+        self, commands: Sequence[Command], buffers: Sequence[memoryview] | None = None
     ) -> tuple[BulkResult, list[object]]:
         """Send ``commands`` in one write and read their replies: with ``buffers``, the first
         command's values into them (an MGET: ``ReplyReader.bulks_into``), then the others' replies
-        in order, an error reply as an exception instance. Raises a fault; the connection is then
-        dropped (out of step with the server: the next call connects afresh)."""
+        in order (a ``Sets`` one per key), an error reply as an exception instance. Raises a
+        fault; the connection is then dropped (out of step with the server: the next call
+        connects afresh)."""
         pool = self._client.connection_pool
         connection: Any = pool.get_connection()  # its socket is used below: not a typed API
+        count = command_count(commands) - (buffers is not None)
         try:
             sock = self._own_socket(connection)
             if sock is None:
-                connection.send_packed_command(connection.pack_commands(commands))
-                reply: Callable[[], object] = lambda: self._client_reply(connection)  # noqa: E731
-                if buffers is None:
-                    bulk = BulkResult()
-                else:
+                connection.send_packed_command(connection.pack_commands(unpacked(commands)))
+                bulk = BulkResult()
+                if buffers is not None:
                     bulk = _copy_values(connection.read_response(disable_decoding=True), buffers)
+                replies = [self._client_reply(connection) for _ in range(count)]
             else:
                 send(sock, pack(commands))
                 reader = ReplyReader(sock)
-                reply = lambda: reader.reply(self._errors)  # noqa: E731
                 bulk = reader.bulks_into(buffers, self._errors) if buffers is not None else BulkResult()
-            replies = [reply() for _ in commands[0 if buffers is None else 1 :]]
+                replies = reader.replies(count, self._errors)
         except BaseException:
             connection.disconnect()
             raise
@@ -286,12 +286,12 @@ class RedisBlockStore(BlockStore):
             raise ValueError(f"{len(keys)} keys but {len(values)} values")
         start = time.perf_counter()  # not _timed: a decode step puts a block every few tokens
         dropped = 0
-        if keys and (self._closed or self._breaker.retry_in() > 0):
+        if keys and (self._closed or not (self._breaker.closed or self._breaker.retry_in() <= 0)):
             dropped = len(keys)  # down: dropping costs nothing, queueing would
         elif keys:
-            owned = [v if type(v) is bytes else bytes(v) for v in values]
-            dropped = len(keys) - self._writer.enqueue(keys, owned)
-        self._counters.add(puts=len(keys), dropped=dropped, calls=1, call_seconds=time.perf_counter() - start)
+            # bytes(v) of a bytes object is that object: only another buffer is copied
+            dropped = len(keys) - self._writer.enqueue(keys, list(map(bytes, values)))
+        self._counters.add_put(len(keys), dropped, time.perf_counter() - start)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` s (None: ``close_timeout``) for the queued puts;

@@ -11,10 +11,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
-from kv_api.block_value import read_place
-from kv_store.chain_lru import CHAINED_KEY_SIZE, Chain, hangs_under
+from kv_store.chain_lru import CHAINED_KEY_SIZE, Chain
+from kv_store.command_packer import Command, Sets
 
 if TYPE_CHECKING:
     from kv_store.redis_block_store import RedisBlockStore
@@ -53,32 +53,37 @@ class RedisWriter:
         self._queued_at = 0.0  # when the oldest queued put came
         self._busy = False
         self._draining = 0  # callers waiting for the queue: no lingering
+        self._waiting = False  # the writer waits for a put (or lingers): notify it
         self._stop = False
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # a put takes it directly: Condition's own with is Python code
+        self._cond = threading.Condition(self._lock)
         self._thread = threading.Thread(target=self._write_loop, name="kv-store-redis-writer", daemon=True)
         self._thread.start()
 
     def enqueue(self, keys: Sequence[bytes], owned: list[bytes]) -> int:
-        """Queue the first of ``keys`` / ``owned`` that fit under ``max_pending_bytes`` (a chain's
-        tail is useless without its head); how many."""
-        with self._cond:
+        """Queue the first of ``keys`` / ``owned`` (a list the caller gives up) that fit under
+        ``max_pending_bytes`` (a chain's tail is useless without its head); how many. Cheap: a
+        decode puts a block every few tokens, on the engine's thread."""
+        nbytes = sum(map(len, owned))
+        with self._lock:
             if self._stop:  # closed: nothing would write it
                 return 0
             room = self.max_pending_bytes - self._pending
-            fits = 0
-            for value in owned:
-                if len(value) > room:
-                    break
-                room -= len(value)
-                fits += 1
-            if fits:
-                nbytes = sum(len(v) for v in owned[:fits])
-                if not self._queue:
-                    self._queued_at = time.monotonic()
-                self._queue.append(Job([bytes(k) for k in keys[:fits]], owned[:fits], nbytes))
-                self._pending += nbytes
-                if len(self._queue) == 1 or self._pending >= self.batch_bytes:
-                    self._cond.notify_all()  # the writer waits for a first put, or lingers
+            fits = len(owned)
+            if nbytes > room:
+                fits, nbytes = 0, 0
+                while fits < len(owned) and nbytes + len(owned[fits]) <= room:
+                    nbytes += len(owned[fits])
+                    fits += 1
+                if not fits:
+                    return 0
+                keys, owned = keys[:fits], owned[:fits]
+            if not self._queue:
+                self._queued_at = time.monotonic()
+            self._queue.append(Job(list(map(bytes, keys)), owned, nbytes))  # owned: the caller's own list
+            self._pending += nbytes
+            if self._waiting and (len(self._queue) == 1 or self._pending >= self.batch_bytes):
+                self._cond.notify_all()  # the writer waits for a first put, or lingers
         return fits
 
     def drain(self, timeout: float) -> bool:
@@ -109,9 +114,11 @@ class RedisWriter:
     def _write_loop(self) -> None:
         while True:
             with self._cond:
+                self._waiting = True
                 while not self._queue and not self._stop:
                     self._cond.wait()
                 self._linger()
+                self._waiting = False
                 if self._stop:
                     return
                 jobs = self._take()
@@ -151,31 +158,39 @@ class RedisWriter:
         return jobs
 
     def _take_chain(self) -> Job:
-        """The next put with the queued puts that continue its chain, up to ``batch_bytes``: one
-        header read per join."""
+        """The next put's first chain (``Chain.runs``: a put may hold many) with the queued puts
+        that continue it, up to ``batch_bytes``."""
         job = self._queue.popleft()
-        while self._script.on and self._queue:
+        if not self._script.on:
+            return job
+        if job.chain is None:  # here, not in put: off the caller's thread
+            runs = Chain.runs(job.keys, job.values)
+            if len(runs) > 1:  # each chain its own job, in order
+                at, jobs = 0, []
+                for chain, n in runs:
+                    values = job.values[at : at + n]
+                    jobs.append(Job(job.keys[at : at + n], values, sum(map(len, values)), chain))
+                    at += n
+                self._queue.extendleft(reversed(jobs[1:]))
+                job = jobs[0]
+            job.chain = runs[0][0]
+        while job.chain is not None and self._queue:
             after = self._queue[0]
-            if job.nbytes + after.nbytes > self.batch_bytes or not self._continues(job, after):
+            if job.nbytes + after.nbytes > self.batch_bytes:
+                break
+            if not job.chain.extend(job.keys[-1], after.keys, after.values):
                 break
             self._queue.popleft()
-            job = Job(job.keys + after.keys, job.values + after.values, job.nbytes + after.nbytes)
+            job.keys += after.keys  # the job's own lists (enqueue's)
+            job.values += after.values
+            job.nbytes += after.nbytes
         return job
-
-    @staticmethod
-    def _continues(job: Job, after: Job) -> bool:
-        place = read_place(after.values[0])
-        return place is not None and hangs_under(job.keys[-1], after.keys[0], place[1])
 
     def _run(self, jobs: list[Job]) -> None:
         if not self._breaker.allow():
             self._counters.add(dropped=sum(len(job.values) for job in jobs))
             return
         try:
-            if self._script.on:
-                for job in jobs:
-                    if job.chain is None:
-                        job.chain = Chain.of(job.keys, job.values)  # here, not in put: off the caller's thread
             chained = [job for job in jobs if self._script.on and job.chain is not None]
             plain = [job for job in jobs if not (self._script.on and job.chain is not None)]
             if plain:
@@ -190,100 +205,73 @@ class RedisWriter:
         self._breaker.record_success()
 
     def _write_together(self, jobs: list[Job]) -> None:
-        """Chains of one chunk each (``_take``'s bounds) in one pipeline: per chain its script
-        call and its SET NXs. Raises the first fault, after every chain's replies are counted."""
-        try:
-            sha = self._script.sha()
-            commands: list[list[Any]] = []
-            # the first script call makes room for the whole pipeline, the others none (the
-            # server's memory is read once)
-            room = sum(job.nbytes for job in jobs)
-            for job in jobs:
-                assert job.chain is not None
-                commands += self._chunk_commands(job, range(len(job.keys)), job.chain.parent, sha, room)
-                room = 0
-            _, replies = self._store._exchange(commands)
-        except self._faults:
-            self._counters.add(dropped=sum(len(job.keys) for job in jobs))
-            raise
-        failure: BaseException | None = None
-        at = 0
-        for job in jobs:
-            script = None if sha is None else replies[at]
-            at += sha is not None
-            try:
-                self._settle(job, range(len(job.keys)), script, replies[at : at + len(job.keys)], 0)
-            except self._faults as exc:
-                failure = failure or exc
-            at += len(job.keys)
-        if failure is not None:
-            raise failure
+        """Chains of one chunk each (``_take``'s bounds) in one pipeline. Raises the first fault,
+        after every chain's replies are counted."""
+        self._pipeline([(job, range(len(job.keys)), cast(Chain, job.chain).parent) for job in jobs])
 
     def _write_chained(self, job: Job) -> None:
         """For each chunk of ``job``, head first (a chunk's parent is the one before it), one
-        pipeline: the chain script (room made, blocks scored), then the values' SET NXs. Raises
-        the first fault, its blocks and the ones after it counted as dropped."""
-        assert job.chain is not None
+        pipeline. Raises the first fault, its blocks and the ones after it counted as dropped."""
         chunks = self._chunks(job)
-        parent = job.chain.parent
+        parent = cast(Chain, job.chain).parent
         for n, chunk in enumerate(chunks):
             later = sum(len(c) for c in chunks[n + 1 :])
             try:
-                sha = self._script.sha()
-                _, replies = self._store._exchange(self._chunk_commands(job, chunk, parent, sha))
+                whole = self._pipeline([(job, chunk, parent)])[0]
             except self._faults:
-                self._counters.add(dropped=len(chunk) + later)
+                self._counters.add(dropped=later)
                 raise
-            script, replies = (replies[0], replies[1:]) if sha is not None else (None, replies)
-            if not self._settle(job, chunk, script, replies, later):
+            if not whole:  # the chain broke: what comes after it is unreachable too
+                self._counters.add(dropped=later)
                 return
             parent = job.keys[chunk.stop - 1][-CHAINED_KEY_SIZE:]
 
-    def _settle(self, job: Job, chunk: range, script: object, replies: list[object], later: int) -> bool:
-        """Count what the pipeline of ``chunk`` did (``script``: the chain script's reply, None
-        where it did not run; ``replies``: the SET NXs'); False when the chain broke (its parent
-        is gone: what was written is deleted again). Raises a refusal or a server full of what
-        the store may not evict; ``later``: the blocks of the job after it, dropped then."""
-        failure = self._count_sets(job, chunk, replies)
+    def _pipeline(self, groups: list[tuple[Job, range, bytes]]) -> list[bool]:
+        """One pipeline for ``groups`` (a chunk of a job, and its first block's parent): the chain
+        script making room for them all and scoring each as its chain (none where the server
+        refuses scripts), then their SET NXs. Per group, whether its chain is whole (False: its
+        parent is gone, and what it wrote is deleted again: no reader could reach it). Raises a
+        fault (its blocks dropped), a refusal, or a server full of what the store may not evict
+        (the breaker then backs the writes off), after counting every group's SETs."""
         try:
-            answer = self._script.answer(script)
+            sha = self._script.sha()
+            commands: list[Command] = [] if sha is None else [self._script_call(sha, groups)]
+            commands += [self._sets(job, chunk) for job, chunk, _ in groups]
+            _, replies = self._store._exchange(commands)
         except self._faults:
-            self._counters.add(dropped=later)
+            self._counters.add(dropped=sum(len(chunk) for _, chunk, _ in groups))
             raise
-        whole, deleted, full = answer if answer is not None else (1, 0, 0)
+        at = int(sha is not None)
+        sets: list[list[object]] = []
+        failure: BaseException | None = None
+        for job, chunk, _ in groups:
+            sets.append(replies[at : at + len(chunk)])
+            failure = failure or self._count_sets(job, chunk, sets[-1])
+            at += len(chunk)
+        answer = self._script.answer(replies[0] if sha is not None else None)
+        deleted, full, wholes = (answer[0], answer[1], answer[2:]) if answer else (0, 0, [1] * len(groups))
         self._counters.add(evicted=deleted)
-        if not whole:  # no reader could reach what was just written
-            self._counters.add(dropped=later)
-            self._unwrite(job, chunk, replies)
-            return False
+        for (job, chunk, _), whole, replied in zip(groups, wholes, sets, strict=True):
+            if not whole:
+                self._unwrite(job, chunk, replied)
         if full or failure is not None:
-            # a noeviction server full of what the store may not evict is a fault: the breaker
-            # backs the writes off
-            self._counters.add(dropped=later)
             raise failure or self._full("the server is at maxmemory (noeviction) with no block of ours to evict")
-        return True
+        return [bool(whole) for whole in wholes]
 
-    def _chunk_commands(
-        self, job: Job, chunk: range, parent: bytes, sha: str | None, room: int | None = None
-    ) -> list[list[Any]]:
-        """The pipeline of ``chunk`` of ``job``: the chain script scoring its blocks (``sha``; none
-        where the server refuses scripts) and making room for ``room`` value bytes (None: the
-        chunk's; 0: none), then each block's SET NX."""
-        assert job.chain is not None
-        commands: list[list[Any]] = []
-        if sha is not None:
-            nbytes = sum(len(job.values[i]) for i in chunk)
-            room = nbytes if room is None else room
-            # Room for the values and as much again: the next request carrying values is in the
-            # server's memory before a script runs, and over maxmemory the server evicts first.
-            need = 2 * room + (64 << 10) if room else 0
-            store = self._store
-            args: list[Any] = [store.index_key, need, job.chain.namespace, parent, store.max_walk]
-            args += [self._window, store._ttl_ms or 0, 2, room]
+    def _script_call(self, sha: str, groups: list[tuple[Job, range, bytes]]) -> list[object]:
+        """The chain script's call for ``groups``: room made for their values and as much again
+        (the next request carrying values is in the server's memory before a script runs, and
+        over maxmemory the server evicts first), each chunk scored as its chain."""
+        room = sum(len(job.values[i]) for job, chunk, _ in groups for i in chunk)
+        store = self._store
+        args: list[object] = [b"EVALSHA", sha.encode(), 0, store.index_key, 2 * room + (64 << 10), b"", b""]
+        args += [store.max_walk, self._window, store._ttl_ms or 0, 2, room]
+        for job, chunk, parent in groups:
+            tokens = cast(Chain, job.chain).tokens
+            args += [cast(Chain, job.chain).namespace, parent, len(chunk)]
             for i in chunk:
-                args += [job.keys[i], job.chain.tokens[i]]
-            commands.append([b"EVALSHA", sha.encode(), 0, *args])
-        return commands + self._sets(job, chunk)
+                args += [job.keys[i], tokens[i]]
+        return args
 
     def _unwrite(self, job: Job, chunk: range, replies: list[object]) -> None:
         """Delete the blocks of ``chunk`` its SET NXs wrote (``replies``): they are dropped."""
@@ -326,17 +314,23 @@ class RedisWriter:
 
     def _write_chunk(self, job: Job, chunk: range) -> BaseException | None:
         """One pipeline; returns the first refusal among its replies (its blocks counted)."""
-        _, replies = self._store._exchange(self._sets(job, chunk))
+        _, replies = self._store._exchange([self._sets(job, chunk)])
         return self._count_sets(job, chunk, replies)
 
-    def _sets(self, job: Job, chunk: range) -> list[list[Any]]:
+    def _sets(self, job: Job, chunk: range) -> Sets:
         """Each block's ``SET key value NX [PX ttl]``: the value goes as it is (``command_packer``)."""
         ttl = self._store._ttl_ms
-        tail: list[Any] = [b"NX"] if ttl is None else [b"NX", b"PX", ttl]
-        return [[b"SET", job.keys[i], job.values[i], *tail] for i in chunk]
+        tail = (b"NX",) if ttl is None else (b"NX", b"PX", b"%d" % ttl)
+        if chunk == range(len(job.keys)):
+            return Sets(job.keys, job.values, tail)
+        return Sets([job.keys[i] for i in chunk], [job.values[i] for i in chunk], tail)
 
     def _count_sets(self, job: Job, chunk: range, replies: list[object]) -> BaseException | None:
         """Counts what the SET NXs of ``chunk`` did; returns the first refusal among them."""
+        if replies.count(b"OK") == len(replies):  # all written: a put's common case
+            nbytes = sum(len(job.values[i]) for i in chunk)
+            self._counters.add(written=len(replies), bytes_written=nbytes)
+            return None
         written = skipped = failed = nbytes = 0
         failure: BaseException | None = None
         for i, reply in zip(chunk, replies, strict=True):

@@ -14,6 +14,7 @@ from typing import Any
 __all__ = ["BulkResult", "ReplyReader"]
 
 _SCRATCH = 16 << 10  # header lines, and the first bytes of a value that arrive with its header
+_OK = b"+OK\r\n"
 
 
 class ProtocolError(ConnectionError):
@@ -68,6 +69,28 @@ class ReplyReader:
                 self._skip(size)
             self._crlf()
         return result
+
+    def replies(self, count: int, errors: dict[str, type[Exception]]) -> list[Any]:
+        """The next ``count`` replies (``reply``); a run of ``+OK`` (a put's SETs) read at once."""
+        out: list[Any] = []
+        while len(out) < count:
+            run = self._oks(count - len(out))
+            out += [b"OK"] * run
+            if len(out) < count:
+                out.append(self.reply(errors))
+        return out
+
+    def _oks(self, most: int) -> int:
+        """Consume the ``+OK`` replies at the start of what is read, at most ``most``; how many."""
+        width, start = len(_OK), self._start
+        limit = min(most, (self._end - start) // width)  # the bytes after _end are stale
+        run = limit
+        if self._buffer[start : start + run * width] != _OK * run:
+            run = 0
+            while run < limit and self._buffer[start + run * width : start + (run + 1) * width] == _OK:
+                run += 1
+        self._start += run * width
+        return run
 
     def reply(self, errors: dict[str, type[Exception]]) -> Any:
         """The next reply: int, float, bool, bytes, None, a list of them (maps as lists of keys

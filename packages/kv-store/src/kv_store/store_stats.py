@@ -58,6 +58,15 @@ class Counters:
             for name, delta in deltas.items():
                 self.values[name] += delta
 
+    def add_put(self, puts: int, dropped: int, seconds: float) -> None:
+        """``add`` of a put call's counts, without its keyword dict (a decode puts every few tokens)."""
+        with self.lock:
+            values = self.values
+            values["puts"] += puts
+            values["dropped"] += dropped
+            values["calls"] += 1
+            values["call_seconds"] += seconds
+
     def snapshot(self) -> StoreStats:
         with self.lock:
             values: dict[str, Any] = {k: (v if k == "call_seconds" else int(v)) for k, v in self.values.items()}
