@@ -3,6 +3,7 @@
 #include <nanobind/nanobind.h>
 
 #include "py_objects.h"
+#include "python_api.h"
 
 namespace kvcore::py {
 
@@ -34,17 +35,23 @@ nb::list key_list(const std::vector<std::string>& keys) {
   return out;
 }
 
+// kv_api.StoreKeys(namespace, the chained keys concatenated), as kv_core_py's remote tier builds it.
+nb::object store_keys(const StoreKeys& keys) {
+  return api("StoreKeys")(nb::bytes(keys.ns.data(), keys.ns.size()),
+                          nb::bytes(reinterpret_cast<const char*>(keys.keys), keys.size * sizeof(Digest)));
+}
+
 }  // namespace
 
-std::int64_t PyBlockStore::contains(const std::vector<std::string>& keys) {
+std::int64_t PyBlockStore::contains(const StoreKeys& keys) {
   nb::gil_scoped_acquire acquire;
-  nb::list list = key_list(keys);
+  nb::object list = store_keys(keys);
   return count_of(PyObject_CallMethod(store_, "contains", "O", list.ptr()));
 }
 
-std::int64_t PyBlockStore::get_into(const std::vector<std::string>& keys, const std::vector<ValueBuffer>& buffers) {
+std::int64_t PyBlockStore::get_into(const StoreKeys& keys, const std::vector<ValueBuffer>& buffers) {
   nb::gil_scoped_acquire acquire;
-  nb::list list = key_list(keys);
+  nb::object list = store_keys(keys);
   nb::list views;
   for (const ValueBuffer& b : buffers) {
     views.append(nb::steal(

@@ -53,8 +53,8 @@ class PyPageCopier : public PageCopier {
 class PyBlockStore : public BlockStore {
  public:
   explicit PyBlockStore(nb::handle store) : store_(store.ptr()) {}  // borrowed: PyManager owns it
-  std::int64_t contains(const std::vector<std::string>& keys) override;
-  std::int64_t get_into(const std::vector<std::string>& keys, const std::vector<ValueBuffer>& buffers) override;
+  std::int64_t contains(const StoreKeys& keys) override;
+  std::int64_t get_into(const StoreKeys& keys, const std::vector<ValueBuffer>& buffers) override;
   bool put(const std::vector<std::string>& keys, std::vector<std::string> values) override;
 
  private:

@@ -104,15 +104,13 @@ std::vector<Block*> RemoteTier::fetch(Node* parent, const Digest& parent_key, co
                                       std::int64_t first, const TokenList& tokens, const Storage::PageSet& keep,
                                       const std::function<Node*()>& new_root) {
   context_.count(&CacheStats::remote_lookups, 1);
-  std::vector<std::string> store_keys;
-  for (const Digest& key : keys) store_keys.push_back(store_key(key));
-  const std::int64_t n = checked_count(store_.contains(store_keys), store_keys.size());
+  const std::int64_t n = checked_count(store_.contains({namespace_, keys.data(), keys.size()}), keys.size());
   if (n == 0) return {};
   std::vector<std::uint8_t> buffer(static_cast<std::size_t>(n) * value_size_, 0);
   std::vector<ValueBuffer> views;
   for (std::int64_t i = 0; i < n; ++i) views.push_back({buffer.data() + i * value_size_, value_size_});
-  store_keys.resize(static_cast<std::size_t>(n));
-  const std::int64_t got = checked_count(store_.get_into(store_keys, views), store_keys.size());
+  const auto found = static_cast<std::size_t>(n);
+  const std::int64_t got = checked_count(store_.get_into({namespace_, keys.data(), found}, views), found);
   std::int64_t accepted = 0;
   const Digest* previous = &parent_key;
   for (std::int64_t i = 0; i < got; ++i) {

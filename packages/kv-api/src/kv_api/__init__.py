@@ -70,6 +70,7 @@ from kv_api.stats import (
     SsmSnapshotStats,
     StorageStatistics,
 )
+from kv_api.store_keys import StoreKeys
 
 __version__ = "0.1.0"
 
@@ -125,6 +126,7 @@ __all__ = [
     "SsmLayerConfig",
     "SsmSnapshotStats",
     "StorageStatistics",
+    "StoreKeys",
     "SwaScratchReuseConfig",
     "TokenInput",
     "available_backends",

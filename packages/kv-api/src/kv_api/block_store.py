@@ -19,7 +19,8 @@ class BlockStore(abc.ABC):
 
     @abc.abstractmethod
     def contains(self, keys: Sequence[bytes]) -> int:
-        """How many of ``keys`` the store has, counted from the first up to the first it lacks."""
+        """How many of ``keys`` the store has, counted from the first up to the first it lacks.
+        A manager passes a ``StoreKeys`` here and to ``get_into`` (each key built where read)."""
 
     @abc.abstractmethod
     def get_into(self, keys: Sequence[bytes], buffers: Sequence[memoryview]) -> int:

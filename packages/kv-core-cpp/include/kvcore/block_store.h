@@ -9,7 +9,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "kvcore/sha256.h"
 
 namespace kvcore {
 
@@ -19,15 +22,24 @@ struct ValueBuffer {
   std::size_t size = 0;
 };
 
+// A chain's consecutive blocks' store keys: `ns` then each of the `size` chained keys at `keys`
+// (the caller's, valid for the call). The binding hands the store a kv_api.StoreKeys, which
+// builds each key where it is read: a cold admission asks about thousands of blocks.
+struct StoreKeys {
+  std::string_view ns;
+  const Digest* keys = nullptr;
+  std::size_t size = 0;
+};
+
 class BlockStore {
  public:
   virtual ~BlockStore() = default;
   // How many of `keys` the store has, from the first; what the store answered, or -1 where it
   // raised or answered no integer (the caller checks the range: a store is a cache, its faults
   // are misses).
-  virtual std::int64_t contains(const std::vector<std::string>& keys) = 0;
+  virtual std::int64_t contains(const StoreKeys& keys) = 0;
   // Copies the value of keys[i] into buffers[i] for each i < n; n as contains() answers it.
-  virtual std::int64_t get_into(const std::vector<std::string>& keys, const std::vector<ValueBuffer>& buffers) = 0;
+  virtual std::int64_t get_into(const StoreKeys& keys, const std::vector<ValueBuffer>& buffers) = 0;
   // Hands the store `values` (the store's from now on); false where it raised.
   virtual bool put(const std::vector<std::string>& keys, std::vector<std::string> values) = 0;
 };

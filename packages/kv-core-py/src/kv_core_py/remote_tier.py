@@ -13,6 +13,7 @@ from kv_api.block_value import encode_value, header_size, layout_fingerprint, re
 from kv_api.config import KVCacheManagerConfig, RemoteCacheTierConfig
 from kv_api.constants import DEFAULT_PRIORITY
 from kv_api.errors import DiskOOMError, OutOfPagesError
+from kv_api.store_keys import StoreKeys
 from kv_core_py.event_manager import KVCacheEventManager
 from kv_core_py.life_cycles import LifeCycleRegistry
 from kv_core_py.page import Page
@@ -69,14 +70,14 @@ class RemoteTier:
         (``new_root()`` when None): the consecutive ones the store has and whose values pass
         every check. ``keep``: ids of pages making room must not evict (the local match)."""
         self.add_stats(remote_lookups=1)
-        store_keys = [self.namespace + k for k in keys]
-        n = self._call_count("contains", store_keys)
+        digests = b"".join(keys)
+        n = self._call_count("contains", StoreKeys(self.namespace, digests))
         if n == 0:
             return []
         size = self.value_size
         buffer = bytearray(n * size)
         views = [memoryview(buffer)[i * size : (i + 1) * size] for i in range(n)]
-        got = self._call_count("get_into", store_keys[:n], views)
+        got = self._call_count("get_into", StoreKeys(self.namespace, digests[: n * len(keys[0])]), views)
         accepted = 0
         previous = parent_key
         for i in range(got):

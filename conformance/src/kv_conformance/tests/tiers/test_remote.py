@@ -108,6 +108,45 @@ def test_the_store_continues_a_local_match(backend: kv_api.Backend) -> None:
     cache.close()
 
 
+class KeptKeys(MemoryBlockStore):
+    """Keeps the key sequences the manager hands it, to read after the call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handed: list[tuple[str, Sequence[bytes]]] = []
+
+    def contains(self, keys: Sequence[bytes]) -> int:
+        self.handed.append(("contains", keys))
+        return super().contains(keys)
+
+    def get_into(self, keys: Sequence[bytes], buffers: Sequence[memoryview]) -> int:
+        self.handed.append(("get_into", keys))
+        return super().get_into(keys, buffers)
+
+
+def test_the_store_is_handed_store_keys(backend: kv_api.Backend) -> None:
+    """Both backends hand ``contains`` and ``get_into`` a ``kv_api.StoreKeys``: a sequence of the
+    store keys that still reads them after the call, and refuses a bad index as a list does."""
+    store = KeptKeys()
+    write_prompt(backend.KVCacheManager(config(store)), toks(20), 1)
+    reader = backend.KVCacheManager(config(store))
+    store.handed.clear()
+    cache = reader.create_kv_cache(None, toks(16))
+    assert cache.num_committed_tokens == 16
+    cache.close()
+    assert [method for method, _ in store.handed] == ["contains", "get_into"]
+    ns = store_namespace("m", "r1", reader.init_config)
+    for _, keys in store.handed:
+        assert type(keys) is kv_api.StoreKeys and len(keys) == 4
+        listed = list(keys)
+        assert all(k.startswith(ns) and len(k) == len(ns) + 32 and k in store.values for k in listed)
+        assert keys == listed and keys[-1] == listed[3] and keys[1:3] == listed[1:3] and keys[::-2] == listed[::-2]
+        with pytest.raises(IndexError):
+            keys[4]
+        with pytest.raises(TypeError, match="integers or slices"):
+            keys["0"]  # type: ignore[call-overload]
+
+
 def test_namespaces_and_scopes_are_isolated(backend: kv_api.Backend) -> None:
     store = MemoryBlockStore()
     write_prompt(backend.KVCacheManager(config(store)), toks(16), 1, scope=ReuseScope(salt=1))
