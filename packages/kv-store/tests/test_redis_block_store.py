@@ -162,6 +162,23 @@ def test_a_put_of_many_chains_scores_each_on_its_own(valkey: ValkeyServer, clien
         assert head > tail
 
 
+def test_a_chain_may_hang_under_a_block_of_the_same_pipeline(valkey: ValkeyServer, client: redis.Redis) -> None:
+    """Puts queued together, a chain's next block behind another chain's put: one pipeline, in
+    which the next block's parent is not stored yet when the script runs (its SET NX follows):
+    it is whole all the same, and scored below its parent."""
+    first, other = make_chain(2, 1500, seed=11), make_chain(1, 1500, seed=12)
+    with _store(valkey.url, linger_s=0.5) as store:
+        store.put(first[0][:1], first[1][:1])
+        store.put(other[0], other[1])
+        store.put(first[0][1:], first[1][1:])
+        assert store.flush()
+        stats = store.stats()
+    assert (stats.written, stats.dropped) == (3, 0)
+    assert client.exists(*first[0], *other[0]) == 3
+    head, tail = _scores(client, b"kvcore:block-lru", first[0])
+    assert head > tail
+
+
 def test_a_key_keeps_its_first_value(valkey: ValkeyServer, client: redis.Redis) -> None:
     keys, first = make_chain(3, 2000, seed=1)
     _, second = make_chain(3, 2000, seed=2)

@@ -178,7 +178,8 @@ class RedisWriter:
             after = self._queue[0]
             if job.nbytes + after.nbytes > self.batch_bytes:
                 break
-            if not job.chain.extend(job.keys[-1], after.keys, after.values):
+            # a piece of a put cut into its chains (chain set) does not continue the one before it
+            if after.chain is not None or not job.chain.extend(job.keys[-1], after.keys, after.values):
                 break
             self._queue.popleft()
             job.keys += after.keys  # the job's own lists (enqueue's)
@@ -236,24 +237,20 @@ class RedisWriter:
         try:
             sha = self._script.sha()
             commands: list[Command] = [] if sha is None else [self._script_call(sha, groups)]
-            commands += [self._sets(job, chunk) for job, chunk, _ in groups]
-            _, replies = self._store._exchange(commands)
+            sets = self._sets([(job, chunk) for job, chunk, _ in groups])
+            _, replies = self._store._exchange([*commands, sets])
         except self._faults:
             self._counters.add(dropped=sum(len(chunk) for _, chunk, _ in groups))
             raise
         at = int(sha is not None)
-        sets: list[list[object]] = []
-        failure: BaseException | None = None
-        for job, chunk, _ in groups:
-            sets.append(replies[at : at + len(chunk)])
-            failure = failure or self._count_sets(job, chunk, sets[-1])
-            at += len(chunk)
+        failure = self._count_sets(sets, replies[at:])
         answer = self._script.answer(replies[0] if sha is not None else None)
         deleted, full, wholes = (answer[0], answer[1], answer[2:]) if answer else (0, 0, [1] * len(groups))
         self._counters.add(evicted=deleted)
-        for (job, chunk, _), whole, replied in zip(groups, wholes, sets, strict=True):
+        for (job, chunk, _), whole in zip(groups, wholes, strict=True):
             if not whole:
-                self._unwrite(job, chunk, replied)
+                self._unwrite(job, chunk, replies[at : at + len(chunk)])
+            at += len(chunk)
         if full or failure is not None:
             raise failure or self._full("the server is at maxmemory (noeviction) with no block of ours to evict")
         return [bool(whole) for whole in wholes]
@@ -314,33 +311,35 @@ class RedisWriter:
 
     def _write_chunk(self, job: Job, chunk: range) -> BaseException | None:
         """One pipeline; returns the first refusal among its replies (its blocks counted)."""
-        _, replies = self._store._exchange([self._sets(job, chunk)])
-        return self._count_sets(job, chunk, replies)
+        sets = self._sets([(job, chunk)])
+        _, replies = self._store._exchange([sets])
+        return self._count_sets(sets, replies)
 
-    def _sets(self, job: Job, chunk: range) -> Sets:
-        """Each block's ``SET key value NX [PX ttl]``: the value goes as it is (``command_packer``)."""
+    def _sets(self, chunks: list[tuple[Job, range]]) -> Sets:
+        """Each block's ``SET key value NX [PX ttl]`` of ``chunks`` (jobs' chunks), in order: the
+        value goes as it is (``command_packer``)."""
         ttl = self._store._ttl_ms
         tail = (b"NX",) if ttl is None else (b"NX", b"PX", b"%d" % ttl)
-        if chunk == range(len(job.keys)):
-            return Sets(job.keys, job.values, tail)
-        return Sets([job.keys[i] for i in chunk], [job.values[i] for i in chunk], tail)
+        if len(chunks) == 1 and chunks[0][1] == range(len(chunks[0][0].keys)):
+            return Sets(chunks[0][0].keys, chunks[0][0].values, tail)  # a whole job: its own lists
+        keys = [job.keys[i] for job, chunk in chunks for i in chunk]
+        return Sets(keys, [job.values[i] for job, chunk in chunks for i in chunk], tail)
 
-    def _count_sets(self, job: Job, chunk: range, replies: list[object]) -> BaseException | None:
-        """Counts what the SET NXs of ``chunk`` did; returns the first refusal among them."""
+    def _count_sets(self, sets: Sets, replies: list[object]) -> BaseException | None:
+        """Counts what the SET NXs of ``sets`` did (``replies``); returns the first refusal."""
         if replies.count(b"OK") == len(replies):  # all written: a put's common case
-            nbytes = sum(len(job.values[i]) for i in chunk)
-            self._counters.add(written=len(replies), bytes_written=nbytes)
+            self._counters.add(written=len(replies), bytes_written=sum(map(len, sets.values)))
             return None
         written = skipped = failed = nbytes = 0
         failure: BaseException | None = None
-        for i, reply in zip(chunk, replies, strict=True):
+        for value, reply in zip(sets.values, replies, strict=True):
             if isinstance(reply, BaseException):
                 # an OOM reply (noeviction at maxmemory), a READONLY replica, an ACL refusal
                 failure = failure or reply
                 failed += 1
             elif _wrote(reply):
                 written += 1
-                nbytes += len(job.values[i])
+                nbytes += len(value)
             else:
                 skipped += 1  # SET NX: another writer (or an earlier put) has it already
         self._counters.add(written=written, skipped=skipped, dropped=failed, bytes_written=nbytes)
