@@ -2,6 +2,8 @@
 // kv_core_py's remote tier converts them (operator.index of a count, an Exception a miss).
 #include <nanobind/nanobind.h>
 
+#include <limits>
+
 #include "py_objects.h"
 #include "python_api.h"
 
@@ -27,6 +29,21 @@ std::int64_t count_of(PyObject* result) {
   Py_DECREF(index);
   if (n == -1 && PyErr_Occurred()) return store_fault();  // OverflowError: out of range anyway
   return n < 0 ? -1 : static_cast<std::int64_t>(n);
+}
+
+// kv_core_py's pause_of: a positive int or float (not a bool) as seconds, an int beyond a
+// double's range for ever; 0 for anything else (None, NaN, a negative number, another type).
+double pause_of(PyObject* answer) {
+  if (PyBool_Check(answer) || !(PyLong_Check(answer) || PyFloat_Check(answer))) return 0;
+  const double seconds = PyLong_Check(answer) ? PyLong_AsDouble(answer) : PyFloat_AsDouble(answer);
+  if (seconds == -1.0 && PyErr_Occurred()) {  // OverflowError: an int beyond a double's range
+    PyErr_Clear();
+    const nb::int_ zero(0);
+    const int positive = PyObject_RichCompareBool(answer, zero.ptr(), Py_GT);
+    if (positive < 0) PyErr_Clear();
+    return positive > 0 ? std::numeric_limits<double>::infinity() : 0;
+  }
+  return seconds > 0 ? seconds : 0;  // NaN > 0 is false
 }
 
 nb::list key_list(const std::vector<std::string>& keys) {
@@ -70,15 +87,16 @@ std::int64_t PyBlockStore::get_into(const StoreKeys& keys, const std::vector<Val
   return n;
 }
 
-bool PyBlockStore::put(const std::vector<std::string>& keys, std::vector<std::string> values) {
+double PyBlockStore::put(const std::vector<std::string>& keys, std::vector<std::string> values) {
   nb::gil_scoped_acquire acquire;
   nb::list list = key_list(keys);
   nb::list value_list = key_list(values);
   values.clear();
   PyObject* result = PyObject_CallMethod(store_, "put", "OO", list.ptr(), value_list.ptr());
-  if (result == nullptr) return store_fault() == 0;
+  if (result == nullptr) return static_cast<double>(store_fault());
+  const double pause = pause_of(result);
   Py_DECREF(result);
-  return true;
+  return pause;
 }
 
 }  // namespace kvcore::py

@@ -228,7 +228,7 @@ nb::object stats_object(const CacheStats& s) {
   return api("stats.CacheStats")(s.requests, s.lookup_tokens, s.reused_tokens, s.allocated_pages, s.evicted_pages,
                                  s.committed_blocks, s.onboarded_pages, s.corrupt_pages, s.disk_full_events,
                                  s.remote_lookups, s.remote_blocks, s.remote_rejected, s.remote_written,
-                                 s.remote_errors);
+                                 s.remote_errors, s.remote_skipped);
 }
 
 // One of the manager's statistics snapshots, taken without the GIL.

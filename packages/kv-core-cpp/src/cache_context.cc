@@ -21,6 +21,7 @@ void add(CacheStats& to, const CacheStats& d) {
   to.remote_rejected += d.remote_rejected;
   to.remote_written += d.remote_written;
   to.remote_errors += d.remote_errors;
+  to.remote_skipped += d.remote_skipped;
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include "kvcore/remote_tier.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "kvcore/constants.h"
@@ -44,6 +45,10 @@ Digest payload_digest(const std::uint8_t* value, std::uint64_t header, std::uint
   hash.write(value, header - kDigest);
   hash.write(value + header, size - header);
   return hash.finish();
+}
+
+double monotonic_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -312,6 +317,10 @@ void RemoteTier::flush() {
   blocks.erase(std::remove_if(blocks.begin(), blocks.end(), [this](const Block* b) { return !writable(b); }),
                blocks.end());
   if (blocks.empty()) return;
+  if (paused_until_ > 0 && monotonic_seconds() < paused_until_) {
+    context_.count(&CacheStats::remote_skipped, blocks.size());  // the store would drop them: none encoded
+    return;
+  }
   std::vector<std::uint8_t> buffer(blocks.size() * value_size_, 0);  // zeros where a layer group has no page
   std::vector<ExportPage> sources;
   for (std::size_t i = 0; i < blocks.size(); ++i) {
@@ -330,11 +339,13 @@ void RemoteTier::flush() {
     keys.push_back(store_key(blocks[i]->key));
     values.emplace_back(reinterpret_cast<const char*>(value), value_size_);
   }
-  if (!store_.put(keys, std::move(values))) {  // a write not made, never the commit's error
+  const double pause = store_.put(keys, std::move(values));
+  if (pause < 0) {  // a write not made, never the commit's error
     context_.count(&CacheStats::remote_errors, 1);
     return;
   }
   context_.count(&CacheStats::remote_written, blocks.size());
+  paused_until_ = pause > 0 ? monotonic_seconds() + pause : 0;
 }
 
 }  // namespace kvcore

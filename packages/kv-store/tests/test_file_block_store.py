@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import math
 import os
 import random
 import shutil
@@ -412,12 +413,12 @@ def test_one_store_per_directory(open_store: Callable[..., FileBlockStore], tmp_
 def test_close_is_idempotent_and_joins(open_store: Callable[..., FileBlockStore]) -> None:
     store = open_store()
     keys, values = chain("c", 8)
-    store.put(keys, values)
+    assert store.put(keys, values) is None
     store.close()
     store.close()
     assert store.stats().written == 8  # close flushed
     assert not [t for t in threading.enumerate() if t.name.startswith("FileBlockStore")]
-    store.put(keys, values)
+    assert store.put(keys, values) == math.inf  # closed: the manager hands it nothing more
     assert store.contains(keys) == 0 and read_all(store, keys, len(values[0]))[0] == 0
     assert store.stats().dropped == 8
 

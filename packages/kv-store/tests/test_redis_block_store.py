@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -236,17 +237,20 @@ def test_a_dead_server_costs_misses_not_hangs(server_factory: type[ValkeyServer]
     server = server_factory().start()
     keys, values = make_chain(20, 2000)
     store = _store(server.url, timeout=0.5, backoff_s=0.3, max_backoff_s=0.6)
-    store.put(keys, values)
+    assert store.put(keys, values) is None  # up: no pause asked
     assert store.flush()
     server.kill()
     buffers = buffers_for(values)
     start = time.monotonic()
+    pauses = []
     for _ in range(50):
         t = time.monotonic()
         assert store.contains(keys) == 0
         assert store.get_into(keys, buffers) == 0
-        store.put(keys, values)
+        pauses.append(store.put(keys, values))
         assert time.monotonic() - t < CALL_BOUND_S
+    # while the breaker is open a put asks the manager for a pause: its backoff's rest
+    assert any(p is not None and 0 < p <= 0.6 for p in pauses)
     assert time.monotonic() - start < 3 * CALL_BOUND_S
     stats = store.stats()
     assert stats.errors >= 1 and stats.breaker_opens >= 1
@@ -260,6 +264,7 @@ def test_a_dead_server_costs_misses_not_hangs(server_factory: type[ValkeyServer]
     assert store.contains(keys) == 20
     assert store.get_into(keys, buffers) == 20 and [bytes(b) for b in buffers] == values
     store.close()
+    assert store.put(keys, values) == math.inf  # closed: for ever
 
 
 def test_a_server_gone_mid_write_loses_only_writes(server_factory: type[ValkeyServer]) -> None:

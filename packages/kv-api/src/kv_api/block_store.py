@@ -29,11 +29,13 @@ class BlockStore(abc.ABC):
         bytes long (a bad value: counted). Buffers past ``n`` may have been written."""
 
     @abc.abstractmethod
-    def put(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+    def put(self, keys: Sequence[bytes], values: Sequence[bytes]) -> float | None:
         """Store ``values[i]`` under ``keys[i]``, ``values`` owned by the store from now on;
         returns without waiting on the network or the disk. A key already stored keeps its
         value (a fleet writes a block once). What cannot be written in bounded memory is dropped
-        and counted."""
+        and counted. Returns None, or (a store that drops every put for now: down, closed) the
+        seconds to hand it nothing (``math.inf``: for ever); the manager then neither encodes
+        nor hands over its committed blocks for that long (``CacheStats.remote_skipped``)."""
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -68,10 +70,11 @@ class MemoryBlockStore(BlockStore):
                 buffer[:] = value
             return len(keys)
 
-    def put(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+    def put(self, keys: Sequence[bytes], values: Sequence[bytes]) -> float | None:
         with self._lock:
             for key, value in zip(keys, values, strict=True):
                 self.values.setdefault(bytes(key), bytes(value))
+        return None
 
     def close(self) -> None:
         pass

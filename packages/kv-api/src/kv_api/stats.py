@@ -53,7 +53,9 @@ class CacheStats:
       in ``reused_tokens`` when a cache reuses them); ``remote_rejected``, values that failed
       their checks (never used); ``remote_written``, committed blocks handed to the store;
       ``remote_errors``, store calls that raised or answered out of range (each a miss or a
-      write not made, never an error of the manager's call).
+      write not made, never an error of the manager's call); ``remote_skipped``, committed
+      blocks not handed over (nor encoded) while the store asked for a pause (``put``'s answer:
+      it is down or closed).
     """
 
     requests: int = 0
@@ -70,6 +72,7 @@ class CacheStats:
     remote_rejected: int = 0
     remote_written: int = 0
     remote_errors: int = 0
+    remote_skipped: int = 0
 
 
 @dataclass(frozen=True)

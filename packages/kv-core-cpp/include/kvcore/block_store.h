@@ -40,8 +40,10 @@ class BlockStore {
   virtual std::int64_t contains(const StoreKeys& keys) = 0;
   // Copies the value of keys[i] into buffers[i] for each i < n; n as contains() answers it.
   virtual std::int64_t get_into(const StoreKeys& keys, const std::vector<ValueBuffer>& buffers) = 0;
-  // Hands the store `values` (the store's from now on); false where it raised.
-  virtual bool put(const std::vector<std::string>& keys, std::vector<std::string> values) = 0;
+  // Hands the store `values` (the store's from now on).
+  // Returns -1 where it raised, else the pause it answered: the seconds (0: none, infinity: for
+  // ever) to hand it nothing, a store that drops every put for now (kv_core_py's pause_of).
+  virtual double put(const std::vector<std::string>& keys, std::vector<std::string> values) = 0;
 };
 
 }  // namespace kvcore

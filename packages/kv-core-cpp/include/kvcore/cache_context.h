@@ -36,6 +36,7 @@ struct CacheStats {
   std::uint64_t remote_rejected = 0;
   std::uint64_t remote_written = 0;
   std::uint64_t remote_errors = 0;
+  std::uint64_t remote_skipped = 0;
 };
 
 // Built by the manager, which owns it, and handed to each cache it creates. The manager works

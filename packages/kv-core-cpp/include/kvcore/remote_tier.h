@@ -83,6 +83,7 @@ class RemoteTier {
   std::uint64_t value_size_;
   std::vector<Block*> pending_;  // in the order they entered the tree; a block leaving it leaves this
   int batches_ = 0;              // begin_batch() calls not ended: flush() waits
+  double paused_until_ = 0;      // the store's pause (put's answer), in steady-clock seconds
 };
 
 }  // namespace kvcore

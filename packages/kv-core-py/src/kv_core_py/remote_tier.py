@@ -5,7 +5,9 @@ through. Every value is checked before it is used; every store fault is a miss, 
 from __future__ import annotations
 
 import hashlib
+import math
 import operator
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -52,6 +54,7 @@ class RemoteTier:
         self.value_size = self.header + sum(self.page_sizes)
         self.pending: list[Block] = []  # full blocks that entered the tree in this call, to write
         self.batches = 0  # begin_batch() calls not ended: flush() waits
+        self.paused_until = 0.0  # the store's pause (put's answer), on the monotonic clock
 
     # -- reading -------------------------------------------------------------------------------------
 
@@ -246,6 +249,9 @@ class RemoteTier:
         blocks = [b for b in blocks if self._writable(b)]
         if not blocks:
             return
+        if self.paused_until and time.monotonic() < self.paused_until:
+            self.add_stats(remote_skipped=len(blocks))  # the store would drop them: none encoded
+            return
         size = self.value_size
         buffer = bytearray(len(blocks) * size)
         sources = []
@@ -274,11 +280,15 @@ class RemoteTier:
             for i, block in enumerate(blocks)
         ]
         try:
-            self.store.put([self.namespace + b.key for b in blocks], values)
+            pause = self.store.put([self.namespace + b.key for b in blocks], values)
         except Exception:  # noqa: BLE001 - a write not made, never the commit's error
             self.add_stats(remote_errors=1)
             return
         self.add_stats(remote_written=len(blocks))
+        self.paused_until = 0.0
+        seconds = pause_of(pause)
+        if seconds > 0:
+            self.paused_until = time.monotonic() + seconds
 
     def _offsets(self) -> list[int]:
         offsets, at = [], self.header
@@ -293,3 +303,16 @@ class RemoteTier:
             return False
         kinds = self.registry.kinds
         return all(p is not None or not kinds[g].drop_takes_subtree(block.ordinal) for g, p in enumerate(block.pages))
+
+
+def pause_of(answer: object) -> float:
+    """The seconds a ``put``'s answer asks the manager to hand the store nothing: a positive
+    int or float (not a bool; an int too large for a float, or inf: for ever); 0 for anything
+    else (None, NaN, a negative number, another type)."""
+    if isinstance(answer, bool) or not isinstance(answer, int | float):
+        return 0.0
+    try:
+        seconds = float(answer)
+    except OverflowError:  # an int beyond a float's range
+        return math.inf if answer > 0 else 0.0
+    return seconds if seconds > 0 else 0.0

@@ -27,6 +27,7 @@ REMOTE_ROWS = [
     ("remote_blocks", "blocks from the store", "{:,}"),
     ("remote_rejected", "store values refused", "{:,}"),
     ("remote_written", "blocks handed to the store", "{:,}"),
+    ("remote_skipped", "blocks not handed over (store paused)", "{:,}"),
     ("remote_bytes_in", "bytes from the store", "{}"),
     ("remote_bytes_out", "bytes handed to the store", "{}"),
     ("remote_errors", "store errors (misses)", "{:,}"),

@@ -117,6 +117,7 @@ REMOTE_COUNTERS = {
     "rejected": "remote_rejected",
     "written": "remote_written",
     "errors": "remote_errors",
+    "skipped": "remote_skipped",
 }
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import itertools
+import math
 import os
 import threading
 import time
@@ -114,15 +115,18 @@ class FileBlockStore(BlockStore):
             self._count_call(start)
             return n
 
-    def put(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+    def put(self, keys: Sequence[bytes], values: Sequence[bytes]) -> float | None:
+        """Queue the values for the writer thread; closed, it drops every put for ever (inf)."""
         start = time.perf_counter_ns()
         with self._lock:
             self._counts["puts"] += len(keys)
-            if self._closing:
+            closing = self._closing
+            if closing:
                 self._counts["dropped"] += len(keys)
             else:
                 self._enqueue(keys, values)
             self._count_call(start)
+        return math.inf if closing else None
 
     def close(self) -> None:
         with self._lock:

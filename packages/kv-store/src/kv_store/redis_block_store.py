@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import socket
 import threading
 import time
@@ -281,17 +282,21 @@ class RedisBlockStore(BlockStore):
         except self._refused as exc:
             return exc
 
-    def put(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+    def put(self, keys: Sequence[bytes], values: Sequence[bytes]) -> float | None:
+        """Queue the values for the writer; while the store drops every put (closed, or the
+        breaker open), the seconds until it may take one again (the manager then encodes none)."""
         if len(keys) != len(values):
             raise ValueError(f"{len(keys)} keys but {len(values)} values")
         start = time.perf_counter()  # not _timed: a decode step puts a block every few tokens
         dropped = 0
-        if keys and (self._closed or not (self._breaker.closed or self._breaker.retry_in() <= 0)):
+        pause = math.inf if self._closed else 0.0 if self._breaker.closed else self._breaker.retry_in()
+        if keys and pause > 0:
             dropped = len(keys)  # down: dropping costs nothing, queueing would
         elif keys:
             # bytes(v) of a bytes object is that object: only another buffer is copied
             dropped = len(keys) - self._writer.enqueue(keys, list(map(bytes, values)))
         self._counters.add_put(len(keys), dropped, time.perf_counter() - start)
+        return pause or None
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` s (None: ``close_timeout``) for the queued puts;

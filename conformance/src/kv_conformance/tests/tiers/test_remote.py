@@ -5,6 +5,8 @@ can be held to the same calls with the same keys and bytes (``_store.py``)."""
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -257,6 +259,64 @@ def test_a_failing_put_never_fails_the_commit(backend: kv_api.Backend) -> None:
     stats = manager.get_committed_stats()
     assert (stats.remote_written, stats.remote_errors, stats.committed_blocks) == (0, 1, 4)
     assert manager.create_kv_cache(None, toks(16)).num_committed_tokens == 16  # still local
+
+
+class PausingStore(RecordingStore):
+    """Answers its puts with ``answers`` in turn (then None): a store that is down asks for a pause."""
+
+    def __init__(self, *answers: object) -> None:
+        super().__init__()
+        self.answers = list(answers)
+
+    def put(self, keys: Sequence[bytes], values: Sequence[bytes]) -> Any:
+        super().put(keys, values)
+        return self.answers.pop(0) if self.answers else None
+
+
+def puts(store: RecordingStore) -> int:
+    return sum(method == "put" for method, _, _ in store.calls)
+
+
+@pytest.mark.parametrize("pause", [math.inf, 3600, 3600.0, 10**400], ids=["inf", "int", "float", "huge int"])
+def test_a_paused_store_is_handed_nothing(backend: kv_api.Backend, pause: object) -> None:
+    """A put answered with a pause: for that long the commits' blocks are neither encoded nor
+    handed over (counted as skipped), and the commits and local reuse go on."""
+    store = PausingStore(pause)
+    manager = backend.KVCacheManager(config(store))
+    write_prompt(manager, toks(8), 1)
+    write_prompt(manager, toks(12, 50), 2)
+    write_prompt(manager, toks(4, 90), 3)
+    stats = manager.get_committed_stats()
+    assert puts(store) == 1
+    assert (stats.remote_written, stats.remote_skipped, stats.remote_errors) == (2, 4, 0)
+    cache = manager.create_kv_cache(None, toks(12, 50))
+    assert cache.num_committed_tokens == 12  # still local
+    cache.close()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [None, 0, -5, -math.inf, math.nan, True, "10", [10], -(10**400)],
+    ids=["none", "zero", "negative", "-inf", "nan", "bool", "str", "list", "huge negative"],
+)
+def test_no_pause_but_a_positive_number(backend: kv_api.Backend, answer: object) -> None:
+    store = PausingStore(answer)
+    manager = backend.KVCacheManager(config(store))
+    write_prompt(manager, toks(8), 1)
+    write_prompt(manager, toks(8, 50), 2)
+    stats = manager.get_committed_stats()
+    assert puts(store) == 2 and (stats.remote_written, stats.remote_skipped) == (4, 0)
+
+
+def test_a_pause_ends(backend: kv_api.Backend) -> None:
+    store = PausingStore(0.3, None)
+    manager = backend.KVCacheManager(config(store))
+    write_prompt(manager, toks(4), 1)
+    write_prompt(manager, toks(4, 50), 2)  # within the pause
+    time.sleep(0.4)
+    write_prompt(manager, toks(4, 90), 3)
+    stats = manager.get_committed_stats()
+    assert puts(store) == 2 and (stats.remote_written, stats.remote_skipped) == (2, 1)
 
 
 def test_what_the_store_brings_stays_in_the_tree_when_room_empties_the_root(backend: kv_api.Backend) -> None:
