@@ -46,14 +46,9 @@ def _copy_values(values: object, buffers: Sequence[memoryview]) -> BulkResult:
     result = BulkResult()
     assert isinstance(values, list)
     for value, buffer in zip(values, buffers, strict=True):
-        if value is None:
-            break
-        if len(value) != buffer.nbytes:
-            result.bad = True
+        if not result.accept(-1 if value is None else len(value), buffer.nbytes):
             break
         buffer[:] = value
-        result.copied += 1
-        result.nbytes += len(value)
     return result
 
 
@@ -218,10 +213,10 @@ class RedisBlockStore(BlockStore):
         chain LRU on, the touch of the blocks it finds in the same round trip (the script reads
         their places from what is stored). How many were copied."""
         sha = self._script.sha()
-        commands: list[tuple[Any, ...]] = [("MGET", *keys)]
+        commands: list[tuple[Any, ...]] = [(b"MGET", *keys)]
         if sha is not None:
             args = [self.index_key, 0, b"", b"", self.max_walk, self.touch_window_s, self._ttl_ms or 0, 1, 0]
-            commands.append(("EVALSHA", sha, 0, *args, *keys))
+            commands.append((b"EVALSHA", sha.encode(), 0, *args, *keys))
         result, replies = self._exchange(commands, buffers)
         self._counters.add(hits=result.copied, bytes_read=result.nbytes, bad_values=int(result.bad))
         with contextlib.suppress(*self._faults):  # a touch refused costs no block now

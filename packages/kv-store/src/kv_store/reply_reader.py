@@ -25,11 +25,23 @@ class BulkResult:
     """What ``ReplyReader.bulks_into`` did: values copied (from the first, up to the first one
     missing or of the wrong size), their bytes, and whether a value of the wrong size stopped it."""
 
-    __slots__ = ("bad", "copied", "nbytes")
+    __slots__ = ("bad", "copied", "nbytes", "stopped")
 
     def __init__(self) -> None:
         self.copied = self.nbytes = 0
-        self.bad = False
+        self.bad = self.stopped = False
+
+    def accept(self, size: int, want: int) -> bool:
+        """Whether the next value, ``size`` bytes (-1: missing), goes into its ``want``-byte
+        buffer: from the first, while they are there and of their buffer's size (counted); the
+        first one present but of another size is a bad value."""
+        if self.stopped or size != want or size < 0:
+            self.bad |= not self.stopped and size >= 0
+            self.stopped = True
+            return False
+        self.copied += 1
+        self.nbytes += size
+        return True
 
 
 class ReplyReader:
@@ -52,22 +64,15 @@ class ReplyReader:
         if count != len(buffers):
             raise ProtocolError(f"{count} values for {len(buffers)} keys")
         result = BulkResult()
-        copying = True
         for buffer in buffers:
             line = self._line()
             size = -1 if line == b"_" else self._count(line, b"$")
-            if size < 0:
-                copying = False
-                continue
-            if copying and size == buffer.nbytes:
+            if result.accept(size, buffer.nbytes):
                 self._into(buffer)
-                result.copied += 1
-                result.nbytes += size
-            else:
-                result.bad |= copying  # present but not a value of this layout: the first one stops it
-                copying = False
-                self._skip(size)
-            self._crlf()
+            elif size >= 0:
+                self._skip(size)  # the stream goes on to the next value
+            if size >= 0:
+                self._crlf()
         return result
 
     def replies(self, count: int, errors: dict[str, type[Exception]]) -> list[Any]:
