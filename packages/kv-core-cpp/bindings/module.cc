@@ -25,6 +25,7 @@ NB_MODULE(_core, m) {
   kvcore::py::register_keys(m);
   kvcore::py::register_event_manager(m);
   kvcore::py::register_manager(m);
+  kvcore::py::register_manager_reuse(m);
   kvcore::py::register_kv_cache(m);
   kvcore::py::register_planned_drop(m);
   kvcore::py::register_batch(m);

@@ -9,6 +9,7 @@ namespace kvcore::py {
 void register_errors(nanobind::module_& m);
 void register_keys(nanobind::module_& m);
 void register_manager(nanobind::module_& m);
+void register_manager_reuse(nanobind::module_& m);  // after register_manager: adds KVCacheManager methods
 void register_event_manager(nanobind::module_& m);
 void register_kv_cache(nanobind::module_& m);
 void register_planned_drop(nanobind::module_& m);

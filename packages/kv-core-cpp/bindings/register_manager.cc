@@ -123,103 +123,6 @@ nb::object pool_memory(nb::handle self_handle, nb::handle pool_group, nb::handle
   return nb::steal(PyMemoryView_FromObject(buffer.ptr()));
 }
 
-// --- reuse -------------------------------------------------------------------------------------
-
-// The caller's tokens, viewed in place (None is no tokens); destroy it with the GIL held.
-std::unique_ptr<TokenInput> tokens_arg(PyManager& self, nb::handle tokens) {
-  return std::make_unique<TokenInput>(tokens.is_none() ? nb::tuple() : nb::borrow(tokens),
-                                      self.manager->config().key_format);
-}
-
-}  // namespace
-
-// The core keeps callbacks without the GIL, so the closure holds only borrowed pointers: the
-// callable is owned by the PyKVCache (and by the call's arguments while it is created), the
-// life-cycle objects by the PyManager.
-PriorityCallback priority_callback(nb::handle callback, PyManager& self) {
-  if (callback.is_none()) return {};
-  PyObject* fn = callback.ptr();
-  PyObject* life_cycles = self.life_cycles.ptr();
-  return [fn, life_cycles](std::int64_t ordinal, int layer_group) -> int {
-    nb::gil_scoped_acquire acquire;
-    return arg::priority(nb::handle(fn)(ordinal, nb::handle(PyTuple_GET_ITEM(life_cycles, layer_group))));
-  };
-}
-
-namespace {
-
-nb::object create_kv_cache(nb::handle self_handle, nb::handle reuse_scope_arg, nb::handle input_tokens, nb::handle id,
-                           nb::handle callback, nb::handle expected_prompt_length, nb::handle text_only,
-                           nb::handle enable_request_stats, nb::handle max_reused_tokens) {
-  PyManager& self = nb::cast<PyManager&>(self_handle);
-  const ManagerLock lock(self.manager->context());
-  self.manager->require_live();
-  arg::callable_or_none(callback);
-  const ReuseScope scope = arg::reuse_scope(reuse_scope_arg);
-  const auto input = tokens_arg(self, input_tokens);
-  const std::optional<std::int64_t> cache_id = arg::optional_count("id", id, kCacheIdLimit);
-  const std::optional<std::int64_t> expected =
-      arg::optional_count("expected_prompt_length", expected_prompt_length, kTokenLimit);
-  const std::optional<bool> text = arg::optional_bool("text_only", text_only);
-  const bool request_stats = arg::strict_bool("enable_request_stats", enable_request_stats);
-  const std::optional<std::int64_t> max_reused =
-      arg::optional_count("max_reused_tokens", max_reused_tokens, kTokenLimit);
-  PriorityCallback priority = priority_callback(callback, self);
-  std::unique_ptr<KVCache> cache;
-  {
-    nb::gil_scoped_release release;
-    cache = self.manager->create_kv_cache(scope, input->tokens(), cache_id, std::move(priority), expected, text,
-                                          request_stats, max_reused);
-  }
-  auto* py_cache = new PyKVCache{nb::borrow(self_handle), nb::borrow(callback), std::move(cache), {}};
-  return nb::cast(py_cache, nb::rv_policy::take_ownership);
-}
-
-std::int64_t probe_reuse(PyManager& self, nb::handle reuse_scope_arg, nb::handle tokens, nb::handle max_reused_tokens) {
-  const ManagerLock lock(self.manager->context());
-  self.manager->require_live();
-  const ReuseScope scope = arg::reuse_scope(reuse_scope_arg);
-  const auto input = tokens_arg(self, tokens);
-  const std::optional<std::int64_t> max_reused =
-      arg::optional_count("max_reused_tokens", max_reused_tokens, kTokenLimit);
-  nb::gil_scoped_release release;
-  return self.manager->probe_reuse(scope, input->tokens(), max_reused);
-}
-
-nb::object probe_first_new_block_key(PyManager& self, nb::handle reuse_scope_arg, nb::handle tokens,
-                                     nb::handle max_reused_tokens) {
-  const ManagerLock lock(self.manager->context());
-  self.manager->require_live();
-  const ReuseScope scope = arg::reuse_scope(reuse_scope_arg);
-  const auto input = tokens_arg(self, tokens);
-  const std::optional<std::int64_t> max_reused =
-      arg::optional_count("max_reused_tokens", max_reused_tokens, kTokenLimit);
-  std::optional<Digest> key;
-  {
-    nb::gil_scoped_release release;
-    key = self.manager->probe_first_new_block_key(scope, input->tokens(), max_reused);
-  }
-  if (!key) return nb::none();
-  return nb::bytes(reinterpret_cast<const char*>(key->data()), key->size());
-}
-
-nb::object probe_reuse_match(PyManager& self, nb::handle reuse_scope_arg, nb::handle tokens,
-                             nb::handle max_reused_tokens) {
-  const ManagerLock lock(self.manager->context());
-  self.manager->require_live();
-  const ReuseScope scope = arg::reuse_scope(reuse_scope_arg);
-  const auto input = tokens_arg(self, tokens);
-  const std::optional<std::int64_t> max_reused =
-      arg::optional_count("max_reused_tokens", max_reused_tokens, kTokenLimit);
-  KVCacheManager::ReuseMatch m{};
-  {
-    nb::gil_scoped_release release;
-    m = self.manager->probe_reuse_match(scope, input->tokens(), max_reused);
-  }
-  return api("stats.ReuseMatch")(m.num_lookup_tokens, m.num_divergence_tokens, m.num_attention_tokens,
-                                 m.num_reused_tokens);
-}
-
 // --- statistics ---------------------------------------------------------------------------------
 
 std::int64_t cache_id_arg(nb::handle cache_id) { return arg::int_between("cache_id", cache_id, 0, kCacheIdLimit); }
@@ -522,24 +425,13 @@ void define_bookkeeping(nb::class_<PyManager>& cls) {
           nb::arg("batch_size").none(), nb::arg("token_upper_bound").none());
 }
 
-// Reuse probes, caches, and the manager's end.
+// Open caches and the manager's end (reuse probes and create_kv_cache: register_manager_reuse.cc).
 void define_caches(nb::class_<PyManager>& cls) {
-  cls.def("probe_reuse_match", &probe_reuse_match, nb::arg("reuse_scope").none() = nb::none(),
-          nb::arg("tokens").none() = nb::none(), nb::arg("max_reused_tokens").none() = nb::none())
-      .def("probe_reuse", &probe_reuse, nb::arg("reuse_scope").none() = nb::none(),
-           nb::arg("tokens").none() = nb::none(), nb::arg("max_reused_tokens").none() = nb::none())
-      .def("probe_first_new_block_key", &probe_first_new_block_key, nb::arg("reuse_scope").none(),
-           nb::arg("tokens").none(), nb::arg("max_reused_tokens").none() = nb::none())
-      .def("create_kv_cache", &create_kv_cache, nb::arg("reuse_scope").none() = nb::none(),
-           nb::arg("input_tokens").none() = nb::none(), nb::arg("id").none() = nb::none(),
-           nb::arg("custom_priority_callback").none() = nb::none(),
-           nb::arg("expected_prompt_length").none() = nb::none(), nb::arg("text_only").none() = nb::none(),
-           nb::arg("enable_request_stats").none() = false, nb::arg("max_reused_tokens").none() = nb::none())
-      .def_prop_ro("num_open_kv_caches",
-                   [](PyManager& self) {
-                     const ManagerLock lock(self.manager->context());
-                     return self.manager->num_open_kv_caches();
-                   })
+  cls.def_prop_ro("num_open_kv_caches",
+                  [](PyManager& self) {
+                    const ManagerLock lock(self.manager->context());
+                    return self.manager->num_open_kv_caches();
+                  })
       .def("clear_reusable_blocks",
            [](PyManager& self) {
              nb::gil_scoped_release release;
