@@ -67,29 +67,37 @@ nb::object create_kv_cache(nb::handle self_handle, nb::handle reuse_scope_arg, n
   return nb::cast(py_cache, nb::rv_policy::take_ownership);
 }
 
+// A probe's arguments, checked in kv_core_py's order; the caller holds the manager's lock (and
+// the GIL when they are destroyed: the tokens' view).
+struct ProbeArgs {
+  ReuseScope scope;
+  std::unique_ptr<TokenInput> input;
+  std::optional<std::int64_t> max_reused;
+};
+
+ProbeArgs probe_args(PyManager& self, nb::handle reuse_scope_arg, nb::handle tokens, nb::handle max_reused_tokens) {
+  self.manager->require_live();
+  ProbeArgs a{arg::reuse_scope(reuse_scope_arg), nullptr, std::nullopt};
+  a.input = tokens_arg(self, tokens);
+  a.max_reused = arg::optional_count("max_reused_tokens", max_reused_tokens, kTokenLimit);
+  return a;
+}
+
 std::int64_t probe_reuse(PyManager& self, nb::handle reuse_scope_arg, nb::handle tokens, nb::handle max_reused_tokens) {
   const ManagerLock lock(self.manager->context());
-  self.manager->require_live();
-  const ReuseScope scope = arg::reuse_scope(reuse_scope_arg);
-  const auto input = tokens_arg(self, tokens);
-  const std::optional<std::int64_t> max_reused =
-      arg::optional_count("max_reused_tokens", max_reused_tokens, kTokenLimit);
+  const ProbeArgs a = probe_args(self, reuse_scope_arg, tokens, max_reused_tokens);
   nb::gil_scoped_release release;
-  return self.manager->probe_reuse(scope, input->tokens(), max_reused);
+  return self.manager->probe_reuse(a.scope, a.input->tokens(), a.max_reused);
 }
 
 nb::object probe_first_new_block_key(PyManager& self, nb::handle reuse_scope_arg, nb::handle tokens,
                                      nb::handle max_reused_tokens) {
   const ManagerLock lock(self.manager->context());
-  self.manager->require_live();
-  const ReuseScope scope = arg::reuse_scope(reuse_scope_arg);
-  const auto input = tokens_arg(self, tokens);
-  const std::optional<std::int64_t> max_reused =
-      arg::optional_count("max_reused_tokens", max_reused_tokens, kTokenLimit);
+  const ProbeArgs a = probe_args(self, reuse_scope_arg, tokens, max_reused_tokens);
   std::optional<Digest> key;
   {
     nb::gil_scoped_release release;
-    key = self.manager->probe_first_new_block_key(scope, input->tokens(), max_reused);
+    key = self.manager->probe_first_new_block_key(a.scope, a.input->tokens(), a.max_reused);
   }
   if (!key) return nb::none();
   return nb::bytes(reinterpret_cast<const char*>(key->data()), key->size());
@@ -98,15 +106,11 @@ nb::object probe_first_new_block_key(PyManager& self, nb::handle reuse_scope_arg
 nb::object probe_reuse_match(PyManager& self, nb::handle reuse_scope_arg, nb::handle tokens,
                              nb::handle max_reused_tokens) {
   const ManagerLock lock(self.manager->context());
-  self.manager->require_live();
-  const ReuseScope scope = arg::reuse_scope(reuse_scope_arg);
-  const auto input = tokens_arg(self, tokens);
-  const std::optional<std::int64_t> max_reused =
-      arg::optional_count("max_reused_tokens", max_reused_tokens, kTokenLimit);
+  const ProbeArgs a = probe_args(self, reuse_scope_arg, tokens, max_reused_tokens);
   KVCacheManager::ReuseMatch m{};
   {
     nb::gil_scoped_release release;
-    m = self.manager->probe_reuse_match(scope, input->tokens(), max_reused);
+    m = self.manager->probe_reuse_match(a.scope, a.input->tokens(), a.max_reused);
   }
   return api("stats.ReuseMatch")(m.num_lookup_tokens, m.num_divergence_tokens, m.num_attention_tokens,
                                  m.num_reused_tokens);
