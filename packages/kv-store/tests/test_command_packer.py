@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kv_store.command_packer import Sets, command_count, pack, send, unpacked
+from kv_store.command_packer import Command, Sets, command_count, pack, send, unpacked
 
 hiredis = pytest.importorskip("hiredis")
 
@@ -40,7 +40,7 @@ def test_sets_pack_as_their_commands(
     """A ``Sets`` among other commands: on the wire the client's packing of its SET commands,
     each value sent from the caller's object; one reply per key."""
     sets = Sets([k for k, _ in blocks], [v for _, v in blocks], tail)
-    commands = [*before, sets, *after]
+    commands: list[Command] = [*before, sets, *after]
     flat = unpacked(commands)
     assert flat == [*before, *([b"SET", k, v, *tail] for k, v in blocks), *after]
     assert command_count(commands) == len(flat)
