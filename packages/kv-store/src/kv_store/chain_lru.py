@@ -26,9 +26,9 @@ log = logging.getLogger(__name__)
 
 CHAINED_KEY_SIZE = 32  # a store key ends with the block's chained key, the header's ``key``
 
-# ARGV: index key, bytes to make room for (0: none), two unused ('' each), most ancestors to walk
-# per chain, window (s), TTL in ms (0: none), 2 to score blocks about to be written or 1 to touch
-# stored ones, the bytes the values take; then, to score, per chain its namespace, its first
+# ARGV: index key, bytes to make room for (0: none), most ancestors to walk per chain, window
+# (s), TTL in ms (0: none), 2 to score blocks about to be written or 1 to touch stored ones, the
+# bytes the values take; then, to score, per chain its namespace, its first
 # block's parent's chained key ('' for a chain's first block), its block count n and n pairs of
 # a block's key and prefix tokens (a pipeline's chains in one call: the server's memory read
 # once, one call's overhead); to touch, the keys of one chain's blocks. A touch reads each
@@ -42,8 +42,8 @@ CHAINED_KEY_SIZE = 32  # a store key ends with the block's chained key, the head
 # (u32 LE). allow-oom: at maxmemory under noeviction it still frees room.
 CHAIN_SCRIPT = """#!lua flags=allow-oom
 local index, need = ARGV[1], tonumber(ARGV[2])
-local walk, window, ttl, stride = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local size = tonumber(ARGV[9])
+local walk, window, ttl, stride = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local size = tonumber(ARGV[7])
 local function int(s, first, last)
   local n = 0
   for i = last, first, -1 do n = n * 256 + string.byte(s, i) end
@@ -57,7 +57,7 @@ local function recent(name, tokens)  -- scored less than a window ago
 end
 local chains = {}  -- per chain: its namespace, its parent's key, and per block its prefix tokens, its key
 if stride == 2 then
-  local i = 10
+  local i = 8
   while i <= #ARGV do
     local chain = {ARGV[i], ARGV[i + 1], {}}
     for j = i + 3, i + 2 + 2 * tonumber(ARGV[i + 2]), 2 do
@@ -74,11 +74,11 @@ else
     return {0, 0, 1}
   end
   local chain = {'', '', {}}
-  for i = 10, #ARGV do
+  for i = 8, #ARGV do
     local head = redis.call('GETRANGE', ARGV[i], 0, 115)
     if #head < 116 or string.sub(head, 1, 4) ~= 'KVCB' then break end
     local tokens = int(head, 105, 112)
-    if i == 10 then  -- the chain's namespace and the first block's parent
+    if i == 8 then  -- the chain's namespace and the first block's parent
       chain[1] = string.sub(ARGV[i], 1, #ARGV[i] - 32)
       if int(head, 113, 116) ~= tokens then chain[2] = string.sub(head, 73, 104) end
     end

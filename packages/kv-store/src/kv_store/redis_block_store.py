@@ -215,7 +215,7 @@ class RedisBlockStore(BlockStore):
         sha = self._script.sha()
         commands: list[tuple[Any, ...]] = [(b"MGET", *keys)]
         if sha is not None:
-            args = [self.index_key, 0, b"", b"", self.max_walk, self.touch_window_s, self._ttl_ms or 0, 1, 0]
+            args = [self.index_key, 0, self.max_walk, self.touch_window_s, self._ttl_ms or 0, 1, 0]
             commands.append((b"EVALSHA", sha.encode(), 0, *args, *keys))
         result, replies = self._exchange(commands, buffers)
         self._counters.add(hits=result.copied, bytes_read=result.nbytes, bad_values=int(result.bad))

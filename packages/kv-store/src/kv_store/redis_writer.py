@@ -261,7 +261,7 @@ class RedisWriter:
         over maxmemory the server evicts first), each chunk scored as its chain."""
         room = sum(len(job.values[i]) for job, chunk, _ in groups for i in chunk)
         store = self._store
-        args: list[object] = [b"EVALSHA", sha.encode(), 0, store.index_key, 2 * room + (64 << 10), b"", b""]
+        args: list[object] = [b"EVALSHA", sha.encode(), 0, store.index_key, 2 * room + (64 << 10)]
         args += [store.max_walk, self._window, store._ttl_ms or 0, 2, room]
         for job, chunk, parent in groups:
             tokens = cast(Chain, job.chain).tokens
