@@ -10,13 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import numpy as np
 import pytest
 
 import kv_api
 from kv_replay import trace as trace_module
 from kv_replay.cli import main
 from kv_replay.report import COMPARE_SCHEMA, SUMMARY_SCHEMA
-from kv_replay.trace import MOONCAKE_BLOCK, load_trace
+from kv_replay.synthetic import synthetic_runs
+from kv_replay.trace import MOONCAKE_BLOCK, load_trace, synthetic_tokens
 
 SMALL = ["--quiet", "--layers", "2", "--quota", "16M", "--tokens-per-block", "16"]
 
@@ -190,20 +192,33 @@ def test_a_corrupt_gzip_trace_is_named_with_its_line(tmp_path: Path, capsys: pyt
         assert why in err, err
 
 
-def test_a_mooncake_line_expands_only_the_blocks_it_keeps(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_mooncake_line_expands_only_the_blocks_it_keeps(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # A long hash_ids list and a short input_length: expanding every id (512 tokens each) could
-    # take gigabytes before the cut.
-    calls: list[int] = []
-    tokens = trace_module.synthetic_tokens
+    # take gigabytes before the cut. Each distinct id is expanded once, whichever lines name it.
+    made: list[list[int]] = []
 
-    def counting(seed: int, n: int, stream: int = 0) -> Any:
-        calls.append(seed)
-        return tokens(seed, n, stream)
+    def recording(seeds: Any, lengths: Any, stream: int = 0) -> Any:
+        made.append(seeds.tolist())
+        return synthetic_runs(seeds, lengths, stream)
 
-    monkeypatch.setattr(trace_module, "synthetic_tokens", counting)
-    prompt = trace_module.mooncake_prompt(list(range(100_000)), 600)
-    assert len(prompt) == 600 and calls == [0, 1]
-    assert (prompt[:512] == tokens(0, MOONCAKE_BLOCK, stream=1)).all()
+    monkeypatch.setattr(trace_module, "synthetic_runs", recording)
+    path = tmp_path / "long.jsonl"
+    lines = [
+        {"hash_ids": list(range(100_000)), "input_length": 600, "output_length": 2},
+        {"hash_ids": [1, 0, 7], "input_length": 1100, "output_length": 0},
+        {"hash_ids": [7, 8], "input_length": 1024, "output_length": 3},
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    first, second, third = load_trace(path)
+    assert made[0] == [0, 1, 7, 8]  # the blocks, then the outputs
+    assert [len(r.prompt) for r in (first, second, third)] == [600, 1100, 1024]
+    block = {h: synthetic_tokens(h, MOONCAKE_BLOCK, stream=1) for h in (0, 1, 7, 8)}
+    assert (first.prompt[:512] == block[0]).all() and (first.prompt[512:] == block[1][:88]).all()
+    assert (second.prompt == np.concatenate([block[1], block[0], block[7][:76]])).all()
+    assert (third.prompt == np.concatenate([block[7], block[8]])).all()
+    assert [r.output.tolist() for r in (first, second, third)] == [
+        synthetic_tokens(i, n, stream=2).tolist() for i, n in ((0, 2), (1, 0), (2, 3))
+    ]
 
 
 def test_bad_options_fail_cleanly(capsys: pytest.CaptureFixture[str]) -> None:

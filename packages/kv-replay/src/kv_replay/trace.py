@@ -24,13 +24,18 @@ import numpy as np
 from kv_api import ReuseScope
 from kv_api.keys import cache_salt_to_id
 from kv_replay.plural import plural
+from kv_replay.synthetic import synthetic_runs, synthetic_tokens
+
+__all__ = ["BUILTIN_TRACES", "MAX_TOKENS", "MOONCAKE_BLOCK", "Request", "TraceError", "load_trace", "synthetic_tokens"]
 
 MOONCAKE_BLOCK = 512
-VOCAB = 1 << 17
 #: The longest prompt or output a trace may ask for, in tokens (2**24).
 MAX_TOKENS = 1 << 24
 #: Traces shipped inside the package, by name (see traces/README.md there).
 BUILTIN_TRACES = {"mooncake-synthetic": "mooncake-synthetic.jsonl.gz"}
+
+
+_EMPTY = np.zeros(0, dtype=np.int32)
 
 
 class TraceError(ValueError):
@@ -48,28 +53,51 @@ class Request:
     name: str = field(default="")
 
 
-def _mix(x: np.ndarray[Any, np.dtype[np.uint64]]) -> np.ndarray[Any, np.dtype[np.uint64]]:
-    """A 64-bit mixer (splitmix64's finaliser), vectorised: distinct inputs, unrelated outputs."""
-    with np.errstate(over="ignore"):
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
+class _Expansion:
+    """The tokens a trace's lines name but do not list, made after the last line is parsed, in
+    two vectorised passes: each distinct Mooncake hash id's 512-token block once (a prompt is a
+    slice of that table where its blocks are consecutive rows, a gather where it reuses earlier
+    ids), and every generated output."""
 
+    def __init__(self) -> None:
+        self.rows: dict[int, int] = {}
+        self.prompts: list[tuple[Request, list[int], int]] = []
+        self.outputs: list[tuple[Request, int, int]] = []
 
-def synthetic_tokens(seed: int, n: int, stream: int = 0) -> np.ndarray[Any, np.dtype[np.int32]]:
-    """``n`` deterministic token ids for ``(stream, seed)``: equal arguments, equal tokens."""
-    start = _mix(np.array([(stream * 0x9E3779B97F4A7C15 + seed) % 2**64], dtype=np.uint64))[0]
-    with np.errstate(over="ignore"):
-        counters = np.arange(n, dtype=np.uint64) + start  # wraps modulo 2**64
-    return (_mix(counters) % np.uint64(VOCAB)).astype(np.int32)
+    def prompt(self, request: Request, hash_ids: list[int], length: int) -> None:
+        # Only the blocks the cut keeps: a line may list far more ids than its length needs.
+        needed = hash_ids[: -(-length // MOONCAKE_BLOCK)]
+        rows = self.rows
+        self.prompts.append((request, [rows.setdefault(h, len(rows)) for h in needed], length))
 
+    def output(self, request: Request, index: int, length: int) -> None:
+        self.outputs.append((request, index, length))
 
-def mooncake_prompt(hash_ids: list[int], input_length: int) -> np.ndarray[Any, np.dtype[np.int32]]:
-    """One 512-token block per hash id (the same id, the same block), cut to ``input_length``."""
-    # Only the blocks the cut keeps: a line may list far more ids than its length needs.
-    needed = -(-input_length // MOONCAKE_BLOCK)
-    blocks = [synthetic_tokens(h, MOONCAKE_BLOCK, stream=1) for h in hash_ids[:needed]]
-    return np.concatenate(blocks)[:input_length] if blocks else np.zeros(0, dtype=np.int32)
+    def finish(self) -> None:
+        table = synthetic_runs(
+            np.fromiter(self.rows, dtype=np.uint64, count=len(self.rows)),
+            np.full(len(self.rows), MOONCAKE_BLOCK, dtype=np.int64),
+            stream=1,
+        )
+        # The prompts that reuse earlier ids are gathered in one pass into one array: one large
+        # allocation instead of one per prompt, each faulting its pages in on first write.
+        gathered = [(r, rows, n) for r, rows, n in self.prompts if rows != list(range(rows[0], rows[0] + len(rows)))]
+        index = np.fromiter(itertools.chain.from_iterable(rows for _, rows, _ in gathered), dtype=np.int64)
+        copies = table.reshape(-1, MOONCAKE_BLOCK)[index].reshape(-1)
+        first = 0
+        for request, rows, length in gathered:
+            request.prompt = copies[first : first + length]
+            first += len(rows) * MOONCAKE_BLOCK
+        for request, rows, length in self.prompts:
+            if request.prompt is _EMPTY:  # its blocks are consecutive rows of the table
+                request.prompt = table[rows[0] * MOONCAKE_BLOCK : rows[0] * MOONCAKE_BLOCK + length]
+        if not self.outputs:
+            return
+        lengths = np.fromiter((n for _, _, n in self.outputs), dtype=np.int64, count=len(self.outputs))
+        seeds = np.fromiter((i for _, i, _ in self.outputs), dtype=np.uint64, count=len(self.outputs))
+        tokens = synthetic_runs(seeds, lengths, stream=2)
+        for (request, _, _), output in zip(self.outputs, np.split(tokens, np.cumsum(lengths)[:-1]), strict=True):
+            request.output = output
 
 
 def _int(where: str, record: dict[str, Any], key: str, low: int = 0, high: int = MAX_TOKENS) -> int:
@@ -137,8 +165,9 @@ def _scope(where: str, record: dict[str, Any]) -> ReuseScope | None:
     return ReuseScope(lora, cache_salt_to_id(salt) if salt is not None else None)
 
 
-def parse_record(where: str, record: Any, index: int) -> Request:
-    """One trace line's object as a request (Mooncake if it has ``hash_ids``, else kvcore)."""
+def parse_record(where: str, record: Any, index: int, expansion: _Expansion) -> Request:
+    """One trace line's object as a request (Mooncake if it has ``hash_ids``, else kvcore), whose
+    generated tokens ``expansion`` makes later."""
     if not isinstance(record, dict):
         raise TraceError(f"{where}: expected a JSON object")
     arrival = _arrival(where, record, index)
@@ -156,21 +185,23 @@ def parse_record(where: str, record: Any, index: int) -> Request:
                 f"{where}: field 'input_length': {tokens} its {plural(len(hash_ids), 'block')} "
                 f"('hash_ids') of {MOONCAKE_BLOCK} tokens"
             )
-        output = synthetic_tokens(index, _int(where, record, "output_length"), stream=2)
-        return Request(mooncake_prompt(hash_ids, length), output, scope, arrival, f"request {index}")
+        request = Request(_EMPTY, _EMPTY, scope, arrival, f"request {index}")
+        expansion.prompt(request, hash_ids, length)
+        expansion.output(request, index, _int(where, record, "output_length"))
+        return request
     if "tokens" not in record:
         raise TraceError(f"{where}: expected a field 'hash_ids' (Mooncake) or 'tokens' (kvcore)")
     prompt = _tokens(where, record, "tokens")
     if len(prompt) == 0:
         raise TraceError(f"{where}: field 'tokens': must not be empty")
-    if "output" in record:
-        output = _tokens(where, record, "output")
-    else:
-        output = synthetic_tokens(index, _int(where, record, "output_length"), stream=2)
+    output = _tokens(where, record, "output") if "output" in record else _EMPTY
     name = record.get("name")
     if not (isinstance(name, (int, float)) and not isinstance(name, bool)):  # a number labels too
         name = _text(where, record, "name")
-    return Request(prompt, output, scope, arrival, f"request {index}" if name is None else str(name))
+    request = Request(prompt, output, scope, arrival, f"request {index}" if name is None else str(name))
+    if "output" not in record:
+        expansion.output(request, index, _int(where, record, "output_length"))
+    return request
 
 
 def _not_json(constant: str) -> Any:
@@ -245,10 +276,12 @@ def load_trace(path: str | Path, limit: int | None = None) -> list[Request]:
     arrival order (stable); ``TraceError`` names the file and line of the first malformed one,
     before anything runs."""
     requests: list[Request] = []
+    expansion = _Expansion()
     with _open(path) as (f, name):
         for where, line in _lines(f, name, limit):
-            requests.append(parse_record(where, _parse(where, line), len(requests)))
+            requests.append(parse_record(where, _parse(where, line), len(requests), expansion))
     if not requests:
         raise TraceError(f"{name}: no requests")
+    expansion.finish()
     requests.sort(key=lambda r: r.arrival)
     return requests
