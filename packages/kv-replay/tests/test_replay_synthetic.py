@@ -1,4 +1,5 @@
-"""Synthetic token ids: the vectorised runs against a token-at-a-time reference in Python ints."""
+"""Synthetic token ids: the vectorised runs against a token-at-a-time reference in Python ints; the
+populated arrays they are written to."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kv_replay import populated as populated_module
 from kv_replay import synthetic
+from kv_replay.populated import populated
 from kv_replay.synthetic import synthetic_runs, synthetic_tokens
 
 MASK = 2**64 - 1
@@ -49,3 +52,11 @@ def test_a_long_run_crosses_chunks() -> None:
     assert len(tokens) == n
     for i in (0, synthetic.CHUNK - 1, synthetic.CHUNK, n - 1):
         assert int(tokens[i]) == reference(7, i + 1, 2)[i]
+
+
+def test_populated_arrays_are_writable_and_sized() -> None:
+    for n in (0, 5, populated_module.SMALL, populated_module.SMALL + 3):
+        a = populated(n, np.int32)
+        assert a.dtype == np.int32 and a.shape == (n,) and a.flags.writeable
+        a[:] = 7
+        assert (a == 7).all()

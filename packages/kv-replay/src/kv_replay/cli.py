@@ -18,8 +18,7 @@ from typing import Any, NoReturn
 
 import kv_api
 from kv_api.errors import BackendError
-from kv_replay import engine_command
-from kv_replay.engine_command import EngineError
+from kv_replay.engine_flags import EngineError, add_parser
 from kv_replay.events_command import EventsError, events
 from kv_replay.flag_types import disk_path_flag, integer, progress_flags, quotas, remote_flag, size
 from kv_replay.model import MAX_LAYERS, Layers, ModelError
@@ -93,7 +92,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action=_Version)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _replay_parser(sub)
-    engine_command.add_parser(sub)
+    add_parser(sub)
     _events_parser(sub)
     sub.add_parser(
         "backends", help="list installed backends and their build info", description="List installed backends."
@@ -293,8 +292,10 @@ def main(argv: list[str] | None = None) -> int:
             return events(args)
         if args.command == "engine":
             with terminate_as_interrupt():
+                from kv_replay.engine_command import engine  # only here: the replay does not need it
+
                 (backend,) = chosen_backends(args.backend)
-                return engine_command.engine(args, backend)
+                return engine(args, backend)
         options = ReplayOptions.from_flags(args)  # the flags' values checked together
         with terminate_as_interrupt():  # SIGTERM cleans up as Ctrl-C does, below
             return replay(options, chosen_backends(options.backend, options.compare))

@@ -2,7 +2,8 @@
 
 It is drawn only when stderr is a terminal or when asked (``--progress``), so that pipes, logs
 and tests read no carriage returns; ``--quiet`` turns it off. A bar that is not drawn gives the
-replayer no callback at all, so it costs nothing per step.
+replayer no callback at all, so it costs nothing per step; tqdm is imported only for a bar that
+is drawn.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import sys
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TextIO
-
-from tqdm import tqdm
 
 __all__ = ["ProgressBar"]
 
@@ -35,6 +34,8 @@ class ProgressBar:
 
     def _update(self, done: int, total: int) -> None:
         if self._bar is None:
+            from tqdm import tqdm
+
             # A terminal that reports no size (a fresh pty) would get no bar at all: assume 80x24.
             unsized = _columns(self.stream) == 0
             self._bar = tqdm(

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from kv_replay.populated import populated
+
 VOCAB = 1 << 17
 GOLDEN = 0x9E3779B97F4A7C15
 _MIXERS = ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB))
@@ -47,7 +49,7 @@ def synthetic_runs(seeds: U64, lengths: np.ndarray[Any, np.dtype[np.int64]], str
     seeds, lengths = seeds[kept], lengths[kept].astype(np.int64)
     ends = np.cumsum(lengths)
     offsets = ends - lengths
-    out = np.empty(int(ends[-1]) if len(ends) else 0, dtype=np.int32)
+    out = populated(int(ends[-1]) if len(ends) else 0, np.int32)
     with np.errstate(over="ignore"):
         starts = _mix(seeds + np.uint64(stream * GOLDEN % 2**64))  # wraps modulo 2**64
         # The counter at output position p of run r is starts[r] + (p - offsets[r]): one base per run.

@@ -24,6 +24,7 @@ import numpy as np
 from kv_api import ReuseScope
 from kv_api.keys import cache_salt_to_id
 from kv_replay.plural import plural
+from kv_replay.populated import populated
 from kv_replay.synthetic import synthetic_runs, synthetic_tokens
 
 __all__ = ["BUILTIN_TRACES", "MAX_TOKENS", "MOONCAKE_BLOCK", "Request", "TraceError", "load_trace", "synthetic_tokens"]
@@ -79,11 +80,12 @@ class _Expansion:
             np.full(len(self.rows), MOONCAKE_BLOCK, dtype=np.int64),
             stream=1,
         )
-        # The prompts that reuse earlier ids are gathered in one pass into one array: one large
-        # allocation instead of one per prompt, each faulting its pages in on first write.
+        # The prompts that reuse earlier ids are gathered in one pass into one array ("clip": the
+        # rows are valid, and numpy buffers the whole output of a take that checks them).
         gathered = [(r, rows, n) for r, rows, n in self.prompts if rows != list(range(rows[0], rows[0] + len(rows)))]
         index = np.fromiter(itertools.chain.from_iterable(rows for _, rows, _ in gathered), dtype=np.int64)
-        copies = table.reshape(-1, MOONCAKE_BLOCK)[index].reshape(-1)
+        copies = populated(len(index) * MOONCAKE_BLOCK, np.int32)
+        np.take(table.reshape(-1, MOONCAKE_BLOCK), index, axis=0, out=copies.reshape(-1, MOONCAKE_BLOCK), mode="clip")
         first = 0
         for request, rows, length in gathered:
             request.prompt = copies[first : first + length]
