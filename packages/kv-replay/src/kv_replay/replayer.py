@@ -351,6 +351,10 @@ class Replayer:
         self.done = 0
         self.pending: deque[_Queued] = deque()
         self.waiting = None
+        # Free and evictable slots per pool group: as the last step left them, and when the
+        # waiting request last failed to start.
+        self._room: list[int] = []
+        self._room_failed: list[int] = []
         self.running: list[_Live] = []  # oldest first
         # Running requests with their whole output, oldest first: closed in the next step after
         # its admissions; and by step, those generating their last token in it.
@@ -393,13 +397,17 @@ class Replayer:
         wall = _now()
         running = self.running
         done_before = self.done
-        if self.waiting is not None:
+        # A waiting request tries again only once some pool group has more room than when it
+        # failed: until then its pages still cannot be found, and a try costs a prefix walk.
+        if self.waiting is not None and (not running or self._room_grew()):
             if self._start(self.waiting):
                 self._run(self.waiting)
                 self.waiting = None
             elif not running:  # alone with the whole pool and still cannot start: never will
                 self._finish(self.waiting, rejected=True)
                 self.waiting = None
+            else:
+                self._room_failed = self._room_now()
         # First come, first served: nothing is admitted past a waiting request.
         while self.waiting is None and self.pending and len(running) < self.max_in_flight:
             live = self._admit(self.pending.popleft())
@@ -407,6 +415,7 @@ class Replayer:
                 self._run(live)
             elif running:
                 self.waiting = live
+                self._room_failed = self._room_now()
             else:
                 self._finish(live, rejected=True)
         for live in self.complete:
@@ -424,6 +433,16 @@ class Replayer:
         if self.progress is not None:
             self.progress(self.done, len(self.requests))
         self.wall_seconds += _now() - wall
+
+    def _room_now(self) -> list[int]:
+        """Free and evictable slots of every pool group."""
+        self._room = [s.free + s.evictable for s in self.manager.get_storage_statistics()]
+        return self._room
+
+    def _room_grew(self) -> bool:
+        """Whether some pool group has more room now (as the last step left it) than when the
+        waiting request last failed to start."""
+        return any(now > then for now, then in zip(self._room, self._room_failed, strict=True))
 
     def end(self) -> ReplayResult:
         self.result.steps = self.steps
@@ -446,8 +465,11 @@ class Replayer:
         stats = self.manager.get_storage_statistics()
         if len(stats) == 1:  # the usual single pool group, without the generators' cost
             (s,) = stats
-            utilization, occupancy = (s.total - s.free - s.evictable) / s.total, (s.total - s.free) / s.total
+            available = s.free + s.evictable
+            self._room = [available]
+            utilization, occupancy = (s.total - available) / s.total, (s.total - s.free) / s.total
         else:
+            self._room = [s.free + s.evictable for s in stats]
             utilization, occupancy = max(s.unavailable / s.total for s in stats), _occupancy(stats)
         self.result.samples.append(Sample(step, self.done, self.admitted_prompt, self.reused, utilization, occupancy))
 
