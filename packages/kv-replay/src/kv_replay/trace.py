@@ -196,13 +196,15 @@ def parse_record(where: str, record: Any, index: int, expansion: _Expansion) -> 
     prompt = _tokens(where, record, "tokens")
     if len(prompt) == 0:
         raise TraceError(f"{where}: field 'tokens': must not be empty")
-    output = _tokens(where, record, "output") if "output" in record else _EMPTY
+    listed = "output" in record
+    output = _tokens(where, record, "output") if listed else _EMPTY
+    generated = 0 if listed else _int(where, record, "output_length")
     name = record.get("name")
     if not (isinstance(name, (int, float)) and not isinstance(name, bool)):  # a number labels too
         name = _text(where, record, "name")
     request = Request(prompt, output, scope, arrival, f"request {index}" if name is None else str(name))
-    if "output" not in record:
-        expansion.output(request, index, _int(where, record, "output_length"))
+    if not listed:
+        expansion.output(request, index, generated)
     return request
 
 
