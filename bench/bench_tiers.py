@@ -13,12 +13,15 @@ and the hot path with tiers configured against without, per backend, side by sid
   against the device level alone.
 
 Each figure is the best of ``--repeat`` rounds, each the second of two cycles on one manager,
-so the pools and disk blocks are touched ones, as the raw copies' buffers and file are.
+so the pools and disk blocks are touched ones, as the raw copies' buffers and file are; and
+the first cycle's device -> host, into host memory never written, against ``memcpy`` into a
+fresh mapping (first touch: a page fault per page) and between touched buffers.
 """
 
 from __future__ import annotations
 
 import argparse
+import mmap
 import os
 import tempfile
 import time
@@ -95,7 +98,8 @@ def tier_round(backend: kv_api.Backend, pages: int, page_bytes: int, below: str,
             memory[s * slot : (s + 1) * slot] = cycle + 1
         a.suspend()
         b = active(m)
-        out["down"] = timed(partial(b.resize, pages * TPB))
+        # The first cycle's pages fall into host memory never written before.
+        out["down_first" if cycle == 0 else "down"] = timed(partial(b.resize, pages * TPB))
         assert b.num_blocks == pages and list(a.get_page_levels(0)) == [1] * pages
         b.close()
         cold = below == "disk" and cycle == 0  # the first way up reads from the device
@@ -112,12 +116,25 @@ def tier_round(backend: kv_api.Backend, pages: int, page_bytes: int, below: str,
     return out
 
 
+def memcpy_into_fresh(src: np.ndarray) -> float:
+    """memcpy into an anonymous mapping never written before: every page faults in."""
+    fresh = mmap.mmap(-1, src.size, flags=mmap.MAP_PRIVATE)
+    into = np.frombuffer(fresh, dtype=np.uint8)
+    start = time.perf_counter()
+    np.copyto(into, src)
+    seconds = time.perf_counter() - start
+    del into  # a view must go before its mapping closes
+    fresh.close()
+    return seconds
+
+
 def raw_round(size: int, path: str) -> dict[str, float]:
     """memcpy between touched buffers; pwrite (over blocks written once before) and pread of a
     file on the same file system."""
     src = np.full(size, 1, dtype=np.uint8)
     dst = np.full(size, 2, dtype=np.uint8)
     out = {"memcpy": timed(lambda: np.copyto(dst, src))}
+    out["memcpy_fresh"] = memcpy_into_fresh(src)
     fd, name = tempfile.mkstemp(dir=path)
     try:
         write_all(fd, src.data)
@@ -164,7 +181,8 @@ def main() -> None:
     print(f"{pages} pages of {args.page_kib} KiB ({size / 2**30:.2f} GiB) each way; disk tier in {args.disk_path}\n")
     print(
         f"raw, same bytes: memcpy {raw['memcpy'] * 1e3:.0f} ms, pwrite {raw['pwrite'] * 1e3:.0f} ms, "
-        f"pread {raw['pread'] * 1e3:.0f} ms, cold pread {raw['pread_cold'] * 1e3:.0f} ms\n"
+        f"pread {raw['pread'] * 1e3:.0f} ms, cold pread {raw['pread_cold'] * 1e3:.0f} ms; "
+        f"memcpy into memory never written {raw['memcpy_fresh'] * 1e3:.0f} ms\n"
     )
     print(
         "| backend | device->host (ms) | x memcpy | host->device (ms) | x memcpy "
@@ -173,9 +191,11 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     tokens = np.random.default_rng(0).integers(0, 2**31, args.tokens, dtype=np.int32)
     hot: dict[str, tuple[dict[str, float], dict[str, float]]] = {}
+    first: dict[str, float] = {}
     for name in args.backend or kv_api.available_backends():
         backend = kv_api.load_backend(name)
         host = best([tier_round(backend, pages, page_bytes, "host", args.disk_path) for _ in range(args.repeat)])
+        first[name] = host["down_first"]
         disk = best([tier_round(backend, pages, page_bytes, "disk", args.disk_path) for _ in range(args.repeat)])
         print(
             f"| {name} | {host['down'] * 1e3:.0f} | {host['down'] / raw['memcpy']:.2f} | "
@@ -188,6 +208,10 @@ def main() -> None:
             measure_manager(backend, tokens, 32, args.repeat, 2000),
             measure_manager(backend, tokens, 32, args.repeat, 2000, tiers_in=args.disk_path),
         )
+    print("\n| backend | device->host, host memory never written (ms) | x memcpy | x memcpy into it |")
+    print("|---|---|---|---|")
+    for name, t in first.items():
+        print(f"| {name} | {t * 1e3:.0f} | {t / raw['memcpy']:.2f} | {t / raw['memcpy_fresh']:.2f} |")
     print(
         "\n| backend | cached admission (ms), device only | with host + disk | x "
         "| decode step (us), device only | with host + disk | x |"

@@ -17,6 +17,16 @@ PoolGroup::PoolGroup(int index, const std::vector<std::uint64_t>& slot_sizes, st
   }
 }
 
+std::vector<std::uint64_t> PoolGroup::allocate(std::uint64_t n) {
+  std::vector<std::uint64_t> slots = allocator.allocate(n);
+  populate(allocator.next_fresh());
+  return slots;
+}
+
+void PoolGroup::populate(std::uint64_t end) {
+  for (MemoryPool& pool : pools) pool.populate(end * pool.slot_size());
+}
+
 std::vector<MemoryPool> PoolGroup::new_memory(std::uint64_t num_slots) const {
   std::vector<MemoryPool> out;
   out.reserve(pools.size());
@@ -28,6 +38,7 @@ void PoolGroup::remap(std::uint64_t num_slots, std::vector<MemoryPool> memory,
                       const std::vector<std::uint64_t>& occupied) {
   for (std::size_t p = 0; p < pools.size() && p < memory.size(); ++p) {
     const std::uint64_t size = pools[p].slot_size();
+    memory[p].populate(std::min(allocator.next_fresh(), num_slots) * size);
     for (std::uint64_t s : occupied) std::memcpy(memory[p].data() + s * size, pools[p].data() + s * size, size);
   }
   if (!pools.empty()) {

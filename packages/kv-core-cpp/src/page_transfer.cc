@@ -98,6 +98,7 @@ void PageTransfer::import_pages(int level, const std::vector<ImportPage>& pages,
       group.disk_pools[p].write(page.slot, buffer + offset, group.slot_sizes[p]);
       offset += group.slot_sizes[p];
     }
+    group.populate(page.slot + 1);
     for (std::size_t p = 0; p < group.pools.size(); ++p) {
       const std::uint64_t size = group.slot_sizes[p];
       runs.push_back({reinterpret_cast<std::uintptr_t>(buffer + offset),
@@ -118,6 +119,9 @@ std::vector<std::uint64_t> PageTransfer::copy(CacheLevel& src, CacheLevel& dst, 
   PoolGroup& to = dst.pool_groups[pool_group];
   std::uint64_t bytes = 0;
   std::vector<std::uint64_t> bad;
+  std::uint64_t end = 0;
+  for (const SlotRun& r : runs) end = std::max(end, r.dst + r.count);
+  to.populate(end);                      // a disk level has no memory pools
   if (src.is_disk() && dst.is_disk()) {  // within the disk tier (a quota resize's defragmentation)
     for (std::size_t p = 0; p < from.disk_pools.size(); ++p) {
       DiskPool& disk = from.disk_pools[p];

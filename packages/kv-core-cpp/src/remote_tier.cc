@@ -225,7 +225,7 @@ std::vector<std::vector<Page*>> RemoteTier::fill(const std::uint8_t* buffer, con
   // New pages on the last local level (room made) for the kept pages, their bytes copied in.
   std::vector<std::vector<std::uint64_t>> slots;
   CacheLevel& level = storage_.level(level_);
-  for (std::size_t pg = 0; pg < need.size(); ++pg) slots.push_back(level.pool_groups[pg].allocator.allocate(need[pg]));
+  for (std::size_t pg = 0; pg < need.size(); ++pg) slots.push_back(level.pool_groups[pg].allocate(need[pg]));
   std::vector<std::size_t> next(need.size(), 0);
   std::vector<std::vector<Page*>> pages;
   std::vector<ImportPage> copies;

@@ -111,7 +111,7 @@ std::vector<Page*> Storage::new_pages(const std::vector<std::pair<int, int>>& re
   for (const auto& r : requests) ++need[config_.pool_group_of(r.first)];
   make_room(0, need);
   std::vector<std::vector<std::uint64_t>> slots;
-  for (PoolGroup& pg : pool_groups()) slots.push_back(pg.allocator.allocate(need[pg.index]));
+  for (PoolGroup& pg : pool_groups()) slots.push_back(pg.allocate(need[pg.index]));
   std::vector<std::size_t> next(pool_groups().size(), 0);
   std::vector<Page*> pages;
   for (const auto& [layer_group, priority] : requests) {
@@ -177,7 +177,7 @@ void Storage::resize_level(int level, const SlotCounts& counts, const std::vecto
     // A corrupt page moves with its bytes, still failing its checksum: found when read up.
     transfer_.copy(*levels_[level], *levels_[level], group.index, moves);
     group.allocator.resize(n);
-    group.allocator.allocate(movers.size());
+    group.allocate(movers.size());
     for (std::size_t i = 0; i < movers.size(); ++i) movers[i]->slot = slots[i];
     std::vector<std::uint64_t> occupied;
     for (const Page* p : mine) occupied.push_back(p->slot);

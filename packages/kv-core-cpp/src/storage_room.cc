@@ -224,7 +224,7 @@ void Storage::move(const std::vector<Page*>& pages, int dst_level) {
     }
     forget_corrupt(corrupt);
   }
-  group.allocator.allocate(pages.size());
+  group.allocate(pages.size());
   for (std::size_t i = 0; i < pages.size(); ++i) {
     Page* page = pages[i];
     dequeue(page);

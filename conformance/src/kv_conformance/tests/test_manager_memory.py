@@ -1,11 +1,14 @@
-"""Pool memory is reserved address space, committed only where it is written (docs/manager.md,
-"Pools"): a quota several times the machine's memory builds and stays small, and a quota beyond
+"""Pool memory is reserved address space, committed only as slots are handed out (docs/manager.md,
+"Pools"): a quota several times the machine's memory builds and stays small, the slots a cache
+takes are committed before anything writes them, and a quota beyond
 the address space raises ``HostOOMError`` with the same message on every backend, leaving
 nothing mapped; the error of a level's memory or files says which level (``level``)."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
+import mmap
 import re
 from pathlib import Path
 from typing import Any
@@ -80,6 +83,48 @@ def test_a_quota_beyond_physical_memory_builds_and_stays_small(backend: kv_api.B
     last = pool_group_of(manager, 0).num_slots - 1
     assert slot_bytes(manager, 0, last) == bytes(SLOT)  # never written: reads as zeros
     assert rss() - before < 16 * MIB
+    cache.close()
+
+
+def populate_write_works() -> bool:
+    """Whether this kernel has ``MADV_POPULATE_WRITE`` (Linux 5.14)."""
+    page = mmap.mmap(-1, mmap.PAGESIZE, flags=mmap.MAP_PRIVATE)
+    try:
+        page.madvise(getattr(mmap, "MADV_POPULATE_WRITE", 23), 0, mmap.PAGESIZE)
+        return True
+    except OSError:
+        return False
+    finally:
+        page.close()
+
+
+def resident(memory: Any, begin: int, end: int) -> list[bool]:
+    """Whether each memory page of ``memory[begin:end]`` (page-aligned) is in RAM (mincore)."""
+    base = ctypes.addressof(ctypes.c_char.from_buffer(memory))
+    pages = (end - begin) // mmap.PAGESIZE
+    vec = (ctypes.c_ubyte * pages)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    assert libc.mincore(base + begin, end - begin, vec) == 0, ctypes.get_errno()
+    return [bool(v & 1) for v in vec]
+
+
+def test_the_slots_a_cache_takes_are_committed_before_they_are_written(backend: kv_api.Backend) -> None:
+    """Handed out, a slot's memory is populated in 2 MiB steps (so the engine's writes and the
+    tiers' copies into it take no page faults), and nothing far beyond the slots in use is."""
+    if not populate_write_works():
+        pytest.skip("the kernel lacks MADV_POPULATE_WRITE: pages fault in as they are written")
+    manager = make_manager(backend, config(256 * MIB))
+    cache = active(manager, 200 * TPB)
+    assert sorted(cache.get_base_page_indices(0)) == list(range(200))
+    memory = manager.pool_memory(0, 0)
+    in_use = 200 * SLOT  # 3.125 MiB: committed to the next 2 MiB boundary
+    assert all(resident(memory, 0, in_use))
+    assert not any(resident(memory, 4 * MIB, 8 * MIB))
+    assert cache.resize(300 * TPB)  # past the boundary: the next chunk
+    assert all(resident(memory, 0, 300 * SLOT))
+    assert not any(resident(memory, 6 * MIB, 8 * MIB))
+    del memory
     cache.close()
 
 

@@ -46,6 +46,11 @@ class PoolGroup {
   std::vector<MemoryPool> retired_pools;  // replaced by a quota resize, kept for the views exported
 
   std::uint64_t num_slots() const { return allocator.num_slots(); }
+  // n slot ids (allocator.allocate's), the memory below every fresh one committed (populate).
+  std::vector<std::uint64_t> allocate(std::uint64_t n);
+  // Commits the memory pools' bytes of the slots below `end` (MemoryPool::populate): before
+  // anything is copied or written into them.
+  void populate(std::uint64_t end);
   // The pools a resize to num_slots maps (Error(kHostOOM) before anything changes).
   std::vector<MemoryPool> new_memory(std::uint64_t num_slots) const;
   // Takes `memory` (from new_memory) as the pools, copying the `occupied` slots (all below

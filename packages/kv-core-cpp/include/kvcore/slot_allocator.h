@@ -23,6 +23,8 @@ class SlotAllocator {
   // n slot ids, all or none (Error kOutOfPages).
   std::vector<std::uint64_t> allocate(std::uint64_t n);
   void release(std::uint64_t slot) { recycled_.push_back(slot); }
+  // Every id handed out since the last shrink is below it.
+  std::uint64_t next_fresh() const { return next_fresh_; }
   // The ids allocate(n) would hand out now (after resize(below)), without taking them.
   std::vector<std::uint64_t> peek(std::uint64_t n, std::optional<std::uint64_t> below = std::nullopt) const;
   // Hand out ids below num_slots from now on; every id at or above it must be free.

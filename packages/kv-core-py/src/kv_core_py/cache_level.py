@@ -55,6 +55,18 @@ class PoolGroup:
         stats = self.statistics()
         return stats.unavailable / stats.total if stats.total else 0.0
 
+    def allocate(self, n: int) -> list[int]:
+        """``n`` slot ids (the allocator's), the memory below every fresh one committed."""
+        slots = self.allocator.allocate(n)
+        self.populate(self.allocator.next_fresh)
+        return slots
+
+    def populate(self, end: int) -> None:
+        """Commit the memory pools' bytes of the slots below ``end`` (``MemoryPool.populate``):
+        before anything is copied or written into them."""
+        for pool in self.pools:
+            pool.populate(end * pool.slot_size)
+
     def new_memory(self, num_slots: int) -> list[MemoryPool]:
         """The pools a resize to ``num_slots`` maps (a host refusal raises before anything changes)."""
         return [MemoryPool(num_slots, pool.slot_size) for pool in self.pools]
@@ -65,6 +77,7 @@ class PoolGroup:
         readable (they keep the old mapping) but no longer see the pages."""
         for old, new in zip(self.pools, memory, strict=True):
             src, dst, size = old.view(), new.view(), old.slot_size
+            new.populate(min(self.allocator.next_fresh, num_slots) * size)
             for s in occupied:
                 dst[s * size : (s + 1) * size] = src[s * size : (s + 1) * size]
         if self.pools:

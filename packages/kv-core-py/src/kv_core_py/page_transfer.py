@@ -79,6 +79,7 @@ class PageTransfer:
                 disk.ensure_backed(slot + 1)
                 disk.write(slot, view[offset : offset + disk.slot_size])
                 offset += disk.slot_size
+            group.populate(slot + 1)
             for pool in group.pools:
                 runs.append((base + offset, pool.base_address + slot * pool.slot_size, pool.slot_size))
                 offset += pool.slot_size
@@ -104,6 +105,7 @@ class PageTransfer:
         runs = slot_runs(pairs)
         src, dst = self.levels[src_level].pool_groups[pool_group], self.levels[dst_level].pool_groups[pool_group]
         bad: set[int] = set()
+        dst.populate(max(d + n for _, d, n in runs))  # a disk level has no memory pools
         if src.on_disk and dst.on_disk:  # within the disk tier (a quota resize's defragmentation)
             for disk in src.disk_pools:
                 for s, d, n in runs:

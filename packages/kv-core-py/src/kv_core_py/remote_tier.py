@@ -180,7 +180,7 @@ class RemoteTier:
     def _fill(self, buffer: bytearray, kept: list[list[bool]], need: list[int]) -> list[list[Page | None]]:
         """New pages on the last local level (room made) for the ``kept`` pages, their bytes copied in."""
         storage, level = self.storage, self.level
-        slots = [storage.levels[level].pool_groups[pg].allocator.allocate(k) for pg, k in enumerate(need)]
+        slots = [storage.levels[level].pool_groups[pg].allocate(k) for pg, k in enumerate(need)]
         handed = [iter(s) for s in slots]
         pages: list[list[Page | None]] = []
         copies: list[tuple[int, int, int]] = []

@@ -19,6 +19,11 @@ class SlotAllocator:
     def num_free(self) -> int:
         return len(self._recycled) + self.num_slots - self._next_fresh
 
+    @property
+    def next_fresh(self) -> int:
+        """Every id handed out since the last shrink is below it."""
+        return self._next_fresh
+
     def allocate(self, n: int) -> list[int]:
         """``n`` slot ids, all or none (``OutOfPagesError``)."""
         if n > self.num_free:

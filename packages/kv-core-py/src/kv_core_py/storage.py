@@ -141,7 +141,7 @@ class Storage:
         for layer_group, _ in requests:
             need[self.config.pool_group_of(layer_group)] += 1
         self.make_room(0, need)
-        slots = [pg.allocator.allocate(n) for pg, n in zip(self.pool_groups, need, strict=True)]
+        slots = [pg.allocate(n) for pg, n in zip(self.pool_groups, need, strict=True)]
         handed = [iter(s) for s in slots]  # each group's slots, in allocation order
         return [
             Page(next(handed[p]), layer_group, p, priority)
@@ -322,7 +322,7 @@ class Storage:
         if bad:
             corrupt = set(bad)
             self.forget_corrupt([p for p in pages if p.slot in corrupt])
-        group.allocator.allocate(len(pages))
+        group.allocate(len(pages))
         for page, slot in zip(pages, slots, strict=True):
             self._dequeue(page)
             self.free(page)
@@ -363,7 +363,7 @@ class Storage:
             # A corrupt page moves with its bytes, still failing its checksum: found when read up.
             self.transfer.copy(level, level, pg, [(p.slot, s) for p, s in zip(movers, slots, strict=True)])
             group.allocator.resize(n)
-            group.allocator.allocate(len(movers))
+            group.allocate(len(movers))
             for page, slot in zip(movers, slots, strict=True):
                 page.slot = slot
             group.remap(n, memory[pg], sorted(p.slot for p in mine))
