@@ -380,6 +380,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/bench_keys.py", *session.posargs)
     session.run("python", "bench/bench_manager.py")
     session.run("python", "bench/bench_tiers.py")
+    session.run("python", "bench/bench_scale.py", "--tiers")  # up to 10^7 blocks: ~8 GB, a few minutes
     session.run("python", "bench/bench_events.py")
     session.run("python", "bench/bench_replay_vs_mocker.py")  # skips the mocker's row without ai-dynamo-runtime
     session.run("python", "bench/bench_command.py")  # whole processes; skips the mocker without ai-dynamo-runtime
