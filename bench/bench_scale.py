@@ -191,7 +191,9 @@ def timings(manager: Any, prompts: int, samples: int) -> dict[str, float]:
 def run_point(backend: str, blocks: int, tiers: bool, samples: int) -> dict[str, float]:
     """``point`` in a fresh process."""
     args = [sys.executable, __file__, "--point", backend, str(blocks), "--samples", str(samples)]
-    done = subprocess.run([*args, *(["--tiers"] if tiers else [])], check=True, capture_output=True, text=True)
+    done = subprocess.run([*args, *(["--tiers"] if tiers else [])], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"bench_scale.py: the {backend} point with {blocks:,} blocks failed:\n{done.stderr}")
     result: dict[str, float] = json.loads(done.stdout)
     return result
 
@@ -222,14 +224,23 @@ def main() -> None:
     if args.point is not None:
         print(json.dumps(point(args.point[0], int(args.point[1]), args.tiers, args.samples)))
         return
-    sizes = [int(float(s)) for s in args.sizes.split(",")]
+    try:
+        sizes = [int(float(s)) for s in args.sizes.split(",")]
+    except ValueError:
+        parser.error(f"--sizes: expected comma-separated block counts, got {args.sizes!r}")
+    if args.samples < 1:
+        parser.error("--samples: must be at least 1")
     if any(s < BLOCKS_PER_PROMPT for s in sizes):
         parser.error(f"--sizes: each size must be at least {BLOCKS_PER_PROMPT} blocks (one prompt)")
     for tiers in (False, True) if args.tiers else (False,):
         for backend in kv_api.available_backends():
             chosen = [s for s in sizes if backend != "py" or s <= args.python_max]
-            table(backend, tiers, [run_point(backend, s, tiers, args.samples) for s in chosen])
+            if chosen:
+                table(backend, tiers, [run_point(backend, s, tiers, args.samples) for s in chosen])
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit(130)
