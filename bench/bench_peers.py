@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from bench_replay_vs_mocker import BYTES_PER_TOKEN, LAYERS, trace_prefix
 from vllm_manager import HASHES, VllmPeer
 
 import kv_api
+from kv_api.errors import BackendError
 from kv_replay.model import model_config
 from kv_replay.replayer import Replayer, ReplayResult
 from kv_replay.report import summary
@@ -105,7 +107,10 @@ def main() -> None:
     args = parser.parse_args()
     if min(args.limit, args.tokens_per_block, args.blocks, args.in_flight, args.repeat) < 1:
         parser.error("--limit, --tokens-per-block, --blocks, --in-flight and --repeat must be >= 1")
-    backend = kv_api.load_backend(args.backend)
+    try:
+        backend = kv_api.load_backend(args.backend)
+    except BackendError as exc:
+        parser.error(f"--backend: {exc}")
     try:
         peer = VllmPeer(args.blocks, args.hash)
     except ImportError as exc:
@@ -188,4 +193,7 @@ def report(best: dict[str, tuple[float, float, ReplayResult]], hashes: tuple[flo
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit(130)
