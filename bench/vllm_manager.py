@@ -12,7 +12,8 @@ scheduler makes them:
 - the first ``resize`` is ``allocate_slots`` for the prompt's uncached tokens with the hit's
   blocks, a later one ``allocate_slots`` for the step's new token; ``None`` (no room) is False;
 - ``commit`` advances ``num_computed_tokens``; a decoded token is first appended with
-  ``append_output_token_ids`` (which hashes a block it fills, as vLLM does after sampling);
+  ``append_output_token_ids`` (which hashes a block it fills, as vLLM does after sampling), and a
+  block it fills is cached at once (``cache_blocks``: vLLM's next ``allocate_slots`` would);
 - ``close`` is ``free``: the request's blocks stay cached, as a finished or preempted request's do.
 
 vLLM keeps block 0 as its null block: its pool gets one block more than kvcore's slots, so both
