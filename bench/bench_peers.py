@@ -23,11 +23,11 @@ import argparse
 import dataclasses
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 
 import numpy as np
 from bench_command import conversation
+from bench_keys import best_of
 from bench_replay_vs_mocker import BYTES_PER_TOKEN, LAYERS, trace_prefix
 from vllm_manager import HASHES, VllmPeer
 
@@ -81,17 +81,9 @@ def hashing(backend: kv_api.Backend, peer: VllmPeer, args: argparse.Namespace) -
     # vLLM's own requests, built without a hasher: the hasher returns every full block's hash
     # (it reads ``block_hashes`` to start after them, and they stay empty).
     requests = [v.request.Request(str(i), ids, sampling, None) for i, ids in enumerate(lists)]
-    best_ours = best_theirs = float("inf")
-    for _ in range(args.repeat):
-        start = time.perf_counter()
-        for tokens in prompts:
-            backend.block_keys(args.tokens_per_block, None, tokens)
-        best_ours = min(best_ours, time.perf_counter() - start)
-        start = time.perf_counter()
-        for request in requests:
-            hasher(request)
-        best_theirs = min(best_theirs, time.perf_counter() - start)
-    return best_ours / blocks * 1e9, best_theirs / blocks * 1e9
+    ours = best_of(lambda: [backend.block_keys(args.tokens_per_block, None, t) for t in prompts], args.repeat)
+    theirs = best_of(lambda: [hasher(request) for request in requests], args.repeat)
+    return ours / blocks * 1e9, theirs / blocks * 1e9
 
 
 def main() -> None:
@@ -141,7 +133,7 @@ def main() -> None:
         f"kvcore {backend.name} 1by1": per_cache,
         f"vLLM {args.hash}": lambda: Replayer(peer, config, args.in_flight),  # type: ignore[arg-type]
     }
-    probe = sides[f"kvcore {backend.name}"]().manager
+    probe = kv_api.create_manager(config, backend=backend)
     slots = probe.get_storage_statistics()[0].total
     probe.shutdown()
     if slots != args.blocks:
@@ -171,14 +163,15 @@ def report(best: dict[str, tuple[float, float, ReplayResult]], hashes: tuple[flo
     print(
         f"  {'':<20} {'hit rate':>9} {'manager ms':>11} {'µs/step':>8} {'replay ms':>10} {'µs/step':>8} {'steps':>8} {'preempted':>9}"
     )
+    hit = {name: float(summary(result)["hit_rate"]) for name, (_, _, result) in best.items()}
     for name, (manager, wall, result) in best.items():
         steps = max(result.steps, 1)
         print(
-            f"  {name:<20} {float(summary(result)['hit_rate']):>9.4%} {manager * 1e3:>11.1f} {manager / steps * 1e6:>8.2f}"
+            f"  {name:<20} {hit[name]:>9.4%} {manager * 1e3:>11.1f} {manager / steps * 1e6:>8.2f}"
             f" {wall * 1e3:>10.1f} {wall / steps * 1e6:>8.2f} {result.steps:>8,} {sum(r.preemptions for r in result.records):>9,}"
         )
     ours_steps, theirs_steps = max(ours_result.steps, 1), max(theirs_result.steps, 1)
-    ours_hit, theirs_hit = (float(summary(r)["hit_rate"]) for r in (ours_result, theirs_result))
+    ours_hit, theirs_hit = hit[ours_name], hit[theirs_name]
     print(f"  hit rates {'identical' if ours_hit == theirs_hit else f'differ by {theirs_hit - ours_hit:+.4%}'}")
     one_by_one = best[names[1]][0]
     print(f"  {names[1]} / {ours_name} (batched decode step): manager time {one_by_one / ours:.2f}x")
