@@ -26,7 +26,7 @@ KVCacheManager::KVCacheManager(const KVCacheManagerConfig& config, KVCacheEventM
     : config_(config),
       registry_(config_),
       storage_config_(config_, registry_),
-      tree_(registry_.size()),
+      tree_(registry_.size(), config_.tokens_per_block),
       events_(bind_events(events, registry_)),
       storage_(config_, storage_config_, registry_, tree_, events_, copier),
       context_(config_, registry_, storage_, tree_, events_),

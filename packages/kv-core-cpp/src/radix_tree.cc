@@ -46,7 +46,7 @@ Block* Node::child(const Digest& key) const {
   return nullptr;
 }
 
-Block* Node::add_child(std::unique_ptr<Block> block) {
+Block* Node::add_child(std::unique_ptr<Block> block, bool partial) {
   Block* raw = block.get();
   order_.reserve_one_more();  // so that the push cannot throw once the index has it
   if (index_ != nullptr) {
@@ -57,12 +57,12 @@ Block* Node::add_child(std::unique_ptr<Block> block) {
     index->emplace(raw->key, raw);
     index_ = std::move(index);
   }
-  order_.push_back(block.release());
+  order_.push_back(block.release(), partial);
   return raw;
 }
 
-std::unique_ptr<Block> Node::take_child(Block* block) {
-  order_.erase(block);
+std::unique_ptr<Block> Node::take_child(Block* block, bool partial) {
+  order_.erase(block, partial);
   if (index_ != nullptr) {
     index_->erase(block->key);
     if (order_.size() <= kChildScanLimit) index_.reset();
@@ -188,7 +188,8 @@ Block* RadixTree::add(Node* parent, const Digest& key, const TokenList& source, 
     block->reuse(key, parent, ordinal);
   }
   source.slice_into(begin, end, block->tokens);
-  return parent->add_child(std::move(block));
+  const bool is_partial = partial(block.get());
+  return parent->add_child(std::move(block), is_partial);
 }
 
 void RadixTree::keep_spare(std::unique_ptr<Block> block) noexcept {
@@ -217,7 +218,10 @@ void RadixTree::recycle(std::unique_ptr<Block> block) noexcept {
     while (!pending.empty()) {
       std::unique_ptr<Block> b = std::move(pending.back());
       pending.pop_back();
-      while (!b->children().empty()) pending.push_back(b->take_child(b->children().back()));
+      while (!b->children().empty()) {
+        Block* child = b->children().back();
+        pending.push_back(b->take_child(child, partial(child)));
+      }
       keep_spare(std::move(b));
     }
   } catch (const std::bad_alloc&) {
@@ -233,6 +237,7 @@ Block* RadixTree::covering_sibling(const Node* parent, const TokenList& tokens) 
 }
 
 Block* RadixTree::covered_sibling(const Node* parent, const TokenList& tokens) {
+  if (parent->children().partial() == 0) return nullptr;
   for (Block* child : parent->children()) {
     if (is_proper_prefix(child->tokens, tokens)) return child;
   }
@@ -257,7 +262,7 @@ void RadixTree::prune(Node* node) {
     Block* block = static_cast<Block*>(node);
     if (!block->children().empty() || block->has_pages() || block->pins) return;
     Node* parent = block->parent;
-    recycle(parent->take_child(block));
+    recycle(parent->take_child(block, partial(block)));
     node = parent;
   }
   if (node->children().empty()) {

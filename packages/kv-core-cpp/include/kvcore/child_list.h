@@ -3,11 +3,14 @@
 // a walk, every commit under the node and every removal of a child (an eviction). Two or more
 // live in a heap vector, whose capacity stays when the list shrinks (a recycled block reuses it).
 // The list holds the pointers only: its Node owns the children (add_child, take_child, ~Node). No
-// lock of its own: the tree's, under the manager's lock.
+// lock of its own: the tree's, under the manager's lock. It also counts its partial children
+// (fewer tokens than a block holds; the tree says which): a commit looks for a partial sibling
+// its block extends, and a node with thousands of full children (a scope's root) has none.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 namespace kvcore {
@@ -17,6 +20,7 @@ class Block;
 class ChildList {
  public:
   std::size_t size() const noexcept { return size_; }
+  std::size_t partial() const noexcept { return partial_; }
   bool empty() const noexcept { return size_ == 0; }
   Block* const* begin() const noexcept { return size_ <= 1 ? &one_ : many_.data(); }
   Block* const* end() const noexcept { return begin() + size_; }
@@ -27,7 +31,8 @@ class ChildList {
   void reserve_one_more() {
     if (size_ >= 1 && many_.capacity() < size_ + 1) many_.reserve(std::max<std::size_t>(2, 2 * size_));
   }
-  void push_back(Block* child) noexcept {  // after reserve_one_more
+  void push_back(Block* child, bool partial) noexcept {  // after reserve_one_more
+    partial_ += partial;
     if (size_ == 0) {
       one_ = child;
     } else {
@@ -36,7 +41,8 @@ class ChildList {
     }
     ++size_;
   }
-  void erase(Block* child) noexcept {  // a present child
+  void erase(Block* child, bool partial) noexcept {  // a present child
+    partial_ -= partial;
     if (size_ == 1) {
       one_ = nullptr;
     } else {
@@ -52,12 +58,14 @@ class ChildList {
     one_ = nullptr;
     many_.clear();
     size_ = 0;
+    partial_ = 0;
   }
 
  private:
   Block* one_ = nullptr;      // the only child
   std::vector<Block*> many_;  // every child, once there are two or more (else empty)
-  std::size_t size_ = 0;
+  std::uint32_t size_ = 0;
+  std::uint32_t partial_ = 0;  // the partial children among them
 };
 
 }  // namespace kvcore

@@ -66,8 +66,9 @@ class Node {
 
   Block* child(const Digest& key) const;
   const ChildList& children() const { return order_; }
-  Block* add_child(std::unique_ptr<Block> block);
-  std::unique_ptr<Block> take_child(Block* block);
+  // `partial`: the block holds fewer tokens than a full one (the tree knows the block size).
+  Block* add_child(std::unique_ptr<Block> block, bool partial);
+  std::unique_ptr<Block> take_child(Block* block, bool partial);
 
   Digest key;
   Node* parent;
@@ -118,7 +119,8 @@ using MatchPath = std::vector<std::pair<Block*, std::int64_t>>;
 
 class RadixTree {
  public:
-  explicit RadixTree(std::size_t num_layer_groups) : num_layer_groups_(num_layer_groups) {}
+  RadixTree(std::size_t num_layer_groups, std::int64_t tokens_per_block)
+      : num_layer_groups_(num_layer_groups), tokens_per_block_(tokens_per_block) {}
 
   // The longest chain of blocks matching `tokens` under `root_key`, as (block, tokens matched in
   // it): whole blocks by key, the partial tail by its tokens' key; at a miss, with `partial`, the
@@ -137,11 +139,12 @@ class RadixTree {
   static Block* covering_sibling(const Node* parent, const TokenList& tokens);
   // The partial child of `parent` whose tokens `tokens` strictly extend. There is at most one:
   // a partial block is never added beside a child extending it, and a block added beside a
-  // partial child it extends replaces that child.
+  // partial child it extends replaces that child. Only partial children are scanned, and none
+  // where there are none: a full prefill under a root of thousands of prompts costs no scan.
   static Block* covered_sibling(const Node* parent, const TokenList& tokens);
   // `block` and its descendants, parents before children, children in insertion order.
   static std::vector<Block*> subtree(Block* block);
-  std::unique_ptr<Block> detach(Block* block) { return block->parent->take_child(block); }
+  std::unique_ptr<Block> detach(Block* block) { return block->parent->take_child(block, partial(block)); }
   // Takes back a detached block and its subtree: up to kSpareBlocks are kept for add() to reuse
   // with their token and child storage, since a prefill commits and an eviction drops hundreds
   // of blocks, and the heap allocations of each (block, token list, child list) cost more than
@@ -157,12 +160,14 @@ class RadixTree {
 
  private:
   std::size_t num_layer_groups_;
+  std::int64_t tokens_per_block_;
   std::unordered_map<Digest, std::unique_ptr<Root>, DigestHash> roots_;
   std::vector<Root*> root_order_;
   std::vector<std::unique_ptr<Block>> spare_;
   std::size_t spare_tokens_ = 0;  // the token capacity of the spare blocks
 
   void keep_spare(std::unique_ptr<Block> block) noexcept;  // or let it go, past the limits
+  bool partial(const Block* block) const { return static_cast<std::int64_t>(block->tokens.size()) < tokens_per_block_; }
 };
 
 }  // namespace kvcore

@@ -64,7 +64,7 @@ class KVCacheManager(ManagerReuse):
                 built.close()
             raise
         self._counts = levels[0].counts
-        self._tree = RadixTree(len(self._registry.life_cycles))
+        self._tree = RadixTree(len(self._registry.life_cycles), config.tokens_per_block)
         if event_manager is not None:
             resync = weakref.WeakMethod(self._resync_events)  # weak: the events must not keep the manager
 

@@ -25,12 +25,16 @@ KEY_BATCH = 64
 
 
 class Node:
-    __slots__ = ("children", "key", "parent")
+    __slots__ = ("children", "key", "parent", "partial_children")
 
     def __init__(self, key: bytes, parent: Node | None) -> None:
         self.key = key
         self.parent = parent
         self.children: dict[bytes, Block] = {}
+        # How many children hold fewer tokens than a full block: a commit looks for a partial
+        # sibling its block extends, and a node with thousands of full children (a scope's
+        # root) has none to scan. The tree keeps it as it adds and removes children.
+        self.partial_children = 0
 
 
 class Root(Node):
@@ -73,9 +77,10 @@ def is_proper_prefix(a: tuple[Token, ...], b: tuple[Token, ...]) -> bool:
 
 
 class RadixTree:
-    def __init__(self, num_layer_groups: int) -> None:
+    def __init__(self, num_layer_groups: int, tokens_per_block: int) -> None:
         self.roots: dict[bytes, Root] = {}
         self.num_layer_groups = num_layer_groups
+        self.tokens_per_block = tokens_per_block
 
     def walk(self, root_key: bytes, tokens: Tokens, tokens_per_block: int, partial: bool) -> list[tuple[Block, int]]:
         """The longest chain of blocks matching ``tokens``: ``(block, matched tokens)`` per block.
@@ -124,6 +129,7 @@ class RadixTree:
     def add(self, parent: Node, key: bytes, tokens: tuple[Token, ...], ordinal: int) -> Block:
         block = Block(key, parent, tokens, ordinal, self.num_layer_groups)
         parent.children[key] = block
+        parent.partial_children += len(tokens) < self.tokens_per_block
         return block
 
     @staticmethod
@@ -139,7 +145,10 @@ class RadixTree:
     def covered_sibling(parent: Node, tokens: tuple[Token, ...]) -> Block | None:
         """The partial child of ``parent`` whose tokens ``tokens`` strictly extend. There is at
         most one: a partial block is never added beside a child extending it, and a block added
-        beside a partial child it extends replaces that child."""
+        beside a partial child it extends replaces that child. Only a node with partial
+        children is scanned."""
+        if not parent.partial_children:
+            return None
         for child in parent.children.values():
             if is_proper_prefix(child.tokens, tokens):
                 return child
@@ -156,7 +165,7 @@ class RadixTree:
 
     def detach(self, block: Block) -> None:
         assert block.parent is not None
-        del block.parent.children[block.key]
+        self._take_child(block.parent, block)
 
     def prune(self, node: Node) -> None:
         """Remove ``node`` and its ancestors while they have no children, no page in any life
@@ -164,7 +173,11 @@ class RadixTree:
         while isinstance(node, Block) and not node.children and not node.has_pages() and not node.pins:
             parent = node.parent
             assert parent is not None
-            del parent.children[node.key]
+            self._take_child(parent, node)
             node = parent
         if isinstance(node, Root) and not node.children:
             self.roots.pop(node.key, None)
+
+    def _take_child(self, parent: Node, block: Block) -> None:
+        del parent.children[block.key]
+        parent.partial_children -= len(block.tokens) < self.tokens_per_block
