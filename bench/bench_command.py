@@ -50,10 +50,12 @@ def mooncake(directory: str) -> str:
     return path
 
 
-def conversation(directory: str, sessions: int, seed: int = 0) -> str:
+def conversation(
+    directory: str, sessions: int, seed: int = 0, turn_blocks: tuple[int, int] = (2, 24), name: str = "conversation"
+) -> str:
     """Sessions of 2-8 turns; a turn's prompt is the session's history (its earlier prompts and
-    answers, as hash ids of 512-token blocks) plus 2-24 new blocks; one request in 10 starts
-    with one of 4 shared system prompts. Arrivals interleave the sessions."""
+    answers, as hash ids of 512-token blocks) plus ``turn_blocks`` (2-24) new blocks; one request
+    in 10 starts with one of 4 shared system prompts. Arrivals interleave the sessions."""
     rng = random.Random(seed)
     fresh = iter(range(1 << 40))
     systems = [[next(fresh) for _ in range(rng.randint(2, 6))] for _ in range(4)]
@@ -62,14 +64,14 @@ def conversation(directory: str, sessions: int, seed: int = 0) -> str:
         history = list(rng.choice(systems)) if rng.random() < 0.1 else []
         at = rng.uniform(0, sessions * 4.0)
         for _ in range(rng.randint(2, 8)):
-            history += [next(fresh) for _ in range(rng.randint(2, 24))]
+            history += [next(fresh) for _ in range(rng.randint(*turn_blocks))]
             length = 512 * len(history) - rng.randint(0, 511)
             output = rng.randint(20, 400)
             lines.append((at, {"hash_ids": list(history), "input_length": length, "output_length": output}))
             history.append(next(fresh))  # the answer, part of the next turn's prompt
             at += rng.uniform(5, 60)
     lines.sort(key=lambda line: line[0])
-    path = os.path.join(directory, "conversation.jsonl")
+    path = os.path.join(directory, f"{name}.jsonl")
     with open(path, "w") as out:
         for at, record in lines:
             out.write(json.dumps({"timestamp": round(at * 1000), **record}) + "\n")
