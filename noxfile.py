@@ -49,6 +49,8 @@ PY_SOURCES = [
     "packages/kv-events/tests",
     "packages/kv-store/src",
     "packages/kv-store/tests",
+    "packages/kv-metrics/src",
+    "packages/kv-metrics/tests",
     "conformance/src",
     "packages/kv-engine/src",
     "packages/kv-engine/tests",
@@ -126,6 +128,7 @@ def _install(session: nox.Session, *extra: str, engine: bool) -> None:
         "./packages/kv-api",
         "./packages/kv-events",
         "./packages/kv-store[redis,server]",
+        "./packages/kv-metrics",
         "./packages/kv-replay[plot]",
         *(["./packages/kv-engine"] if engine else []),
         *pure,
@@ -145,7 +148,7 @@ PARALLEL = ("--dist", "worksteal", "-n")
 
 def run_unit_tests(session: nox.Session) -> None:
     """Each package's own tests, one pytest run per package (test module names are per package)."""
-    for package in ("kv-api", "kv-core-py", "kv-events", "kv-store"):
+    for package in ("kv-api", "kv-core-py", "kv-events", "kv-store", "kv-metrics"):
         session.run("pytest", f"packages/{package}/tests", *session.posargs)
 
 

@@ -225,6 +225,14 @@ def _output_flags(r: argparse.ArgumentParser) -> None:
         metavar="N",
         help="with --publish, start the replay only once N subscribers listen (default: 0, start at once)",
     )
+    r.add_argument(
+        "--metrics-port",
+        type=integer(0, 65535),
+        metavar="N",
+        help="serve the managers' statistics as Prometheus metrics on http://127.0.0.1:N/metrics while the "
+        "replay runs (vLLM's names where vLLM has one; 0 picks a free port, printed on stderr; docs/metrics.md) "
+        "(default: none)",
+    )
     progress_flags(r)
 
 

@@ -11,6 +11,7 @@ the barrier that waits for the indexer to apply them).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any
 
 from kv_api import Backend, KVCacheManagerConfig
 from kv_replay.header import Setup
+from kv_replay.metrics import watching
 from kv_replay.plural import plural
 from kv_replay.replayer import Replayer, ReplayResult
 from kv_replay.report import SUMMARY_SCHEMA, latency_us, summary
@@ -109,7 +111,9 @@ def replay_cluster(
         raise
     result = ClusterResult(router, [])
     try:
-        with tier_errors(config):  # an instance's level that fails is a TierError naming it
+        with tier_errors(config), contextlib.ExitStack() as watched:  # a level that fails: a TierError naming it
+            for i, r in enumerate(replayers):
+                watched.enter_context(watching(r, engine=str(i)))
             _route(replayers, picker, requests, result, max_in_flight, progress)
     finally:
         picker.close()

@@ -72,6 +72,7 @@ class ReplayOptions:
     wait_subscribers: int
     quiet: bool
     progress: bool
+    metrics_port: int | None = None  # None: no metrics endpoint; 0: a free port
 
     @classmethod
     def from_flags(cls, args: argparse.Namespace) -> ReplayOptions:

@@ -34,6 +34,7 @@ from kv_api import (
 from kv_api.errors import HostOOMError
 from kv_replay.cluster import ClusterResult, cluster_report, cluster_table, replay_cluster
 from kv_replay.header import Setup, layout, quotas
+from kv_replay.metrics import serving, watching
 from kv_replay.model import ModelError, model_config, unbounded_quota
 from kv_replay.options import OptionError, ReplayOptions
 from kv_replay.plot import check_output, plot_capacity, plot_replay, plot_routers
@@ -121,7 +122,8 @@ def _run(
     label = f"replay ({backend.name}, {_quotas(config)})"
     with _option_errors(options), ProgressBar(label, quiet=options.quiet, forced=options.progress) as bar:
         replayer = Replayer(backend, config, options.max_in_flight, bar.callback, event_manager=events)
-        result = replayer.run(requests)
+        with watching(replayer):
+            result = replayer.run(requests)
     replayer.manager.shutdown()  # every cache is closed; the disk tier's files go now
     if config.remote_tier is not None:
         result.store = store_stats(config.remote_tier.store)
@@ -175,6 +177,8 @@ def replay(options: ReplayOptions, backends: list[Backend]) -> int:
         disk_dir = options.disk_path
         if options.disk_quota is not None and disk_dir is None:
             disk_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="kvcore-replay-"))
+        model_name = os.path.basename(options.trace) if options.trace else "embedded"
+        stack.enter_context(serving(options.metrics_port, model_name))
         return _replay(options, backends, disk_dir, store)
 
 

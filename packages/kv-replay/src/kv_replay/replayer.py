@@ -188,6 +188,8 @@ class Replayer:
         self.batched = backend.capabilities.batched_calls
         remote = config.remote_tier
         self._settle_store = getattr(remote.store, "flush", None) if remote is not None else None
+        # Told each resume's latency and whether it onboarded (kv_replay.metrics, --metrics-port).
+        self.on_resume: Callable[[float, bool], None] | None = None
 
     # -- timed manager calls --------------------------------------------------------------------------
 
@@ -223,10 +225,10 @@ class Replayer:
         if not self._timed(cache.resume):
             return False
         resumed = self.result.manager_seconds - before
-        if self.tiered and any(cache.cached_tokens_by_level[1:]):
-            self.result.onboarding_resume_seconds.append(resumed)
-        else:
-            self.result.other_resume_seconds.append(resumed)
+        onboarding = self.tiered and any(cache.cached_tokens_by_level[1:])
+        (self.result.onboarding_resume_seconds if onboarding else self.result.other_resume_seconds).append(resumed)
+        if self.on_resume is not None:
+            self.on_resume(resumed, onboarding)
         if not self._timed(cache.resize, len(live.tokens)):
             self._timed(cache.suspend)
             return False
