@@ -69,6 +69,11 @@ class CacheTier(enum.IntEnum):
     DISK = 2
     REMOTE = 3
 
+    @property
+    def level_name(self) -> str:
+        """``device``, ``host``, ``disk`` or ``remote``: how reports and metrics name the level."""
+        return ("device", "host", "disk", "remote")[self]
+
 
 class PageStatus(enum.IntEnum):
     LOCKED = 0

@@ -24,7 +24,7 @@ from prometheus_client.metrics_core import (
     SummaryMetricFamily,
 )
 
-from kv_api import CacheStats, DiskCacheTierConfig, HostCacheTierConfig, KVCacheManager
+from kv_api import CacheStats, KVCacheManager
 from kv_api.errors import InvalidStateError
 
 __all__ = ["RESUME_BUCKETS", "ManagerCollector"]
@@ -81,13 +81,7 @@ class _Histogram:
 
 def level_names(manager: KVCacheManager) -> list[str]:
     """``device``, ``host``, ``disk`` per local level of ``manager``'s config."""
-    names = []
-    for tier in manager.init_config.local_tiers:
-        if isinstance(tier, HostCacheTierConfig):
-            names.append("host")
-        else:
-            names.append("disk" if isinstance(tier, DiskCacheTierConfig) else "device")
-    return names
+    return [tier.tier.level_name for tier in manager.init_config.local_tiers]
 
 
 class ManagerCollector:

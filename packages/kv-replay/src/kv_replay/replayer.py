@@ -46,12 +46,10 @@ import numpy as np
 
 from kv_api import (
     Backend,
-    DiskCacheTierConfig,
-    HostCacheTierConfig,
+    CacheTierConfig,
     KVCache,
     KVCacheEventManager,
     KVCacheManagerConfig,
-    RemoteCacheTierConfig,
     StorageStatistics,
     create_manager,
 )
@@ -121,13 +119,9 @@ REMOTE_COUNTERS = {
 }
 
 
-def level_name(tier: object) -> str:
+def level_name(tier: CacheTierConfig) -> str:
     """``device``, ``host``, ``disk`` or ``remote``: a cache tier's config as the report names its level."""
-    if isinstance(tier, HostCacheTierConfig):
-        return "host"
-    if isinstance(tier, RemoteCacheTierConfig):
-        return "remote"
-    return "disk" if isinstance(tier, DiskCacheTierConfig) else "device"
+    return tier.tier.level_name
 
 
 _T = TypeVar("_T")
