@@ -74,6 +74,9 @@ KVCacheManagerConfig manager_config(nb::handle c) {
   }
   out.max_util_for_resume = nb::cast<double>(c.attr("max_util_for_resume"));
   out.enable_partial_reuse = nb::cast<bool>(c.attr("enable_partial_reuse"));
+  out.reuse_report = nb::cast<bool>(c.attr("reuse_report"));
+  out.ghost_record_blocks = nb::cast<std::int64_t>(c.attr("ghost_record_blocks"));
+  out.reuse_report_other_scope = nb::cast<bool>(c.attr("reuse_report_other_scope"));
   out.reuse_match_backoff = nb::cast<std::int64_t>(c.attr("reuse_match_backoff"));
   for (nb::handle b : c.attr("constraints")) out.constraints.push_back(batch_desc(b));
   nb::object typical = c.attr("typical_step");

@@ -35,6 +35,19 @@ namespace {
 
 nb::object status_object(CacheStatus s) { return api("KVCacheStatus")(static_cast<int>(s)); }
 
+// kv_api.stats.ReuseReport (None with reuse_report off).
+nb::object reuse_report_object(const std::optional<ReuseReport>& report) {
+  if (!report) return nb::none();
+  nb::list levels;
+  for (std::int64_t n : report->reused_tokens_by_level) levels.append(n);
+  nb::object evicted_block = api("stats.EvictedBlock");
+  nb::list evicted;
+  for (const EvictedBlock& b : report->evicted_blocks) evicted.append(evicted_block(b.level, b.age));
+  return api("stats.ReuseReport")(report->num_prompt_tokens, nb::tuple(levels), report->miss_stale_tokens,
+                                  report->miss_capped_tokens, report->miss_evicted_tokens, report->miss_partial_tokens,
+                                  report->miss_never_seen_tokens, report->miss_other_scope_tokens, nb::tuple(evicted));
+}
+
 nb::object int_array(const std::vector<std::int32_t>& values) {
   nb::object array = nb::module_::import_("array").attr("array")("i");
   array.attr("frombytes")(
@@ -197,6 +210,7 @@ void define_state_machine(nb::class_<PyKVCache>& cls) {
                      for (std::int64_t n : c.cached_tokens_by_level()) out.append(n);
                      return out;
                    }))
+      .def_prop_ro("reuse_report", getter([](const KVCache& c) { return reuse_report_object(c.reuse_report()); }))
       .def("suspend", [](PyKVCache& self) { unlocked([&] { self.cache->suspend(); }); })
       .def("resize", &resize, nb::arg("capacity").none() = nb::none(), nb::arg("history_length").none() = nb::none())
       .def("commit", &commit, nb::arg("tokens").none(), nb::arg("is_end").none() = false)

@@ -128,10 +128,11 @@ nb::object pool_memory(nb::handle self_handle, nb::handle pool_group, nb::handle
 std::int64_t cache_id_arg(nb::handle cache_id) { return arg::int_between("cache_id", cache_id, 0, kCacheIdLimit); }
 
 nb::object stats_object(const CacheStats& s) {
-  return api("stats.CacheStats")(s.requests, s.lookup_tokens, s.reused_tokens, s.allocated_pages, s.evicted_pages,
-                                 s.committed_blocks, s.onboarded_pages, s.corrupt_pages, s.disk_full_events,
-                                 s.remote_lookups, s.remote_blocks, s.remote_rejected, s.remote_written,
-                                 s.remote_errors, s.remote_skipped);
+  return api("stats.CacheStats")(
+      s.requests, s.lookup_tokens, s.reused_tokens, s.allocated_pages, s.evicted_pages, s.committed_blocks,
+      s.onboarded_pages, s.corrupt_pages, s.disk_full_events, s.remote_lookups, s.remote_blocks, s.remote_rejected,
+      s.remote_written, s.remote_errors, s.remote_skipped, s.miss_stale_tokens, s.miss_capped_tokens,
+      s.miss_evicted_tokens, s.miss_partial_tokens, s.miss_never_seen_tokens, s.miss_other_scope_tokens);
 }
 
 // One of the manager's statistics snapshots, taken without the GIL.

@@ -22,6 +22,12 @@ void add(CacheStats& to, const CacheStats& d) {
   to.remote_written += d.remote_written;
   to.remote_errors += d.remote_errors;
   to.remote_skipped += d.remote_skipped;
+  to.miss_stale_tokens += d.miss_stale_tokens;
+  to.miss_capped_tokens += d.miss_capped_tokens;
+  to.miss_evicted_tokens += d.miss_evicted_tokens;
+  to.miss_partial_tokens += d.miss_partial_tokens;
+  to.miss_never_seen_tokens += d.miss_never_seen_tokens;
+  to.miss_other_scope_tokens += d.miss_other_scope_tokens;
 }
 
 }  // namespace

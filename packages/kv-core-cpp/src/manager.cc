@@ -5,6 +5,8 @@
 #include <string>
 
 #include "kvcore/error.h"
+#include "kvcore/ghost_record.h"
+#include "kvcore/scope_free_index.h"
 
 namespace kvcore {
 
@@ -31,6 +33,11 @@ KVCacheManager::KVCacheManager(const KVCacheManagerConfig& config, KVCacheEventM
       storage_(config_, storage_config_, registry_, tree_, events_, copier),
       context_(config_, registry_, storage_, tree_, events_),
       stats_(context_) {
+  if (config_.reuse_report) {
+    tree_.ghost = std::make_unique<GhostRecord>(config_.ghost_record_blocks);
+    if (config_.reuse_report_other_scope)
+      tree_.scope_free = std::make_unique<ScopeFreeIndex>(config_.tokens_per_block, config_.key_format);
+  }
   if (config_.remote_tier && store != nullptr) {
     remote_ = std::make_unique<RemoteTier>(*config_.remote_tier, config_, context_, *store);
     context_.remote = remote_.get();

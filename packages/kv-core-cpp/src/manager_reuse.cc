@@ -20,12 +20,34 @@ MatchPath KVCacheManager::match(const Digest& root_key, const Tokens& tokens, bo
   return prune(with_backoff ? back_off(std::move(path), max_reused) : std::move(path));
 }
 
+namespace {
+
+std::int64_t sum_tokens(const MatchPath& path) {
+  std::int64_t total = 0;
+  for (const auto& step : path) total += step.second;
+  return total;
+}
+
+}  // namespace
+
 MatchPath KVCacheManager::match_fetching(const Digest& root_key, const ReuseScope& scope, const Tokens& tokens,
-                                         std::optional<std::int64_t> max_reused, std::vector<const Block*>& fetched) {
+                                         std::optional<std::int64_t> max_reused, std::vector<const Block*>& fetched,
+                                         std::optional<Misses>& misses) {
   MatchPath path =
       tree_.walk(root_key, tokens, config_.tokens_per_block, config_.key_format, config_.enable_partial_reuse);
   if (remote_ != nullptr) fetched = fetch_remote(root_key, scope, tokens, path, max_reused);
-  return prune(back_off(std::move(path), max_reused));
+  if (!config_.reuse_report) return prune(back_off(std::move(path), max_reused));
+  // The walk's misses first, then what backing off and pruning cut from it.
+  const std::int64_t walked = sum_tokens(path);
+  const auto full = static_cast<std::size_t>(walked / config_.tokens_per_block);
+  misses = find_misses(tree_, root_key, tokens, walked, full ? path[full - 1].first : nullptr,
+                       config_.enable_partial_reuse, config_.key_format);
+  path = back_off(std::move(path), max_reused);
+  const std::int64_t backed = sum_tokens(path);
+  path = prune(std::move(path));
+  misses->capped = walked - backed;
+  misses->stale = backed - sum_tokens(path);
+  return path;
 }
 
 std::vector<const Block*> KVCacheManager::fetch_remote(const Digest& root_key, const ReuseScope& scope,
@@ -204,16 +226,18 @@ std::unique_ptr<KVCache> KVCacheManager::create_kv_cache(const ReuseScope& scope
                      expected_prompt_length.value_or(static_cast<std::int64_t>(tokens.count)), text);
   const Digest root = root_key(scope);
   std::vector<const Block*> fetched;
-  const MatchPath path = match_fetching(root, scope, tokens, max_reused_tokens, fetched);
-  std::int64_t reused = 0;
-  for (const auto& step : path) reused += step.second;
+  std::optional<Misses> misses;
+  const MatchPath path = match_fetching(root, scope, tokens, max_reused_tokens, fetched, misses);
+  const std::int64_t reused = sum_tokens(path);
+  const Misses* missed = misses ? &*misses : nullptr;
   auto cache = std::make_unique<KVCache>(context_, cache_id, scope, root,
                                          TokenList::from(tokens, 0, static_cast<std::size_t>(reused)), path,
-                                         std::move(priority), std::move(stats), fetched);
+                                         std::move(priority), std::move(stats), fetched, missed);
   next_id_ = std::max(next_id_, cache_id) + 1;
   context_.register_cache(cache.get());
   cache->stats.created(tokens.count, static_cast<std::uint64_t>(reused),
-                       !path.empty() && !registry_.ssm_layer_groups().empty());
+                       !path.empty() && !registry_.ssm_layer_groups().empty(), missed);
+  if (tree_.ghost != nullptr) tree_.ghost->tick();  // the ghost record's clock counts caches created
   return cache;
 }
 

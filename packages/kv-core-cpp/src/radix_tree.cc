@@ -5,6 +5,8 @@
 #include <new>
 
 #include "kvcore/constants.h"
+#include "kvcore/ghost_record.h"
+#include "kvcore/scope_free_index.h"
 
 namespace kvcore {
 
@@ -98,14 +100,6 @@ bool same_token(const TokenList& a, std::size_t i, const Tokens& b, std::size_t 
   return da != nullptr ? *da == *db : a.ids[i] == b.raw(j);
 }
 
-std::int64_t common_prefix(const TokenList& a, const Tokens& b, std::size_t b_begin, std::size_t b_end) {
-  const std::size_t n = std::min(a.size(), b_end - b_begin);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (!same_token(a, i, b, b_begin + i)) return static_cast<std::int64_t>(i);
-  }
-  return static_cast<std::int64_t>(n);
-}
-
 bool is_proper_prefix(const TokenList& a, const TokenList& b) {
   if (a.size() >= b.size()) return false;
   for (std::size_t i = 0; i < a.size(); ++i) {
@@ -115,6 +109,19 @@ bool is_proper_prefix(const TokenList& a, const TokenList& b) {
 }
 
 }  // namespace
+
+std::int64_t common_prefix(const TokenList& a, const Tokens& b, std::size_t b_begin, std::size_t b_end) {
+  const std::size_t n = std::min(a.size(), b_end - b_begin);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!same_token(a, i, b, b_begin + i)) return static_cast<std::int64_t>(i);
+  }
+  return static_cast<std::int64_t>(n);
+}
+
+RadixTree::RadixTree(std::size_t num_layer_groups, std::int64_t tokens_per_block)
+    : num_layer_groups_(num_layer_groups), tokens_per_block_(tokens_per_block) {}
+
+RadixTree::~RadixTree() = default;  // here, where GhostRecord and ScopeFreeIndex are complete
 
 MatchPath RadixTree::walk(const Digest& root_key, const Tokens& tokens, std::int64_t tokens_per_block, KeyFormat format,
                           bool partial) const {
@@ -189,7 +196,19 @@ Block* RadixTree::add(Node* parent, const Digest& key, const TokenList& source, 
   }
   source.slice_into(begin, end, block->tokens);
   const bool is_partial = partial(block.get());
-  return parent->add_child(std::move(block), is_partial);
+  Block* added = parent->add_child(std::move(block), is_partial);
+  if (!is_partial) {
+    if (ghost != nullptr) ghost->forget(added->key);
+    if (scope_free != nullptr) {
+      try {
+        scope_free->added(added);
+      } catch (const std::bad_alloc&) {
+        // Only a diagnosis: the block is in the tree, unknown to the index (a miss of it reads
+        // as never seen rather than other scope).
+      }
+    }
+  }
+  return added;
 }
 
 void RadixTree::keep_spare(std::unique_ptr<Block> block) noexcept {
@@ -257,12 +276,43 @@ std::vector<Block*> RadixTree::subtree(Block* block) {
   return out;
 }
 
-void RadixTree::prune(Node* node) {
+std::unique_ptr<Block> RadixTree::detach(Block* block, std::optional<int> level) {
+  std::unique_ptr<Block> owned = block->parent->take_child(block, partial(block));
+  if (block->children().empty()) {
+    left(block, level);
+  } else if ((ghost != nullptr && level) || scope_free != nullptr) {
+    try {
+      // Descendants before ancestors: the ghost record's order is every backend's.
+      const std::vector<Block*> blocks = subtree(block);
+      for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) left(*it, level);
+    } catch (const std::bad_alloc&) {
+      // No list, no report: the index forgets all rather than keep addresses soon reused.
+      if (scope_free != nullptr) scope_free->clear();
+    }
+  }
+  return owned;
+}
+
+void RadixTree::left(const Block* block, std::optional<int> level) noexcept {
+  if (partial(block)) return;
+  if (ghost != nullptr && level) {
+    try {
+      ghost->record(block->key, *level);
+    } catch (const std::bad_alloc&) {
+      // Only a diagnosis: the block is forgotten (a miss of it reads as never seen).
+    }
+  }
+  if (scope_free != nullptr) scope_free->removed(block);  // before the block may be recycled
+}
+
+void RadixTree::prune(Node* node, std::optional<int> level) {
   while (!node->is_root()) {
     Block* block = static_cast<Block*>(node);
     if (!block->children().empty() || block->has_pages() || block->pins) return;
     Node* parent = block->parent;
-    recycle(parent->take_child(block, partial(block)));
+    std::unique_ptr<Block> owned = parent->take_child(block, partial(block));
+    left(block, level);
+    recycle(std::move(owned));
     node = parent;
   }
   if (node->children().empty()) {
@@ -275,6 +325,7 @@ void RadixTree::clear() {
   if (on_remove) on_remove(nullptr);
   roots_.clear();
   root_order_.clear();
+  if (scope_free != nullptr) scope_free->clear();
 }
 
 }  // namespace kvcore

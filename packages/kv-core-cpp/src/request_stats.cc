@@ -55,12 +55,21 @@ void RequestStats::add_pending(const KVCacheStatsDelta& d) {
   }
 }
 
-void RequestStats::created(std::uint64_t lookup_tokens, std::uint64_t reused_tokens, bool reused_snapshot) {
+void RequestStats::created(std::uint64_t lookup_tokens, std::uint64_t reused_tokens, bool reused_snapshot,
+                           const Misses* misses) {
   if (!excluded) {
     CacheStats delta;
     delta.requests = 1;
     delta.lookup_tokens = lookup_tokens;
     delta.reused_tokens = reused_tokens;
+    if (misses != nullptr) {
+      delta.miss_stale_tokens = static_cast<std::uint64_t>(misses->stale);
+      delta.miss_capped_tokens = static_cast<std::uint64_t>(misses->capped);
+      delta.miss_evicted_tokens = static_cast<std::uint64_t>(misses->evicted);
+      delta.miss_partial_tokens = static_cast<std::uint64_t>(misses->partial);
+      delta.miss_never_seen_tokens = static_cast<std::uint64_t>(misses->never_seen);
+      delta.miss_other_scope_tokens = static_cast<std::uint64_t>(misses->other_scope);
+    }
     book_.context.add_stats(delta);
     book_.ssm.reused += reused_snapshot;
   }

@@ -236,6 +236,7 @@ void Storage::drop(Page* page) {
   // whole subtree goes; a window page or an SSM snapshot goes alone. Then empty, page-less ancestors are pruned.
   Block* block = page->block;
   const int layer_group = page->layer_group;
+  const int level = page->level;  // where the blocks leaving the tree fell from (the ghost record's)
   discard(block, layer_group);
   if (registry_.kind(layer_group).drop_takes_subtree(block->ordinal)) {
     const auto release = [this](Block* b) {
@@ -261,10 +262,10 @@ void Storage::drop(Page* page) {
       for (Block* b : RadixTree::subtree(block)) release(b);
     }
     Node* parent = block->parent;
-    tree_.recycle(tree_.detach(block));  // the whole subtree
-    tree_.prune(parent);
+    tree_.recycle(tree_.detach(block, level));  // the whole subtree
+    tree_.prune(parent, level);
   } else {
-    tree_.prune(block);
+    tree_.prune(block, level);
   }
 }
 

@@ -20,7 +20,7 @@ from kv_api import (
     ReuseScope,
 )
 from kv_metrics import ManagerCollector, MetricsServer
-from kv_metrics.manager_collector import COUNTERS, RESUME_BUCKETS
+from kv_metrics.manager_collector import COUNTERS, MISS_REASONS, RESUME_BUCKETS
 
 TOKENS_PER_BLOCK = 16
 PAGE_BYTES = 4096
@@ -78,6 +78,11 @@ def test_scraped_values_are_the_managers_statistics(backend: kv_api.Backend) -> 
         assert stats.evicted_pages > 0 and stats.onboarded_pages > 0 and stats.reused_tokens > 0
         for name, field, _ in COUNTERS:
             assert samples[f"{name}_total", labels(model="tiny")] == getattr(stats, field), name
+        misses = {r: samples["kvcore_prefix_cache_misses_total", labels(model="tiny", reason=r)] for r in MISS_REASONS}
+        assert misses == {r: getattr(stats, f"miss_{r}_tokens") for r in MISS_REASONS}
+        assert misses["never_seen"] > 0 and misses["partial"] > 0
+        hits, queries = (samples[f"vllm:prefix_cache_{n}_total", labels(model="tiny")] for n in ("hits", "queries"))
+        assert hits + sum(misses.values()) == queries
         for level, name in enumerate(("device", "host")):
             groups = manager.get_storage_statistics(level)
             free, evictable = sum(g.free for g in groups), sum(g.evictable for g in groups)

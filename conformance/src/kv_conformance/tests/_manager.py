@@ -90,6 +90,18 @@ def ssm_hybrid(tpb: int = 4, window: int = 8, quota: int = 8 * MIB, **kwargs: An
     return KVCacheManagerConfig(tpb, [GpuCacheTierConfig(quota)], layers, commit_min_snapshot=True, **kwargs)
 
 
+def with_two_snapshots(backend: Backend) -> KVCacheManager:
+    """An ``ssm_hybrid`` manager holding tokens 0-9 committed as 8, then 2: SSM snapshots after
+    token 8 (block 1's end) and after token 10 (in the partial tail [8, 9])."""
+    m = backend.KVCacheManager(ssm_hybrid())
+    w = m.create_kv_cache()
+    assert w.resume() and w.resize(10)
+    w.commit(toks(8))
+    w.commit(toks(2, 8))
+    w.close()
+    return m
+
+
 def make_manager(
     backend: Backend, config: KVCacheManagerConfig | None = None, event_manager: KVCacheEventManager | None = None
 ) -> KVCacheManager:
@@ -171,6 +183,32 @@ def pool_group_of(manager: KVCacheManager, layer_group: int) -> PoolGroupDesc:
     groups = [pg for pg in manager.pool_group_descs if layer_group in pg.life_cycles]
     assert len(groups) == 1, f"layer group {layer_group} is in {len(groups)} pool groups"
     return groups[0]
+
+
+def check_report(cache: KVCache, tokens_per_block: int) -> None:
+    """A cache's reuse report (if on) adds up to its prompt: what was reused, per level as
+    ``cached_tokens_by_level`` says, and each reason a token was not; the evicted tokens are
+    those of its evicted blocks; the partial ones hold the prompt's tail."""
+    r = cache.reuse_report
+    if r is None:
+        return
+    parts = [
+        sum(r.reused_tokens_by_level),
+        r.miss_stale_tokens,
+        r.miss_capped_tokens,
+        r.miss_evicted_tokens,
+        r.miss_partial_tokens,
+        r.miss_never_seen_tokens,
+        r.miss_other_scope_tokens,
+    ]
+    assert min(parts) >= 0 and sum(parts) == r.num_prompt_tokens, r
+    assert list(r.reused_tokens_by_level) == cache.cached_tokens_by_level
+    blocks = len(r.evicted_blocks)
+    assert (blocks - 1) * tokens_per_block < r.miss_evicted_tokens <= blocks * tokens_per_block or blocks == 0 == (
+        r.miss_evicted_tokens
+    ), r
+    assert all(e.age >= 0 and e.level >= 0 for e in r.evicted_blocks)
+    assert r.num_prompt_tokens % tokens_per_block <= r.miss_partial_tokens + sum(parts[:3]), r
 
 
 def check_lengths(cache: KVCache) -> None:

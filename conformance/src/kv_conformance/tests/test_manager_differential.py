@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any
 
 import pytest
@@ -49,7 +50,7 @@ from kv_api import (
 from kv_api.errors import CorruptedError
 from kv_conformance import gates
 
-from ._manager import check_indices, check_lengths, check_page_levels
+from ._manager import check_indices, check_lengths, check_page_levels, check_report
 from ._store import RecordingStore
 
 #: Sequences (examples) per run, split into shards of at most SHARD_SIZE that xdist spreads over
@@ -122,12 +123,15 @@ def config_for(
     hybrid: str = "attention",
     tuned: bool = False,
     rewind: int | None = None,
+    report: str = "on",
 ) -> KVCacheManagerConfig:
     """``hybrid``: ``attention`` alone, with ``commit_min_snapshot`` (``cms``), or with an SSM
     layer too (``ssm``, whose state slots are a pool group of their own). ``tuned``: the window's
     slots are twice the size (a pool group of their own, which short requests want a good share
     of) and the device has 6 grains, so ``adjust()`` has grains to move between groups.
-    ``rewind``: sliding-window scratch reuse with that ``max_rewind_len`` (None: off)."""
+    ``rewind``: sliding-window scratch reuse with that ``max_rewind_len`` (None: off).
+    ``report``: the reuse report ``off``, ``on``, with a ghost record of 2 keys (``ghost2``) or
+    with other scopes (``other``)."""
     kv = [BufferConfig("key", 64 << 10), BufferConfig("value", 64 << 10)]
     window_kv = [BufferConfig("key", 128 << 10), BufferConfig("value", 128 << 10)] if tuned else kv
     # A zero sink count is valid without a window too (no sinks); a positive one goes to the window only.
@@ -151,6 +155,9 @@ def config_for(
         enable_partial_reuse=partial,
         commit_min_snapshot=hybrid != "attention",
         swa_scratch_reuse=None if rewind is None else SwaScratchReuseConfig(rewind),
+        reuse_report=report != "off",
+        ghost_record_blocks=2 if report == "ghost2" else 65536,
+        reuse_report_other_scope=report == "other",
         # An eager auto-tuner, with no clock in its answers: every close is sampled and counts.
         rebalance_min_sampled_kv_caches=2,
         rebalance_cooldown_secs=0,
@@ -191,6 +198,7 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
             tuned=st.sampled_from([False, False, True]),
             rewind=st.sampled_from(rewind_options),
             remote=st.sampled_from(remote_options),
+            report=st.sampled_from(["on", "off", "ghost2", "other"]),
         )
         def build(
             self,
@@ -208,6 +216,7 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
             tuned: bool,
             rewind: int | None,
             remote: bool,
+            report: str,
         ) -> None:
             # The backends this configuration runs on: two share each option, but maybe not all
             # of the options at once (then the draw is rejected, and not counted as a sequence).
@@ -231,6 +240,7 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
                     hybrid,
                     tuned,
                     rewind,
+                    report,
                 )
                 for i, d in enumerate(self.dirs)
             ]
@@ -281,7 +291,7 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
 
             def call(i: int) -> tuple[Any, Any]:
                 cache = self.managers[i].create_kv_cache(SCOPES[scope], tokens, None, PRIORITIES[priority])
-                return cache, (cache.num_committed_tokens, cache.status)
+                return cache, (cache.num_committed_tokens, cache.status, cache.reuse_report)
 
             created = self.each(call)
             if created is not None:
@@ -626,6 +636,12 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
             if not hasattr(self, "managers"):
                 return
             for i, m in enumerate(self.managers):
+                counts = m.get_committed_stats()
+                missed = [getattr(counts, f.name) for f in fields(counts) if f.name.startswith("miss_")]
+                if self.configs[i].reuse_report:  # excluded ids count in neither
+                    assert counts.reused_tokens + sum(missed) == counts.lookup_tokens, counts
+                else:
+                    assert not any(missed), counts
                 for lv in range(self.levels):
                     for stats in m.get_storage_statistics(lv):
                         assert 0 <= stats.free and 0 <= stats.evictable and stats.free + stats.evictable <= stats.total
@@ -636,6 +652,7 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
                     check_indices(m, c)
                     check_page_levels(m, c)  # locked pages on the device, unlocked ones commit-pending
                     assert sum(c.cached_tokens_by_level) == c.num_reused_tokens
+                    check_report(c, self.tpb)
                     for lg in range(self.groups):
                         indices = list(c.get_base_page_indices(lg))
                         levels = list(c.get_page_levels(lg))

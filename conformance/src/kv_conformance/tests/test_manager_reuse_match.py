@@ -17,7 +17,7 @@ import kv_api
 from kv_api import ReuseMatch
 from kv_api.errors import InvalidStateError
 
-from ._manager import make_config, raises_exactly, ssm_hybrid, toks
+from ._manager import make_config, raises_exactly, ssm_hybrid, toks, with_two_snapshots
 
 BAD_SCOPE: Any = "scope"  # not a ReuseScope
 
@@ -27,12 +27,7 @@ def test_reuse_match_diagnostics_hybrid(backend: kv_api.Backend) -> None:
     """Snapshots in block 1 (after 8 tokens) and in the partial tail [8, 9]: a prompt diverging
     after token 8 walks 9 tokens, attention keeps 9 (the tail's pages cover 2), the SSM state is
     only valid at 8."""
-    m = backend.KVCacheManager(ssm_hybrid())
-    w = m.create_kv_cache()
-    assert w.resume() and w.resize(10)
-    w.commit(toks(8))
-    w.commit(toks(2, 8))
-    w.close()
+    m = with_two_snapshots(backend)
     assert m.probe_reuse_match(None, [*toks(9), 99]) == ReuseMatch(10, 9, 9, 8)
     assert m.probe_reuse_match(None, toks(12)) == ReuseMatch(12, 10, 10, 10)
     assert m.probe_reuse_match(None, toks(6)) == ReuseMatch(6, 6, 6, 0)  # no snapshot at 6

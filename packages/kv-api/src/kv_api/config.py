@@ -16,6 +16,7 @@ from kv_api.block_store import BlockStore
 from kv_api.constants import (
     BUFFER_SIZE_LIMIT,
     DEFAULT_KEY_FORMAT,
+    GHOST_RECORD_LIMIT,
     KEY_FORMATS,
     LAYER_ID_LIMIT,
     TOKEN_LIMIT,
@@ -287,6 +288,10 @@ class KVCacheManagerConfig:
     enable_stats: bool = True
     text_only: bool = False
     key_format: str = DEFAULT_KEY_FORMAT
+    # Miss attribution (docs/manager.md, "Why a prompt missed").
+    reuse_report: bool = True
+    ghost_record_blocks: int = 65536
+    reuse_report_other_scope: bool = False
     # The auto-tuner (docs/manager.md, "Rebalancing").
     rebalance_min_sampled_kv_caches: int = 2000
     rebalance_cooldown_secs: float = 120
@@ -336,7 +341,8 @@ class KVCacheManagerConfig:
         _set(self, "layers", layers)
 
         _set(self, "max_util_for_resume", unit_interval(f"{w}.max_util_for_resume", self.max_util_for_resume))
-        for flag in ("enable_partial_reuse", "commit_min_snapshot", "enable_stats", "text_only"):
+        flags = ("enable_partial_reuse", "commit_min_snapshot", "enable_stats", "text_only", "reuse_report")
+        for flag in (*flags, "reuse_report_other_scope"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"{w}.{flag}: expected a bool, got {type(getattr(self, flag)).__name__}")
         if as_str(f"{w}.key_format", self.key_format) not in KEY_FORMATS:
@@ -345,6 +351,11 @@ class KVCacheManagerConfig:
             self,
             "reuse_match_backoff",
             int_in_range(f"{w}.reuse_match_backoff", self.reuse_match_backoff, 0, TOKEN_LIMIT),
+        )
+        _set(
+            self,
+            "ghost_record_blocks",
+            int_in_range(f"{w}.ghost_record_blocks", self.ghost_record_blocks, 0, GHOST_RECORD_LIMIT),
         )
         _set(self, "constraints", _tuple_of(f"{w}.constraints", self.constraints, BatchDesc))
         if self.swa_scratch_reuse is not None and not isinstance(self.swa_scratch_reuse, SwaScratchReuseConfig):

@@ -11,6 +11,7 @@ __all__ = [
     "DEFAULT_KEY_FORMAT",
     "DEFAULT_PRIORITY",
     "EVENT_ENTRIES_LIMIT",
+    "GHOST_RECORD_LIMIT",
     "GPU_LEVEL",
     "KEY_FORMATS",
     "LAYER_ID_LIMIT",
@@ -56,6 +57,8 @@ LAYER_ID_LIMIT = 1 << 31
 CACHE_ID_LIMIT = 1 << 62
 #: ``max_kv_event_entries`` lies in ``[-EVENT_ENTRIES_LIMIT, EVENT_ENTRIES_LIMIT)`` (<= 0 publishes nothing).
 EVENT_ENTRIES_LIMIT = 1 << 31
+#: ``ghost_record_blocks`` lies in ``[0, GHOST_RECORD_LIMIT)``: keys a manager remembers.
+GHOST_RECORD_LIMIT = 1 << 31
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -29,6 +29,7 @@ from kv_api.stats import (
     KVCacheStatsDelta,
     LifeCycleStats,
     ReuseMatch,
+    ReuseReport,
     SsmSnapshotStats,
     StorageStatistics,
 )
@@ -535,6 +536,12 @@ class KVCache(abc.ABC):
     @abc.abstractmethod
     def cached_tokens_by_level(self) -> list[int]:
         """Per cache level, the reused tokens that were found there when the cache was created."""
+
+    @property
+    @abc.abstractmethod
+    def reuse_report(self) -> ReuseReport | None:
+        """Why each prompt token was or was not reused when the cache was created (None with
+        ``reuse_report=False``)."""
 
     @abc.abstractmethod
     def suspend(self) -> None:

@@ -6,9 +6,11 @@ from dataclasses import dataclass
 
 __all__ = [
     "CacheStats",
+    "EvictedBlock",
     "KVCacheStatsDelta",
     "LifeCycleStats",
     "ReuseMatch",
+    "ReuseReport",
     "SsmSnapshotStats",
     "StorageStatistics",
 ]
@@ -56,6 +58,11 @@ class CacheStats:
       write not made, never an error of the manager's call); ``remote_skipped``, committed
       blocks not handed over (nor encoded) while the store asked for a pause (``put``'s answer:
       it is down or closed).
+    - Why prompt tokens were not reused (``KVCache.reuse_report``'s parts, summed over the
+      caches created; zero with ``reuse_report=False``): ``miss_stale_tokens``,
+      ``miss_capped_tokens``, ``miss_evicted_tokens``, ``miss_partial_tokens``,
+      ``miss_never_seen_tokens``, ``miss_other_scope_tokens``. With ``reused_tokens`` they add
+      up to ``lookup_tokens``.
     """
 
     requests: int = 0
@@ -73,6 +80,12 @@ class CacheStats:
     remote_written: int = 0
     remote_errors: int = 0
     remote_skipped: int = 0
+    miss_stale_tokens: int = 0
+    miss_capped_tokens: int = 0
+    miss_evicted_tokens: int = 0
+    miss_partial_tokens: int = 0
+    miss_never_seen_tokens: int = 0
+    miss_other_scope_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -133,3 +146,43 @@ class ReuseMatch:
     num_divergence_tokens: int
     num_attention_tokens: int
     num_reused_tokens: int
+
+
+@dataclass(frozen=True)
+class EvictedBlock:
+    """A prompt block the tree held once (the ghost record's entry): the cache ``level`` it was
+    dropped from, and its ``age``, in caches created since (0: dropped after the last one)."""
+
+    level: int
+    age: int
+
+
+@dataclass(frozen=True)
+class ReuseReport:
+    """Why each token of a prompt was or was not reused when its cache was created
+    (``KVCache.reuse_report``; docs/manager.md, "Why a prompt missed"). The parts add up to
+    ``num_prompt_tokens``:
+
+    - ``reused_tokens_by_level``: reused, per cache level where each block was found
+      (``KVCache.cached_tokens_by_level``);
+    - ``miss_stale_tokens``: the tree holds them, but pruning cut the match back (a window page
+      or an SSM snapshot it needs is gone);
+    - ``miss_capped_tokens``: matched, cut by ``reuse_match_backoff`` or ``max_reused_tokens``;
+    - ``miss_evicted_tokens``: blocks the tree held once (the ghost record knows them;
+      ``evicted_blocks``, in prompt order, says from which level and how long ago);
+    - ``miss_partial_tokens``: the prompt's tail shorter than a block, and the tokens a cached
+      block shares with the first missed one below the block boundary (partial reuse off);
+    - ``miss_other_scope_tokens``: never cached in this scope, but cached under another salt or
+      LoRA id (only with ``reuse_report_other_scope=True``);
+    - ``miss_never_seen_tokens``: the rest.
+    """
+
+    num_prompt_tokens: int
+    reused_tokens_by_level: tuple[int, ...]
+    miss_stale_tokens: int
+    miss_capped_tokens: int
+    miss_evicted_tokens: int
+    miss_partial_tokens: int
+    miss_never_seen_tokens: int
+    miss_other_scope_tokens: int
+    evicted_blocks: tuple[EvictedBlock, ...]

@@ -37,6 +37,12 @@ struct CacheStats {
   std::uint64_t remote_written = 0;
   std::uint64_t remote_errors = 0;
   std::uint64_t remote_skipped = 0;
+  std::uint64_t miss_stale_tokens = 0;
+  std::uint64_t miss_capped_tokens = 0;
+  std::uint64_t miss_evicted_tokens = 0;
+  std::uint64_t miss_partial_tokens = 0;
+  std::uint64_t miss_never_seen_tokens = 0;
+  std::uint64_t miss_other_scope_tokens = 0;
 };
 
 // Built by the manager, which owns it, and handed to each cache it creates. The manager works

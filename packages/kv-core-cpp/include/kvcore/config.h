@@ -71,6 +71,10 @@ struct KVCacheManagerConfig {
   bool text_only = false;  // a cache refuses digest tokens unless create_kv_cache says otherwise
   std::optional<SwaScratchReuseConfig> swa_scratch_reuse;
   KeyFormat key_format = kDefaultKeyFormat;
+  // Miss attribution (reuse_report.h).
+  bool reuse_report = true;
+  std::int64_t ghost_record_blocks = 65536;
+  bool reuse_report_other_scope = false;
   // The auto-tuner (rebalancer.h).
   std::uint64_t rebalance_min_sampled_kv_caches = 2000;
   double rebalance_cooldown_secs = 120;

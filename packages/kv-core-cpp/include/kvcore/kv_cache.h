@@ -31,6 +31,7 @@
 #include "kvcore/planned_drop.h"
 #include "kvcore/radix_tree.h"
 #include "kvcore/request_stats.h"
+#include "kvcore/reuse_report.h"
 #include "kvcore/tokens.h"
 
 namespace kvcore {
@@ -41,10 +42,11 @@ class KVCache {
  public:
   // SUSPENDED, on the matched prefix `path` (its pages held, priorities asked first so a failing
   // callback changes nothing); `fetched`: the blocks the remote tier brought for this match
-  // (counted in cached_tokens_by_level's last column). REQUIRES: the manager's lock.
+  // (counted in cached_tokens_by_level's last column); `misses`: why the rest of the prompt missed
+  // (nullptr: no reuse report). REQUIRES: the manager's lock.
   KVCache(CacheContext& context, std::int64_t id, const ReuseScope& scope, const Digest& root_key, TokenList tokens,
           const MatchPath& path, PriorityCallback priority, RequestStats request_stats,
-          const std::vector<const Block*>& fetched = {});
+          const std::vector<const Block*>& fetched = {}, const Misses* misses = nullptr);
   ~KVCache();  // closes an open cache unless the manager shut down or is poisoned
   KVCache(const KVCache&) = delete;
   KVCache& operator=(const KVCache&) = delete;
@@ -111,6 +113,8 @@ class KVCache {
   std::vector<std::int32_t> get_page_levels(int layer_group) const;
   // Per cache level, the reused tokens found there when the cache was created.
   const std::vector<std::int64_t>& cached_tokens_by_level() const { return cached_by_level_; }
+  // Why each prompt token was or was not reused at creation (nullopt with reuse_report off).
+  const std::optional<ReuseReport>& reuse_report() const { return reuse_report_; }
   // Validates and attaches (or, with data == nullptr, detaches) a caller's index buffer.
   void set_base_page_index_buf(int layer_group, IndexBuffer buffer);
 
@@ -246,6 +250,7 @@ class KVCache {
   std::map<int, IndexBuffer> user_buffers_;       // per layer group, a caller's buffer mirroring index_
   std::vector<std::int64_t> stale_scan_;          // per layer group: stale blocks below are cleared
   std::vector<std::int64_t> cached_by_level_;
+  std::optional<ReuseReport> reuse_report_;
   // Per SSM layer group: the request's state (allocated by the first resume), whether it is
   // locked, and the reused snapshot resume copies into it (the match ends on it).
   std::vector<Page*> ssm_state_;

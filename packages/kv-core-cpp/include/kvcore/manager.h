@@ -25,6 +25,7 @@
 #include "kvcore/radix_tree.h"
 #include "kvcore/remote_tier.h"
 #include "kvcore/request_stats.h"
+#include "kvcore/reuse_report.h"
 #include "kvcore/slot_counts.h"
 #include "kvcore/storage.h"
 #include "kvcore/storage_config.h"
@@ -125,9 +126,11 @@ class KVCacheManager {
   MatchPath match(const Digest& root_key, const Tokens& tokens, bool with_backoff = true,
                   std::optional<std::int64_t> max_reused = std::nullopt);
   // create_kv_cache's match: match()'s, its walk continued in the remote tier before backing
-  // off; `fetched` gets the blocks the remote tier brought.
+  // off; `fetched` gets the blocks the remote tier brought, `misses` why the rest missed (left
+  // empty with reuse_report off).
   MatchPath match_fetching(const Digest& root_key, const ReuseScope& scope, const Tokens& tokens,
-                           std::optional<std::int64_t> max_reused, std::vector<const Block*>& fetched);
+                           std::optional<std::int64_t> max_reused, std::vector<const Block*>& fetched,
+                           std::optional<Misses>& misses);
   // Extends `path` past its full blocks with the remote tier's (a partial last block of the
   // local walk gives way to a full one from the store), up to `max_reused` tokens.
   std::vector<const Block*> fetch_remote(const Digest& root_key, const ReuseScope& scope, const Tokens& tokens,

@@ -55,6 +55,8 @@ struct DigestHash {
 };
 
 class Block;
+class GhostRecord;
+class ScopeFreeIndex;
 
 class Node {
  public:
@@ -117,10 +119,18 @@ class Block : public Node {
 
 using MatchPath = std::vector<std::pair<Block*, std::int64_t>>;
 
+// How many of tokens [b_begin, b_end) of `b` the tokens of `a` start with (digest tokens match
+// by digest).
+std::int64_t common_prefix(const TokenList& a, const Tokens& b, std::size_t b_begin, std::size_t b_end);
+
 class RadixTree {
  public:
-  RadixTree(std::size_t num_layer_groups, std::int64_t tokens_per_block)
-      : num_layer_groups_(num_layer_groups), tokens_per_block_(tokens_per_block) {}
+  RadixTree(std::size_t num_layer_groups, std::int64_t tokens_per_block);
+  ~RadixTree();
+  RadixTree(const RadixTree&) = delete;
+  RadixTree& operator=(const RadixTree&) = delete;
+
+  std::int64_t tokens_per_block() const { return tokens_per_block_; }
 
   // The longest chain of blocks matching `tokens` under `root_key`, as (block, tokens matched in
   // it): whole blocks by key, the partial tail by its tokens' key; at a miss, with `partial`, the
@@ -131,7 +141,8 @@ class RadixTree {
                  bool partial) const;
   Root* find_root(const Digest& root_key) const;
   Root* root(const Digest& root_key, const ReuseScope& scope);
-  // A new child of `parent` holding tokens [begin, end) of `source`.
+  // A new child of `parent` holding tokens [begin, end) of `source`; a full one is back in the
+  // tree for the ghost record and the scope-free index.
   Block* add(Node* parent, const Digest& key, const TokenList& source, std::size_t begin, std::size_t end,
              std::int64_t ordinal);
   // A child of `parent` whose tokens strictly extend `tokens`: a partial block of `tokens`
@@ -144,19 +155,26 @@ class RadixTree {
   static Block* covered_sibling(const Node* parent, const TokenList& tokens);
   // `block` and its descendants, parents before children, children in insertion order.
   static std::vector<Block*> subtree(Block* block);
-  std::unique_ptr<Block> detach(Block* block) { return block->parent->take_child(block, partial(block)); }
+  // Takes `block` and its subtree out of the tree. `level`: the cache level an eviction dropped it
+  // from (nullopt: not an eviction, the ghost record is not told). The blocks are valid until
+  // recycled.
+  std::unique_ptr<Block> detach(Block* block, std::optional<int> level = std::nullopt);
   // Takes back a detached block and its subtree: up to kSpareBlocks are kept for add() to reuse
   // with their token and child storage, since a prefill commits and an eviction drops hundreds
   // of blocks, and the heap allocations of each (block, token list, child list) cost more than
   // the rest of its work.
   void recycle(std::unique_ptr<Block> block) noexcept;
-  // Remove `node` and its ancestors while childless, page-less and unpinned; drop a childless root.
-  void prune(Node* node);
+  // Remove `node` and its ancestors while childless, page-less and unpinned; drop a childless
+  // root. `level` as for detach().
+  void prune(Node* node, std::optional<int> level = std::nullopt);
   const std::vector<Root*>& roots() const { return root_order_; }
-  void clear();
+  void clear();  // every block leaves, not evicted: the ghost record keeps what it knew
   // Told of every block leaving the tree (nullptr: all of them, clear()), before it may be
   // recycled: the remote tier forgets the blocks it was to write. Must not throw.
   std::function<void(const Block*)> on_remove;
+  // What the reuse report reads (reuse_report.h); set by the manager where configured.
+  std::unique_ptr<GhostRecord> ghost;
+  std::unique_ptr<ScopeFreeIndex> scope_free;
 
  private:
   std::size_t num_layer_groups_;
@@ -167,6 +185,9 @@ class RadixTree {
   std::size_t spare_tokens_ = 0;  // the token capacity of the spare blocks
 
   void keep_spare(std::unique_ptr<Block> block) noexcept;  // or let it go, past the limits
+  // `block` left the tree (of a subtree, descendants before ancestors): the ghost record (for an
+  // eviction) and the scope-free index hear of a full one.
+  void left(const Block* block, std::optional<int> level) noexcept;
   bool partial(const Block* block) const { return static_cast<std::int64_t>(block->tokens.size()) < tokens_per_block_; }
 };
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kvcore/cache_context.h"
+#include "kvcore/reuse_report.h"
 #include "kvcore/tokens.h"
 
 namespace kvcore {
@@ -71,7 +72,8 @@ class RequestStats {
   RequestStats(StatsBook& book, std::int64_t cache_id, bool enabled, std::int64_t expected_prompt_length,
                bool text_only);
 
-  void created(std::uint64_t lookup_tokens, std::uint64_t reused_tokens, bool reused_snapshot);
+  // `misses`: why the rest of the prompt missed (nullptr with reuse_report off).
+  void created(std::uint64_t lookup_tokens, std::uint64_t reused_tokens, bool reused_snapshot, const Misses* misses);
   // Pages for `needs` (ordinal, layer group) were handed to the cache.
   void allocated(const std::vector<std::pair<std::int64_t, int>>& needs);
   void committed_block();

@@ -14,7 +14,7 @@ from kv_api.constants import BAD_PAGE_INDEX, DEFAULT_PRIORITY, GPU_LEVEL, KVCach
 from kv_api.contract import PriorityCallback
 from kv_api.keys import Token
 from kv_api.scope import ReuseScope
-from kv_api.stats import KVCacheStatsDelta
+from kv_api.stats import KVCacheStatsDelta, ReuseReport
 from kv_core_py import poison
 from kv_core_py.cache_commit import CacheCommit
 from kv_core_py.cache_context import CacheContext
@@ -24,6 +24,7 @@ from kv_core_py.cache_state import CacheBlock, CommitState
 from kv_core_py.page import Page
 from kv_core_py.radix_tree import Block
 from kv_core_py.request_stats import RequestStats
+from kv_core_py.reuse_report import Misses
 
 
 class KVCache(CacheResize, CacheCommit, kv_api.KVCache):
@@ -42,6 +43,7 @@ class KVCache(CacheResize, CacheCommit, kv_api.KVCache):
         priority: PriorityCallback | None,
         request_stats: RequestStats,
         remote_blocks: set[int] = frozenset(),  # type: ignore[assignment]
+        misses: Misses | None = None,
     ) -> None:
         self._manager = manager
         self._context = context
@@ -71,6 +73,7 @@ class KVCache(CacheResize, CacheCommit, kv_api.KVCache):
         self._scratch_on = context.swa_scratch_reuse is not None  # on by default where configured
         self._scratch_pages = [[] for _ in range(num_groups)]
         self._hold_matched(path, remote_blocks)
+        self._reuse_report = None if misses is None else misses.report(self._cached_tokens_by_level)
 
     def _hold_matched(self, path: list[tuple[Block, int]], remote_blocks: set[int]) -> None:
         """Take the matched prefix: its blocks, and a hold on each reused page."""
@@ -139,6 +142,11 @@ class KVCache(CacheResize, CacheCommit, kv_api.KVCache):
     def cached_tokens_by_level(self) -> list[int]:
         poison.check()
         return list(self._cached_tokens_by_level)
+
+    @property
+    def reuse_report(self) -> ReuseReport | None:
+        poison.check()
+        return self._reuse_report
 
     @property
     def expected_prompt_length(self) -> int:

@@ -19,6 +19,7 @@ from kv_core_py import batch, poison
 from kv_core_py.cache_context import CacheContext
 from kv_core_py.cache_level import CacheLevel, at_level
 from kv_core_py.event_manager import KVCacheEventManager
+from kv_core_py.ghost_record import GhostRecord
 from kv_core_py.kv_cache import KVCache
 from kv_core_py.life_cycles import LifeCycleRegistry
 from kv_core_py.manager_reuse import ManagerReuse
@@ -27,6 +28,7 @@ from kv_core_py.page_transfer import PageTransfer
 from kv_core_py.radix_tree import Block, RadixTree
 from kv_core_py.remote_tier import RemoteTier
 from kv_core_py.request_stats import StatsBook
+from kv_core_py.scope_free_index import ScopeFreeIndex
 from kv_core_py.slot_counts import SlotCounts, clamp_max_seq_len
 from kv_core_py.storage import Storage
 from kv_core_py.storage_config import BufferPlacement, StorageConfig
@@ -65,6 +67,10 @@ class KVCacheManager(ManagerReuse):
             raise
         self._counts = levels[0].counts
         self._tree = RadixTree(len(self._registry.life_cycles), config.tokens_per_block)
+        if config.reuse_report:
+            self._tree.ghost = GhostRecord(config.ghost_record_blocks)
+            if config.reuse_report_other_scope:
+                self._tree.scope_free = ScopeFreeIndex(config.tokens_per_block, config.key_format)
         if event_manager is not None:
             resync = weakref.WeakMethod(self._resync_events)  # weak: the events must not keep the manager
 

@@ -20,6 +20,7 @@ from kv_core_py.kv_cache import KVCache
 from kv_core_py.life_cycles import LifeCycleRegistry
 from kv_core_py.radix_tree import Block, RadixTree
 from kv_core_py.request_stats import RequestStats, StatsBook, first_digest, text_only_error
+from kv_core_py.reuse_report import Misses, find_misses
 from kv_core_py.tokens import Tokens
 
 
@@ -54,13 +55,25 @@ class ManagerReuse(kv_api.KVCacheManager):
 
     def _match_fetching(
         self, root_key: bytes, scope: ReuseScope, tokens: Tokens, max_reused: int | None
-    ) -> tuple[list[tuple[Block, int]], set[int]]:
+    ) -> tuple[list[tuple[Block, int]], set[int], Misses | None]:
         """``create_kv_cache``'s match: ``_match``'s, its walk continued in the remote tier before
-        backing off, and the ids of the blocks the remote tier brought."""
+        backing off; the ids of the blocks the remote tier brought; why the rest missed (None
+        with ``reuse_report`` off)."""
         config = self._config
         path = self._tree.walk(root_key, tokens, config.tokens_per_block, config.enable_partial_reuse)
         fetched = self._fetch_remote(root_key, scope, tokens, path, max_reused) if self._context.remote else set()
-        return self._prune(self._back_off(path, max_reused)), fetched
+        if not config.reuse_report:
+            return self._prune(self._back_off(path, max_reused)), fetched, None
+        walked = sum(n for _, n in path)
+        full = walked // config.tokens_per_block
+        misses = find_misses(
+            self._tree, root_key, tokens, walked, path[full - 1][0] if full else None, config.enable_partial_reuse
+        )
+        backed = sum(n for _, n in self._back_off(path, max_reused))
+        path = self._prune(path)
+        misses.capped = walked - backed
+        misses.stale = backed - sum(n for _, n in path)
+        return path, fetched, misses
 
     def _fetch_remote(
         self, root_key: bytes, scope: ReuseScope, tokens: Tokens, path: list[tuple[Block, int]], max_reused: int | None
@@ -239,7 +252,7 @@ class ManagerReuse(kv_api.KVCacheManager):
             if text and toks.packed is None and (digest := first_digest(toks.to_list())) is not None:
                 raise text_only_error("input_tokens", digest)
             stats = RequestStats(self._stats, cache_id, enable_request_stats, expected, text)
-            path, fetched = self._match_fetching(root_key, scope, toks, max_reused)
+            path, fetched, misses = self._match_fetching(root_key, scope, toks, max_reused)
             reused = sum(n for _, n in path)
             cache = KVCache(
                 self,
@@ -252,10 +265,13 @@ class ManagerReuse(kv_api.KVCacheManager):
                 custom_priority_callback,
                 stats,
                 fetched,
+                misses,
             )
             self._next_id = max(self._next_id, cache_id) + 1
             self._context.register_cache(cache)
-            stats.created(len(toks), reused, bool(path) and bool(self._registry.ssm_layer_groups))
+            stats.created(len(toks), reused, bool(path) and bool(self._registry.ssm_layer_groups), misses)
+            if self._tree.ghost is not None:
+                self._tree.ghost.tick()
             return cache
 
 

@@ -9,14 +9,18 @@ siblings, so every backend picks the same block.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import cast
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, cast
 
 from kv_api.keys import Token
 from kv_api.scope import ReuseScope
 from kv_core_py.block_keys import chained_keys
+from kv_core_py.ghost_record import GhostRecord
 from kv_core_py.page import Page
 from kv_core_py.tokens import Tokens
+
+if TYPE_CHECKING:
+    from kv_core_py.scope_free_index import ScopeFreeIndex
 
 #: Siblings are scanned for a partial match only when there are fewer than this many.
 PARTIAL_SCAN_LIMIT = 32
@@ -81,6 +85,9 @@ class RadixTree:
         self.roots: dict[bytes, Root] = {}
         self.num_layer_groups = num_layer_groups
         self.tokens_per_block = tokens_per_block
+        # What the reuse report reads (reuse_report.py); set by the manager where configured.
+        self.ghost: GhostRecord | None = None
+        self.scope_free: ScopeFreeIndex | None = None
 
     def walk(self, root_key: bytes, tokens: Tokens, tokens_per_block: int, partial: bool) -> list[tuple[Block, int]]:
         """The longest chain of blocks matching ``tokens``: ``(block, matched tokens)`` per block.
@@ -129,7 +136,13 @@ class RadixTree:
     def add(self, parent: Node, key: bytes, tokens: tuple[Token, ...], ordinal: int) -> Block:
         block = Block(key, parent, tokens, ordinal, self.num_layer_groups)
         parent.children[key] = block
-        parent.partial_children += len(tokens) < self.tokens_per_block
+        if len(tokens) < self.tokens_per_block:
+            parent.partial_children += 1
+        else:
+            if self.ghost is not None:
+                self.ghost.forget(key)
+            if self.scope_free is not None:
+                self.scope_free.added(block)
         return block
 
     @staticmethod
@@ -163,20 +176,47 @@ class RadixTree:
             yield b
             stack.extend(reversed(list(b.children.values())))
 
-    def detach(self, block: Block) -> None:
+    def detach(self, block: Block, level: int | None = None) -> None:
+        """Take ``block`` and its subtree out of the tree; ``level``: the cache level an eviction
+        dropped it from (None: not an eviction, the ghost record is not told)."""
         assert block.parent is not None
         self._take_child(block.parent, block)
+        if block.children:
+            self._left(reversed(list(RadixTree.subtree(block))), level)
+        else:
+            self._left((block,), level)
 
-    def prune(self, node: Node) -> None:
+    def prune(self, node: Node, level: int | None = None) -> None:
         """Remove ``node`` and its ancestors while they have no children, no page in any life
-        cycle and no open cache building on them; a root without children is dropped."""
+        cycle and no open cache building on them; a root without children is dropped.
+        ``level`` as for ``detach``."""
         while isinstance(node, Block) and not node.children and not node.has_pages() and not node.pins:
             parent = node.parent
             assert parent is not None
             self._take_child(parent, node)
+            self._left((node,), level)
             node = parent
         if isinstance(node, Root) and not node.children:
             self.roots.pop(node.key, None)
+
+    def clear(self) -> None:
+        """Every block leaves (not evicted: the ghost record keeps what it knew)."""
+        self.roots.clear()
+        if self.scope_free is not None:
+            self.scope_free.clear()
+
+    def _left(self, blocks: Iterable[Block], level: int | None) -> None:
+        """``blocks`` left the tree (descendants before ancestors): the ghost record and the
+        scope-free index hear of their full ones."""
+        ghost = self.ghost if level is not None else None
+        if ghost is None and self.scope_free is None:
+            return
+        for block in blocks:
+            if len(block.tokens) == self.tokens_per_block:
+                if ghost is not None:
+                    ghost.record(block.key, cast(int, level))
+                if self.scope_free is not None:
+                    self.scope_free.removed(block)
 
     def _take_child(self, parent: Node, block: Block) -> None:
         del parent.children[block.key]

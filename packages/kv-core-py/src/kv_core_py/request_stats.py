@@ -8,6 +8,7 @@ from kv_api.errors import LogicError
 from kv_api.keys import Token
 from kv_api.stats import KVCacheStatsDelta, LifeCycleStats, SsmSnapshotStats
 from kv_core_py.cache_context import CacheContext
+from kv_core_py.reuse_report import Misses
 
 
 class StatsBook:
@@ -73,10 +74,19 @@ class RequestStats:
         if any(counts.values()):
             self.book.dirty.add(self.cache_id)
 
-    def created(self, lookup_tokens: int, reused_tokens: int, reused_snapshot: bool) -> None:
+    def created(self, lookup_tokens: int, reused_tokens: int, reused_snapshot: bool, misses: Misses | None) -> None:
         if not self.excluded:
             self.book.context.add_stats(requests=1, lookup_tokens=lookup_tokens, reused_tokens=reused_tokens)
             self.book.ssm_reused += reused_snapshot
+            if misses is not None:
+                self.book.context.add_stats(
+                    miss_stale_tokens=misses.stale,
+                    miss_capped_tokens=misses.capped,
+                    miss_evicted_tokens=misses.evicted,
+                    miss_partial_tokens=misses.partial,
+                    miss_never_seen_tokens=misses.never_seen,
+                    miss_other_scope_tokens=misses.other_scope,
+                )
         if self.enabled:
             self._add_pending(lookup_tokens=lookup_tokens, reused_tokens=reused_tokens)
 

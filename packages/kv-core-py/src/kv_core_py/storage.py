@@ -420,6 +420,7 @@ class Storage:
         Then empty, page-less ancestors are pruned."""
         block = page.block
         assert isinstance(block, Block)
+        level = page.level  # where the blocks leaving the tree fell from (the ghost record's)
         self._discard(block, page.layer_group)
         if self.registry.kinds[page.layer_group].drop_takes_subtree(block.ordinal):
             for b in list(RadixTree.subtree(block)):
@@ -434,11 +435,11 @@ class Storage:
                         self._dequeue(p)
                         self._discard(b, layer_group)
             parent = block.parent
-            self.tree.detach(block)
+            self.tree.detach(block, level)
             assert parent is not None
-            self.tree.prune(parent)
+            self.tree.prune(parent, level)
         else:
-            self.tree.prune(block)
+            self.tree.prune(block, level)
 
     def drop_now(self, page: Page) -> None:
         """Drop a committed droppable page out of turn (a planned drop): as an eviction would,
@@ -464,4 +465,4 @@ class Storage:
                         if p is not None:
                             self._dequeue(p)
                             self._discard(b, layer_group)
-        self.tree.roots.clear()
+        self.tree.clear()

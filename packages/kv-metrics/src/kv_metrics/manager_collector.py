@@ -48,6 +48,9 @@ COUNTERS = (
     ("kvcore_remote_errors", "remote_errors", "Remote store calls that failed (each a miss or a write not made)."),
     ("kvcore_remote_skipped", "remote_skipped", "Committed blocks not handed over while the store asked for a pause."),
 )
+#: Why prompt tokens were not reused (``CacheStats.miss_<reason>_tokens``; docs/manager.md, "Why a
+#: prompt missed"): with the hits they add up to the queries.
+MISS_REASONS = ("stale", "capped", "evicted", "partial", "never_seen", "other_scope")
 #: The block store's own counters (``kv_store.StoreStats``), where it keeps them.
 STORE_COUNTERS = (
     ("kvcore_store_hits", "hits", "Blocks the store returned."),
@@ -126,6 +129,7 @@ class ManagerCollector:
             resumes = {key: dataclasses.replace(h, counts=list(h.counts)) for key, h in self._resumes.items()}
         readings = [(w, r) for w in watched if (r := _read(w)) is not None]  # shut down meanwhile: left out
         yield from _counters(readings)
+        yield _misses(readings)
         yield from _usage(readings)
         yield from _bytes_moved(readings)
         yield from _store(readings)
@@ -152,6 +156,18 @@ def _counters(readings: Sequence[_Reading]) -> Iterator[Metric]:
         for w, (stats, _, _, _) in readings:
             family.add_metric(w.labels, getattr(stats, field))
         yield family
+
+
+def _misses(readings: Sequence[_Reading]) -> Metric:
+    family = CounterMetricFamily(
+        "kvcore_prefix_cache_misses",
+        "Prefix cache misses, in tokens, by reason: prompt tokens not reused (with the hits, the queries).",
+        labels=[*LABELS, "reason"],
+    )
+    for w, (stats, _, _, _) in readings:
+        for reason in MISS_REASONS:
+            family.add_metric([*w.labels, reason], getattr(stats, f"miss_{reason}_tokens"))
+    return family
 
 
 def _usage(readings: Sequence[_Reading]) -> Iterator[Metric]:

@@ -37,7 +37,7 @@ map, a disk tier's files), are a ``kv_replay.tier_errors.TierError`` naming the 
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -54,6 +54,7 @@ from kv_api import (
     create_manager,
 )
 from kv_replay import resident
+from kv_replay.miss_report import misses_of
 from kv_replay.tier_errors import tier_errors
 from kv_replay.trace import Request
 
@@ -67,6 +68,7 @@ class RequestRecord:
     rejected: bool = False
     admission_seconds: float | None = None  # from create_kv_cache until it first started
     reused_by_level: list[int] = field(default_factory=list)  # its reused tokens by the level found on
+    misses: tuple[int, ...] = ()  # its prompt's tokens not reused, per reason (miss_report.REASONS)
 
 
 @dataclass(slots=True)  # one per step: built as cheaply as a dataclass can be
@@ -106,6 +108,8 @@ class ReplayResult:
     # The remote tier's counters (CacheStats' remote_*), None without one.
     remote: dict[str, int] | None = None
     store: dict[str, Any] | None = None  # the store's own counters (kv_store.StoreStats), where it has them
+    # Evicted prompt blocks of admitted requests, per age (caches created since the eviction).
+    evicted_ages: Counter[int] = field(default_factory=Counter)
 
 
 #: ``CacheStats``' remote counters, as a report names them.
@@ -232,6 +236,10 @@ class Replayer:
             record.reused_tokens = cache.num_committed_tokens
             record.admission_seconds = _now() - live.started
             record.reused_by_level = list(cache.cached_tokens_by_level) if self.tiered else [cache.num_committed_tokens]
+            report = cache.reuse_report
+            if report is not None:
+                record.misses = misses_of(report)
+                self.result.evicted_ages.update(e.age for e in report.evicted_blocks)
             self.admitted_prompt += len(live.request.prompt)
             self.reused += cache.num_committed_tokens
         rest = live.tokens[cache.num_committed_tokens :]

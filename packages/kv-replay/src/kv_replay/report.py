@@ -7,6 +7,8 @@ from typing import Any
 
 from kv_api.constants import ceil_div
 from kv_replay.header import Setup
+from kv_replay.miss_report import MISSES_SCHEMA, hint_lines, miss_cells, miss_summary
+from kv_replay.miss_report import ROWS as MISS_ROWS
 from kv_replay.remote_report import REMOTE_ROWS, REMOTE_SCHEMA, remote_cells, remote_summary
 from kv_replay.replayer import ReplayResult
 from kv_replay.sizes import format_size, human_size
@@ -58,6 +60,7 @@ SUMMARY_SCHEMA: dict[str, Any] = {
         "resume_latency_us",
         "level_utilization",
         "remote",
+        "misses",
     ],
     "properties": {
         "trace": {"type": "string"},
@@ -113,6 +116,7 @@ SUMMARY_SCHEMA: dict[str, Any] = {
             "additionalProperties": False,
         },
         "remote": REMOTE_SCHEMA,
+        "misses": MISSES_SCHEMA,
     },
     "additionalProperties": False,
 }
@@ -207,6 +211,7 @@ def summary(result: ReplayResult, setup: Setup | None = None) -> dict[str, Any]:
         },
         "level_utilization": dict(zip(result.levels, result.level_utilization, strict=False)),
         "remote": remote_summary(result),
+        "misses": miss_summary(result),
     }
 
 
@@ -274,7 +279,7 @@ def _cells(s: dict[str, Any]) -> dict[str, Any]:
     flat["admission_p99"] = s["admission_latency_us"]["p99"]
     flat["quota"] = format_size(s["quota"])
     flat["peak_resident_mib"] = s["peak_resident_bytes"] / (1 << 20)
-    return flat | remote_cells(s)
+    return flat | remote_cells(s) | miss_cells(s)
 
 
 def _grid(rows: list[list[str]], left: int) -> list[str]:
@@ -302,8 +307,9 @@ def table(summaries: list[dict[str, Any]]) -> str:
         rows = [*ROWS[:at], *_tier_rows(summaries), *ROWS[at:]]
     if any(s["remote"] for s in summaries):
         rows = [*rows, *REMOTE_ROWS]
+    rows = [*rows, *MISS_ROWS]
     lines = [[label, *(fmt.format(c[key]) for c in cells)] for key, label, fmt in rows]
-    return "\n".join(_grid([header, *lines], left=1))
+    return "\n".join([*_grid([header, *lines], left=1), *hint_lines(summaries)])
 
 
 def identical(results: list[ReplayResult]) -> bool:

@@ -1,0 +1,47 @@
+"""The scope-free index (docs/manager.md, "Why a prompt missed"; opt-in with
+``reuse_report_other_scope``): every full block in the tree under a second key, chained from one
+root shared by all scopes, so that a prompt's missed blocks can be found cached under another
+salt or LoRA id. It costs a second hash of each block committed and of each prompt missed."""
+
+from __future__ import annotations
+
+from kv_core_py.block_keys import chained_keys
+from kv_core_py.radix_tree import Block
+from kv_core_py.tokens import Tokens
+
+#: The root every scope-free chain starts from (a real scope's root is a SHA-256 digest).
+SCOPE_FREE_ROOT = bytes(32)
+
+
+class ScopeFreeIndex:
+    def __init__(self, tokens_per_block: int, key_format: str) -> None:
+        self.tokens_per_block = tokens_per_block
+        self.key_format = key_format
+        self._keys: dict[int, bytes] = {}  # id(block) -> its scope-free key
+        self._counts: dict[bytes, int] = {}  # scope-free key -> blocks in the tree under it
+
+    def added(self, block: Block) -> None:
+        """A full block entered the tree (its parent is a full block or a root)."""
+        parent = block.parent
+        parent_key = self._keys.get(id(parent), SCOPE_FREE_ROOT) if isinstance(parent, Block) else SCOPE_FREE_ROOT
+        key = chained_keys(parent_key, Tokens(list(block.tokens), self.key_format), 0, 1, self.tokens_per_block)[1]
+        self._keys[id(block)] = key
+        self._counts[key] = self._counts.get(key, 0) + 1
+
+    def removed(self, block: Block) -> None:
+        """A full block left the tree."""
+        key = self._keys.pop(id(block), None)
+        if key is None:
+            return
+        left = self._counts[key] - 1
+        if left:
+            self._counts[key] = left
+        else:
+            del self._counts[key]
+
+    def clear(self) -> None:
+        self._keys.clear()
+        self._counts.clear()
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._counts

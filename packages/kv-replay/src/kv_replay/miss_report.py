@@ -1,0 +1,96 @@
+"""Why a replay's prompts missed (issue 28; docs/replay.md, "Why prompts missed"): each admitted
+request's reuse report (``KVCache.reuse_report``) summed by reason, and a one-line hint where one
+reason holds most of the missed tokens."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kv_api.stats import ReuseReport
+
+if TYPE_CHECKING:
+    from kv_replay.replayer import ReplayResult
+
+#: The manager's reasons, in the report's order (``ReuseReport.miss_<reason>_tokens``).
+REASONS = ("stale", "capped", "evicted", "partial", "never_seen", "other_scope")
+#: With the replay's own: the prompts of requests too large to admit.
+REPLAY_REASONS = (*REASONS, "rejected")
+#: A reason holding at least this share of the missed tokens gets a hint.
+DOMINANT = 0.6
+
+MISSES_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["tokens", "hint"],
+    "properties": {
+        "tokens": {
+            "type": "object",
+            "required": list(REPLAY_REASONS),
+            "properties": {reason: {"type": "integer", "minimum": 0} for reason in REPLAY_REASONS},
+            "additionalProperties": False,
+        },
+        "hint": {"type": ["string", "null"]},
+    },
+    "additionalProperties": False,
+}
+ROWS = [(f"miss_{reason}", f"missed: {reason.replace('_', ' ')}", "{:,}") for reason in REPLAY_REASONS]
+
+
+def misses_of(report: ReuseReport) -> tuple[int, ...]:
+    return tuple(getattr(report, f"miss_{reason}_tokens") for reason in REASONS)
+
+
+def miss_summary(result: ReplayResult) -> dict[str, Any]:
+    """Missed tokens per reason (with the reused ones, the prompts' tokens), and the hint."""
+    tokens = {reason: sum(r.misses[i] for r in result.records if r.misses) for i, reason in enumerate(REASONS)}
+    tokens["rejected"] = sum(r.prompt_tokens for r in result.records if r.rejected)
+    return {"tokens": tokens, "hint": hint(tokens, result)}
+
+
+def _median_age(result: ReplayResult) -> int:
+    half, seen = sum(result.evicted_ages.values()) / 2, 0
+    for age in sorted(result.evicted_ages):
+        seen += result.evicted_ages[age]
+        if seen >= half:
+            return age
+    return 0
+
+
+def hint(tokens: dict[str, int], result: ReplayResult) -> str | None:
+    """What to change, where one reason holds ``DOMINANT`` of the missed tokens or more."""
+    missed = sum(tokens.values())
+    if not missed:
+        return None
+    reason = max(REPLAY_REASONS, key=lambda r: tokens[r])
+    share = tokens[reason] / missed
+    if share < DOMINANT:
+        return None
+    lead = f"{share:.0%} of missed tokens"
+    if reason == "evicted":
+        age = _median_age(result)
+        return (
+            f"{lead} were evicted, half of them within {age:,} requests: "
+            "a larger --quota or --host-quota would keep them"
+        )
+    return (
+        lead
+        + {
+            "stale": " were cut back (a window page or SSM snapshot gone): pages of those layers ran out first",
+            "capped": " were cut by the reuse backoff or max_reused_tokens",
+            "partial": " lay below a block boundary: fewer tokens per block would keep more of them",
+            "never_seen": " were seen for the first time: no cache size reuses those",
+            "other_scope": " are cached under another salt or LoRA adapter: requests that may share should share a scope",
+            "rejected": " belong to prompts too large for the device quota: a larger --quota admits them",
+        }[reason]
+    )
+
+
+def miss_cells(s: dict[str, Any]) -> dict[str, Any]:
+    return {f"miss_{reason}": n for reason, n in s["misses"]["tokens"].items()}
+
+
+def hint_lines(summaries: list[dict[str, Any]]) -> list[str]:
+    """The hints under a table: one line, or one per backend that has one when they differ."""
+    hints = [(s["backend"], s["misses"]["hint"]) for s in summaries if s["misses"]["hint"]]
+    if len({h for _, h in hints}) == 1 and len(hints) == len(summaries):
+        return [f"hint: {hints[0][1]}"]
+    return [f"hint ({backend}): {h}" for backend, h in hints]
