@@ -10,17 +10,15 @@ siblings, so every backend picks the same block.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from kv_api.keys import Token
 from kv_api.scope import ReuseScope
 from kv_core_py.block_keys import chained_keys
 from kv_core_py.ghost_record import GhostRecord
 from kv_core_py.page import Page
+from kv_core_py.scope_free_index import ScopeFreeIndex
 from kv_core_py.tokens import Tokens
-
-if TYPE_CHECKING:
-    from kv_core_py.scope_free_index import ScopeFreeIndex
 
 #: Siblings are scanned for a partial match only when there are fewer than this many.
 PARTIAL_SCAN_LIMIT = 32
@@ -142,7 +140,7 @@ class RadixTree:
             if self.ghost is not None:
                 self.ghost.forget(key)
             if self.scope_free is not None:
-                self.scope_free.added(block)
+                self.scope_free.added(id(block), id(parent) if isinstance(parent, Block) else None, tokens)
         return block
 
     @staticmethod
@@ -216,7 +214,7 @@ class RadixTree:
                 if ghost is not None:
                     ghost.record(block.key, cast(int, level))
                 if self.scope_free is not None:
-                    self.scope_free.removed(block)
+                    self.scope_free.removed(id(block))
 
     def _take_child(self, parent: Node, block: Block) -> None:
         del parent.children[block.key]
