@@ -65,6 +65,7 @@ def test_evicted_blocks_say_level_and_age(backend: kv_api.Backend) -> None:
     assert reported(m, toks(16, 100)) == report(16, (16,))
 
 
+@pytest.mark.requires("host_tier")
 def test_evicted_from_host(backend: kv_api.Backend) -> None:
     """8 device and 8 host slots: prompt A moves to the host when B comes, and is dropped from
     there when C comes; B then sits on the host."""
