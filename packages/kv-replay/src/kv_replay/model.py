@@ -54,6 +54,12 @@ class Layers:
         return sum(count for count, _, _ in self.groups)
 
 
+#: Evicted block keys a replay's manager remembers: far more than the engine default (65,536), so
+#: that a block evicted early in a long trace still counts as evicted, not never seen, when it is
+#: asked for again (memory grows with the blocks actually evicted, about 100 bytes each native).
+GHOST_RECORD_BLOCKS = 1 << 22
+
+
 def parse_layers(spec: str) -> list[Group]:
     """``"COUNT[xWINDOW][+SINKS],..."`` or ``"COUNTssm"``: e.g. ``"4"`` is four full-attention
     layers, ``"2,2x1024+4"`` adds two sliding-window layers (window 1024, 4 sink tokens) and
@@ -127,6 +133,7 @@ def model_config(
             layers=configs,
             enable_partial_reuse=partial_reuse,
             commit_min_snapshot=any(isinstance(layer, SsmLayerConfig) for layer in configs),
+            ghost_record_blocks=GHOST_RECORD_BLOCKS,
         )
     if pool_ratio is None:
         return config
