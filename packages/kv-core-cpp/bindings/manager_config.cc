@@ -74,6 +74,7 @@ KVCacheManagerConfig manager_config(nb::handle c) {
   }
   out.max_util_for_resume = nb::cast<double>(c.attr("max_util_for_resume"));
   out.enable_partial_reuse = nb::cast<bool>(c.attr("enable_partial_reuse"));
+  out.populate_memory = nb::cast<bool>(c.attr("populate_memory"));
   out.reuse_report = nb::cast<bool>(c.attr("reuse_report"));
   out.ghost_record_blocks = nb::cast<std::int64_t>(c.attr("ghost_record_blocks"));
   out.reuse_report_other_scope = nb::cast<bool>(c.attr("reuse_report_other_scope"));

@@ -6,8 +6,8 @@
 namespace kvcore {
 
 PoolGroup::PoolGroup(int index, const std::vector<std::uint64_t>& slot_sizes, std::uint64_t num_slots,
-                     const std::string* disk_directory)
-    : index(index), allocator(num_slots), slot_sizes(slot_sizes) {
+                     const std::string* disk_directory, bool populating)
+    : index(index), populating(populating), allocator(num_slots), slot_sizes(slot_sizes) {
   if (disk_directory != nullptr) {
     disk_pools.reserve(slot_sizes.size());
     for (std::uint64_t size : slot_sizes) disk_pools.emplace_back(*disk_directory, num_slots, size);
@@ -24,6 +24,7 @@ std::vector<std::uint64_t> PoolGroup::allocate(std::uint64_t n) {
 }
 
 void PoolGroup::populate(std::uint64_t end) {
+  if (!populating) return;
   for (MemoryPool& pool : pools) pool.populate(end * pool.slot_size());
 }
 
@@ -38,7 +39,7 @@ void PoolGroup::remap(std::uint64_t num_slots, std::vector<MemoryPool> memory,
                       const std::vector<std::uint64_t>& occupied) {
   for (std::size_t p = 0; p < pools.size() && p < memory.size(); ++p) {
     const std::uint64_t size = pools[p].slot_size();
-    memory[p].populate(std::min(allocator.next_fresh(), num_slots) * size);
+    if (populating) memory[p].populate(std::min(allocator.next_fresh(), num_slots) * size);
     for (std::uint64_t s : occupied) std::memcpy(memory[p].data() + s * size, pools[p].data() + s * size, size);
   }
   if (!pools.empty()) {
@@ -78,7 +79,7 @@ CacheLevel::CacheLevel(int index, const KVCacheManagerConfig& config, const Life
     : index(index), tier(config.cache_tiers.at(index).tier), counts(config, registry, storage, index) {
   const std::string* directory = is_disk() ? &config.cache_tiers[index].path : nullptr;
   for (const PoolGroupConfig& pg : storage.pool_groups())
-    pool_groups.emplace_back(pg.index, pg.slot_sizes, counts.slots[pg.index], directory);
+    pool_groups.emplace_back(pg.index, pg.slot_sizes, counts.slots[pg.index], directory, config.populate_memory);
 } catch (Error& e) {  // rethrown at the handler's end, as a constructor's always is
   at_level(e, index);
 }

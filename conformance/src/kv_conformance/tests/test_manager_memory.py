@@ -1,6 +1,6 @@
 """Pool memory is reserved address space, committed only as slots are handed out (docs/manager.md,
 "Pools"): a quota several times the machine's memory builds and stays small, the slots a cache
-takes are committed before anything writes them, and a quota beyond
+takes are committed before anything writes them (unless ``populate_memory`` is off), and a quota beyond
 the address space raises ``HostOOMError`` with the same message on every backend, leaving
 nothing mapped; the error of a level's memory or files says which level (``level``)."""
 
@@ -126,6 +126,28 @@ def test_the_slots_a_cache_takes_are_committed_before_they_are_written(backend: 
     assert not any(resident(memory, 6 * MIB, 8 * MIB))
     del memory
     cache.close()
+
+
+def test_without_populate_memory_the_slots_stay_uncommitted_until_written(backend: kv_api.Backend) -> None:
+    """``populate_memory=False`` (a manager whose pages nothing writes, as a replay's): the slots
+    a cache takes cost no memory; a page written is committed, as any mapped memory is."""
+    if not populate_write_works():
+        pytest.skip("the kernel lacks MADV_POPULATE_WRITE: pages fault in as they are written")
+    manager = make_manager(backend, config(256 * MIB, populate_memory=False))
+    cache = active(manager, 300 * TPB)
+    memory = manager.pool_memory(0, 0)
+    assert not any(resident(memory, 0, 300 * SLOT))
+    memory[SLOT : SLOT + 1] = b"x"
+    assert resident(memory, 0, 2 * SLOT) == [False] * (SLOT // mmap.PAGESIZE) + [True] + [False] * (
+        SLOT // mmap.PAGESIZE - 1
+    )
+    del memory
+    cache.close()
+
+
+def test_populate_memory_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match=r"^KVCacheManagerConfig.populate_memory: expected a bool, got int$"):
+        config(GIB, populate_memory=1)
 
 
 @pytest.mark.parametrize("quota", [1 << 60, (1 << 63) - 1], ids=["2**60", "2**63-1"])

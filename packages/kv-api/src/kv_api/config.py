@@ -288,6 +288,9 @@ class KVCacheManagerConfig:
     enable_stats: bool = True
     text_only: bool = False
     key_format: str = DEFAULT_KEY_FORMAT
+    # Commit pool memory as slots are handed out (docs/manager.md, "Memory is reserved, then
+    # committed"); False for a manager whose pages are never written, as a replay's.
+    populate_memory: bool = True
     # Miss attribution (docs/manager.md, "Why a prompt missed").
     reuse_report: bool = True
     ghost_record_blocks: int = 65536
@@ -342,7 +345,7 @@ class KVCacheManagerConfig:
 
         _set(self, "max_util_for_resume", unit_interval(f"{w}.max_util_for_resume", self.max_util_for_resume))
         flags = ("enable_partial_reuse", "commit_min_snapshot", "enable_stats", "text_only", "reuse_report")
-        for flag in (*flags, "reuse_report_other_scope"):
+        for flag in (*flags, "reuse_report_other_scope", "populate_memory"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"{w}.{flag}: expected a bool, got {type(getattr(self, flag)).__name__}")
         if as_str(f"{w}.key_format", self.key_format) not in KEY_FORMATS:

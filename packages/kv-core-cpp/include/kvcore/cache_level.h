@@ -33,11 +33,13 @@ struct StorageStatistics {
 
 class PoolGroup {
  public:
-  // Memory pools, or with `disk_directory` one file per pool there.
+  // Memory pools, or with `disk_directory` one file per pool there; `populating`:
+  // config.populate_memory.
   PoolGroup(int index, const std::vector<std::uint64_t>& slot_sizes, std::uint64_t num_slots,
-            const std::string* disk_directory);
+            const std::string* disk_directory, bool populating = true);
 
   int index;
+  bool populating;
   SlotAllocator allocator;
   std::vector<MemoryPool> pools;     // memory tiers
   std::vector<DiskPool> disk_pools;  // the disk tier
@@ -49,7 +51,7 @@ class PoolGroup {
   // n slot ids (allocator.allocate's), the memory below every fresh one committed (populate).
   std::vector<std::uint64_t> allocate(std::uint64_t n);
   // Commits the memory pools' bytes of the slots below `end` (MemoryPool::populate): before
-  // anything is copied or written into them.
+  // anything is copied or written into them. Not where populate_memory is off.
   void populate(std::uint64_t end);
   // The pools a resize to num_slots maps (Error(kHostOOM) before anything changes).
   std::vector<MemoryPool> new_memory(std::uint64_t num_slots) const;

@@ -71,6 +71,7 @@ struct KVCacheManagerConfig {
   bool text_only = false;  // a cache refuses digest tokens unless create_kv_cache says otherwise
   std::optional<SwaScratchReuseConfig> swa_scratch_reuse;
   KeyFormat key_format = kDefaultKeyFormat;
+  bool populate_memory = true;  // commit pool memory as slots are handed out (MemoryPool::populate)
   // Miss attribution (reuse_report.h).
   bool reuse_report = true;
   std::int64_t ghost_record_blocks = 65536;

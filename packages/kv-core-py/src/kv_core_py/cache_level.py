@@ -19,8 +19,11 @@ from kv_core_py.storage_config import StorageConfig
 
 
 class PoolGroup:
-    def __init__(self, index: int, slot_sizes: tuple[int, ...], num_slots: int, directory: str | None) -> None:
+    def __init__(
+        self, index: int, slot_sizes: tuple[int, ...], num_slots: int, directory: str | None, populating: bool = True
+    ) -> None:
         self.index = index
+        self.populating = populating  # config.populate_memory
         self.allocator = SlotAllocator(num_slots)
         self.evictable = EvictionQueue()
         self.pools: list[MemoryPool] = []
@@ -63,7 +66,9 @@ class PoolGroup:
 
     def populate(self, end: int) -> None:
         """Commit the memory pools' bytes of the slots below ``end`` (``MemoryPool.populate``):
-        before anything is copied or written into them."""
+        before anything is copied or written into them. Not where ``populate_memory`` is off."""
+        if not self.populating:
+            return
         for pool in self.pools:
             pool.populate(end * pool.slot_size)
 
@@ -77,7 +82,8 @@ class PoolGroup:
         readable (they keep the old mapping) but no longer see the pages."""
         for old, new in zip(self.pools, memory, strict=True):
             src, dst, size = old.view(), new.view(), old.slot_size
-            new.populate(min(self.allocator.next_fresh, num_slots) * size)
+            if self.populating:
+                new.populate(min(self.allocator.next_fresh, num_slots) * size)
             for s in occupied:
                 dst[s * size : (s + 1) * size] = src[s * size : (s + 1) * size]
         if self.pools:
@@ -128,7 +134,7 @@ class CacheLevel:
             directory = str(tier.path) if isinstance(tier, DiskCacheTierConfig) else None
             try:
                 for pg, n in zip(storage.pool_groups, self.counts.slots, strict=True):
-                    self.pool_groups.append(PoolGroup(pg.index, pg.slot_sizes, n, directory))
+                    self.pool_groups.append(PoolGroup(pg.index, pg.slot_sizes, n, directory, config.populate_memory))
             except BaseException:
                 self.close()
                 raise

@@ -104,7 +104,8 @@ def model_config(
     and a state of twice that per SSM layer (whose presence turns on ``commit_min_snapshot``);
     ``pool_ratio`` splits the quota between layer groups (default: the manager's split). A
     ``host_quota`` adds a host tier, a ``disk_quota`` a disk tier in ``disk_path``, a ``remote``
-    store the remote tier (model id ``kvcore-replay``).
+    store the remote tier (model id ``kvcore-replay``). The pools' memory is not populated
+    (``populate_memory=False``): nothing writes the pages, so a quota beyond RAM replays.
 
     Built field by field, each under the option it comes from: a value kv_api refuses is a
     ``ModelError`` naming that option."""
@@ -134,6 +135,7 @@ def model_config(
             enable_partial_reuse=partial_reuse,
             commit_min_snapshot=any(isinstance(layer, SsmLayerConfig) for layer in configs),
             ghost_record_blocks=GHOST_RECORD_BLOCKS,
+            populate_memory=False,  # a replay writes no page: its quota costs address space, not RAM
         )
     if pool_ratio is None:
         return config
