@@ -386,6 +386,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "bench/bench_keys.py", *session.posargs)
     session.run("python", "bench/bench_manager.py")
     session.run("python", "bench/bench_reuse_report.py")
+    session.run("python", "bench/bench_quota_curve.py")
     session.run("python", "bench/bench_tiers.py")
     session.run("python", "bench/bench_scale.py", "--tiers")  # up to 10^7 blocks: ~8 GB, a few minutes
     session.run("python", "bench/bench_events.py")

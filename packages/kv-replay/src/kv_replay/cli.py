@@ -207,8 +207,15 @@ def _output_flags(r: argparse.ArgumentParser) -> None:
     r.add_argument(
         "--plot",
         metavar="FILE.png",
-        help="draw hit rate and pool utilisation per engine step, or with a --quota list the capacity curve "
-        "(needs matplotlib; checked before the replay starts) (default: none)",
+        help="draw hit rate and pool utilisation per engine step, or with a --quota list or --quota-curve the "
+        "capacity curve (needs matplotlib; checked before the replay starts) (default: none)",
+    )
+    r.add_argument(
+        "--quota-curve",
+        action="store_true",
+        help="estimate the hit rate at every device quota from one replay at an unbounded quota (stack "
+        "distances): rows at powers of two and at the --quota values, without a replay per quota "
+        "(full-attention layers; docs/replay.md) (default: off)",
     )
     r.add_argument("--compare", action="store_true", help="replay on every installed backend; exit 1 if reuse differs")
     r.add_argument(

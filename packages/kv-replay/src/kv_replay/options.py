@@ -73,6 +73,7 @@ class ReplayOptions:
     quiet: bool
     progress: bool
     metrics_port: int | None = None  # None: no metrics endpoint; 0: a free port
+    quota_curve: bool = False  # estimate the hit rate at every device quota from one replay
 
     @classmethod
     def from_flags(cls, args: argparse.Namespace) -> ReplayOptions:
@@ -87,6 +88,7 @@ class ReplayOptions:
         self._check_tier_flags()
         self._check_remote_flags()
         self._check_publish_flags()
+        self._check_curve_flags()
 
     @property
     def clustered(self) -> bool:
@@ -124,6 +126,29 @@ class ReplayOptions:
                 raise OptionError(
                     "remote", f"not with {what} (each run would reuse the blocks the runs before it stored)"
                 )
+
+    def _check_curve_flags(self) -> None:
+        """``--quota-curve`` follows the device level of one manager of full-attention layers."""
+        if not self.quota_curve:
+            return
+        for what, given in (
+            ("--compare", self.compare),
+            ("--host-quota", self.host_quota is not None),
+            ("--disk-quota", self.disk_quota is not None),
+            ("--remote", self.remote is not None),
+            ("--instances", self.instances > 1),
+            ("--router", self.router is not None),
+            ("--publish", self.publish is not None),
+        ):
+            if given:
+                raise OptionError(
+                    "quota_curve", f"not with {what} (it estimates the device quota of one replay on one backend)"
+                )
+        if any(window is not None for _, window, _ in self.layers.groups):
+            raise OptionError(
+                "quota_curve",
+                "full-attention layers only (sliding-window and SSM layers drop pages the estimate does not follow)",
+            )
 
     def _check_publish_flags(self) -> None:
         """``--publish`` streams one manager's events: one replay, on one backend."""

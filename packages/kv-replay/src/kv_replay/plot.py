@@ -274,6 +274,7 @@ def capacity_figure(
     tokens_per_block: int,
     xlabel: str = "device quota",
     detail: str = "",
+    floor: int = 0,
 ) -> Figure:
     """The figure ``plot_capacity`` saves."""
     _require_matplotlib()
@@ -312,6 +313,8 @@ def capacity_figure(
         )
 
     quotas = sorted({q for curve in points.values() for q, _ in curve})
+    if floor and quotas and floor > quotas[0]:
+        ax.axvline(floor, color="grey", linestyle=":", label="peak in use: below it, requests wait (a rough estimate)")
     ax.set_xscale("log", base=2)
     if quotas:
         ax.set_xticks(quotas, [format_size(q) for q in quotas])
@@ -338,12 +341,14 @@ def plot_capacity(
     tokens_per_block: int,
     xlabel: str = "device quota",
     detail: str = "",
+    floor: int = 0,
 ) -> None:
     """Hit rate against the swept quota (log axis labelled in sizes; ``xlabel`` names it), one
     series per backend (``points``: backend -> [(quota bytes, hit rate)], sorted by quota), with
-    each backend's unbounded-cache hit rate as a horizontal reference line."""
+    each backend's unbounded-cache hit rate as a horizontal reference line; a ``floor`` quota
+    (``--quota-curve``'s peak in use) as a vertical one."""
     fig = capacity_figure(
-        points, unbounded, trace=trace, tokens_per_block=tokens_per_block, xlabel=xlabel, detail=detail
+        points, unbounded, trace=trace, tokens_per_block=tokens_per_block, xlabel=xlabel, detail=detail, floor=floor
     )
     _save(fig, path)
 

@@ -15,11 +15,14 @@ tier's files go to ``--disk-path`` or a temporary directory that is removed afte
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from functools import partial
 from typing import Protocol
 
 from kv_api import (
@@ -41,11 +44,13 @@ from kv_replay.plot import check_output, plot_capacity, plot_replay, plot_router
 from kv_replay.plural import plural
 from kv_replay.progress import ProgressBar
 from kv_replay.publish import check_backend, publishing
+from kv_replay.quota_curve import QuotaCurve, curve_quotas, curve_report, curve_table, sample_rate
 from kv_replay.remote_store import open_store, shown, store_stats
 from kv_replay.replayer import Replayer, ReplayResult, level_name
 from kv_replay.report import comparison, summary, sweep, sweep_table, table, verdict
 from kv_replay.sizes import format_size
-from kv_replay.tier_errors import TierError
+from kv_replay.stack_recorder import StackRecorder
+from kv_replay.tier_errors import TierError, tier_errors
 from kv_replay.trace import Request, load_trace
 from kv_replay.workload import default_workload
 
@@ -118,10 +123,12 @@ def _run(
     config: KVCacheManagerConfig,
     requests: list[Request],
     events: KVCacheEventManager | None = None,
+    recorder: StackRecorder | None = None,
 ) -> ReplayResult:
     label = f"replay ({backend.name}, {_quotas(config)})"
     with _option_errors(options), ProgressBar(label, quiet=options.quiet, forced=options.progress) as bar:
         replayer = Replayer(backend, config, options.max_in_flight, bar.callback, event_manager=events)
+        replayer.recorder = recorder
         with watching(replayer):
             result = replayer.run(requests)
     replayer.manager.shutdown()  # every cache is closed; the disk tier's files go now
@@ -152,7 +159,9 @@ def check_tiers(options: TierOptions, backends: list[Backend]) -> None:
                 raise ModelError(field, f"backend {backend.name!r} has no {level} tier")
 
 
-def _unbounded(options: ReplayOptions, backend: Backend, requests: list[Request]) -> ReplayResult:
+def _unbounded(
+    options: ReplayOptions, backend: Backend, requests: list[Request], recorder: StackRecorder | None = None
+) -> ReplayResult:
     """The same replay where nothing is ever evicted: every pool group can hold the whole trace."""
     tokens = sum(len(r.prompt) + len(r.output) for r in requests)
     smallest = _config(options, 1)
@@ -163,7 +172,7 @@ def _unbounded(options: ReplayOptions, backend: Backend, requests: list[Request]
     for pg in groups:
         for lc in pg.life_cycles:
             ratio[lc] = 1.0 / len(groups) / len(pg.life_cycles)
-    return _run(options, backend, _config(options, quota, ratio), requests)
+    return _run(options, backend, _config(options, quota, ratio), requests, recorder=recorder)
 
 
 def replay(options: ReplayOptions, backends: list[Backend]) -> int:
@@ -284,6 +293,8 @@ def _replay(options: ReplayOptions, backends: list[Backend], disk_dir: str | Non
         else default_workload(options.seed)[: options.limit]
     )
     setup = Setup.from_options(options, len(requests))
+    if options.quota_curve:
+        return _curve(options, backends[0], requests, setup)
     if options.clustered:
         host = options.host_quota[0] if options.host_quota else None
         baseline = _config(options, options.quota[0], host_quota=host, disk_dir=disk_dir) if store else None
@@ -376,3 +387,53 @@ def _sweep(
         )
         _wrote(options.plot)
     return 0 if report["reuse_identical"] else 1
+
+
+def _device_slots(options: ReplayOptions, backend: Backend, quota: int) -> int:
+    """The slots a device quota gives (the manager's sizing; one pool group)."""
+    config = _config(options, quota)
+    with _option_errors(options), tier_errors(config):
+        manager = create_manager(config, backend=backend)
+    try:
+        return manager.get_storage_statistics()[0].total
+    finally:
+        manager.shutdown()
+
+
+def _curve(options: ReplayOptions, backend: Backend, requests: list[Request], setup: Setup) -> int:
+    """``--quota-curve``: one replay at an unbounded quota whose stack distances estimate the
+    hit rate at every device quota (``kv_replay.quota_curve``)."""
+    for quota in options.quota:  # a quota that cannot be mapped fails before the replay
+        _device_slots(options, backend, quota)
+    start = time.perf_counter()
+    recorder = StackRecorder(options.tokens_per_block, sample_rate(requests, options.tokens_per_block))
+    result = _unbounded(options, backend, requests, recorder)
+    unbounded = summary(result, setup)
+    curve = QuotaCurve.of(recorder, unbounded["prompt_tokens"])
+    seconds = time.perf_counter() - start
+    config = _config(options, options.quota[0])
+    slot_bytes = sum(b.size for layer in config.layers for b in layer.buffers)
+    peak = math.ceil(unbounded["peak_pool_utilization"] * _device_slots(options, backend, result.quota))
+    quotas = curve_quotas(curve, slot_bytes, options.quota, peak)
+    named = {"trace": setup.trace, "backend": backend.name, **setup.layout_fields()}
+    slots_of = partial(_device_slots, options, backend)
+    report = curve_report(curve, quotas, slots_of, unbounded, peak, named, seconds)
+    if options.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(setup.header(f"backend: {backend.name}", "device, every quota (estimated); no host or disk tier") + "\n")
+        print(curve_table(report))
+    if options.plot:
+        points = {f"{backend.name}, estimated": [(p["quota"], p["hit_rate"]) for p in report["quota_curve"]]}
+        plot_capacity(
+            points,
+            {backend.name: unbounded["hit_rate"]},
+            options.plot,
+            floor=peak * slot_bytes,
+            trace=setup.trace,
+            tokens_per_block=options.tokens_per_block,
+            detail=f"{layout(setup.layers)}, {plural(setup.bytes_per_token, 'byte')} per token  ·  "
+            "estimated from one replay at an unbounded quota",
+        )
+        _wrote(options.plot)
+    return 0

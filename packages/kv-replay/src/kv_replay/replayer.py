@@ -55,6 +55,7 @@ from kv_api import (
 )
 from kv_replay import resident
 from kv_replay.miss_report import misses_of
+from kv_replay.stack_recorder import StackRecorder
 from kv_replay.tier_errors import tier_errors
 from kv_replay.trace import Request
 
@@ -188,6 +189,8 @@ class Replayer:
         self._settle_store = getattr(remote.store, "flush", None) if remote is not None else None
         # Told each resume's latency and whether it onboarded (kv_replay.metrics, --metrics-port).
         self.on_resume: Callable[[float, bool], None] | None = None
+        # Told each start and close, for the stack distances of --quota-curve.
+        self.recorder: StackRecorder | None = None
 
     # -- timed manager calls --------------------------------------------------------------------------
 
@@ -230,6 +233,8 @@ class Replayer:
         if not self._timed(cache.resize, len(live.tokens)):
             self._timed(cache.suspend)
             return False
+        if self.recorder is not None:
+            self.recorder.started(id(live), live.request.scope, live.tokens, cache.num_committed_tokens, live.first)
         if live.first:  # the admission that runs: its reuse and latency are the request's
             live.first = False
             record = self.result.records[live.index]
@@ -310,9 +315,15 @@ class Replayer:
             if self._timed(live.cache.resize, capacity):
                 return True
 
+    def _close(self, live: _Live) -> None:
+        if self.recorder is not None:  # what it committed past its tokens: output decoded
+            decoded = live.cache.num_committed_tokens - len(live.tokens)
+            self.recorder.closing(id(live), live.request.output[live.generated : live.generated + max(decoded, 0)])
+        self._timed(live.cache.close)
+
     def _requeue(self, live: _Live) -> None:
         """Close an open request and queue it first, to be re-admitted with what it generated."""
-        self._timed(live.cache.close)
+        self._close(live)
         live.open = False
         generated = live.generated_by(self.steps)
         tokens = live.tokens
@@ -321,7 +332,7 @@ class Replayer:
         self.pending.appendleft((live.index, tokens, generated, live.first))
 
     def _finish(self, live: _Live, rejected: bool = False) -> None:
-        self._timed(live.cache.close)
+        self._close(live)
         live.open = False
         self.result.records[live.index].rejected = rejected
         if live.first:  # rejected before it started: its prompt counts, all of it missed
