@@ -148,8 +148,8 @@ def test_the_table_has_every_row_and_the_replayed_ceiling(capsys: pytest.Capture
     assert "quotas: device, every quota (estimated); no host or disk tier" in out
     table, _, notes = out.partition("\n\n")[2].partition("\n\n")
     rows = {line.split()[0]: line for line in table.splitlines()[2:]}
-    assert list(rows)[-1] == "unbounded" and rows["unbounded"].endswith("(replayed)")
-    assert rows["3M"].endswith(" *") and not rows["256M"].endswith(" *")  # below the peak in use, or not
+    assert list(rows)[-1] == "unbounded" and rows["unbounded"].startswith("unbounded (replayed)")
+    assert rows["3M"].endswith("% *") and rows["256M"].endswith("%  ")  # below the peak in use, or not
     assert notes.startswith("from one replay at an unbounded quota, every block: ")
     assert "* fewer slots than that replay held in use at its peak" in notes
 

@@ -4,9 +4,11 @@ reason holds most of the missed tokens."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections import Counter
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kv_api.stats import ReuseReport
+from kv_replay.plural import plural
 
 if TYPE_CHECKING:
     from kv_replay.replayer import ReplayResult
@@ -17,6 +19,7 @@ REASONS = ("stale", "capped", "evicted", "partial", "never_seen", "other_scope")
 REPLAY_REASONS = (*REASONS, "rejected")
 #: A reason holding at least this share of the missed tokens gets a hint.
 DOMINANT = 0.6
+_Age = TypeVar("_Age", int, float)
 
 MISSES_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -46,13 +49,14 @@ def miss_summary(result: ReplayResult) -> dict[str, Any]:
     return {"tokens": tokens, "hint": hint(tokens, result)}
 
 
-def _median_age(result: ReplayResult) -> int:
-    half, seen = sum(result.evicted_ages.values()) / 2, 0
-    for age in sorted(result.evicted_ages):
-        seen += result.evicted_ages[age]
+def _median(ages: Counter[_Age]) -> _Age | None:
+    """The age half the evicted blocks are younger than (or as old as); None without any."""
+    half, seen = sum(ages.values()) / 2, 0
+    for age in sorted(ages):
+        seen += ages[age]
         if seen >= half:
             return age
-    return 0
+    return None
 
 
 def hint(tokens: dict[str, int], result: ReplayResult) -> str | None:
@@ -66,9 +70,12 @@ def hint(tokens: dict[str, int], result: ReplayResult) -> str | None:
         return None
     lead = f"{share:.0%} of missed tokens"
     if reason == "evicted":
-        age = _median_age(result)
+        # An age counts the requests admitted between the eviction and the one asking again:
+        # the eviction came with the request that many plus one before it.
+        age, seconds = (_median(result.evicted_ages) or 0) + 1, _median(result.evicted_seconds)
+        clock = "" if seconds is None else f" ({seconds:,.1f} s of the trace's time)"
         return (
-            f"{lead} were evicted, half of them within {age:,} requests: "
+            f"{lead} were evicted, half of them within {plural(age, 'request')}{clock}: "
             "a larger --quota or --host-quota would keep them"
         )
     return (

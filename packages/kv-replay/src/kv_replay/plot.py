@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from kv_api.constants import ceil_div
+from kv_replay.miss_report import REPLAY_REASONS
 from kv_replay.plural import plural
 from kv_replay.replayer import ReplayResult
 from kv_replay.sizes import format_size
@@ -205,8 +206,8 @@ def replay_figure(
         cached[r.backend] = [s.occupancy for s in r.samples]
         final[r.backend] = hit_rate[r.backend][-1] if r.samples else 0.0
 
-    fig = _new_figure(7.0)
-    hits, pools = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
+    fig = _new_figure(9.5)
+    hits, pools, why = fig.subplots(3, 1, sharex=True, height_ratios=[3, 2, 3])
     curves = group_identical(hit_rate)
     for i, (label, values) in enumerate(curves):
         x, y = thin(values)  # x: the engine step, as the replayer samples once a step from step 0
@@ -241,10 +242,11 @@ def replay_figure(
     pools.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
     pools.set_ylim(0, 1.05)  # a share of the pool: full scale shows how close it came to full
     pools.set_ylabel("pool utilisation")
-    pools.set_xlabel("engine step")
-    pools.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+    _reasons(why, results[0], len(results) > 1)
+    why.set_xlabel("engine step")
+    why.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
     pools.set_xlim(left=0)
-    for ax in (hits, pools):
+    for ax in (hits, pools, why):
         ax.grid(alpha=0.3)
         _legend_outside(ax)
 
@@ -254,6 +256,40 @@ def replay_figure(
         + (f"\n{detail}" if detail else "")
     )
     return fig
+
+
+def reasons_by_step(result: ReplayResult) -> tuple[list[str], np.ndarray[Any, np.dtype[np.float64]]]:
+    """``reused`` and each miss reason that has tokens, and per step (columns) each one's share
+    of the prompt tokens counted so far (a request counts when it first starts, or is rejected)."""
+    names = ["reused", *REPLAY_REASONS]
+    tokens = np.zeros((len(names), max(result.steps, 1)))
+    for record in result.records:
+        if record.step < 0:
+            continue
+        tokens[0, record.step] += record.reused_tokens
+        tokens[1 : 1 + len(record.misses), record.step] += record.misses
+        if record.rejected:
+            tokens[-1, record.step] += record.prompt_tokens
+    counted = np.cumsum(tokens, axis=1)
+    total = counted.sum(axis=0)
+    shares = np.divide(counted, total, out=np.zeros_like(counted), where=total > 0)
+    keep = [i for i in range(len(names)) if counted[i, -1] > 0]
+    return [names[i].replace("_", " ") for i in keep], shares[keep]
+
+
+def _reasons(ax: Axes, result: ReplayResult, several: bool) -> None:
+    """Why prompt tokens missed, so far, as shares stacked on the reused ones."""
+    from matplotlib.ticker import PercentFormatter
+
+    names, shares = reasons_by_step(result)
+    steps = np.unique(np.linspace(0, shares.shape[1] - 1, min(shares.shape[1], MAX_POINTS)).astype(np.intp))
+    if names:
+        ax.stackplot(steps, shares[:, steps], labels=names, colors=[f"C{i}" for i in range(len(names))], alpha=0.8)
+    ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("share of prompt tokens")
+    whose = f" ({result.backend})" if several else ""
+    ax.set_title(f"reused, or why not: every prompt so far{whose}", loc="left", fontsize="medium")
 
 
 def plot_replay(

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from kv_replay.grid import grid
 from kv_replay.report import SUMMARY_SCHEMA
 from kv_replay.sizes import format_size
 from kv_replay.stack_recorder import StackRecorder
@@ -161,13 +162,11 @@ def curve_report(
 
 def curve_table(report: dict[str, Any]) -> str:
     rows = [("quota", "slots", "hit rate (estimated)")]
-    for p in report["quota_curve"]:
-        mark = " *" if p["below_peak_in_use"] else ""
+    for p in report["quota_curve"]:  # a mark, or as wide a space: the rates stay aligned
+        mark = " *" if p["below_peak_in_use"] else "  "
         rows.append((format_size(p["quota"]), f"{p['slots']:,}", f"{p['hit_rate']:.2%}{mark}"))
-    rows.append(("unbounded", "", f"{report['unbounded']['hit_rate']:.2%} (replayed)"))
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = [f"{a:<{widths[0]}}  {b:>{widths[1]}}  {c}" for a, b, c in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    rows.append(("unbounded (replayed)", "", f"{report['unbounded']['hit_rate']:.2%}  "))
+    lines = grid(rows, left=1)
     rate = report["sample_rate"]
     sampled = "every block" if rate >= 1.0 else f"{report['sampled_blocks']:,} reused blocks sampled ({rate:.1%})"
     lines.append(f"\nfrom one replay at an unbounded quota, {sampled}: {report['seconds']:.1f} s")

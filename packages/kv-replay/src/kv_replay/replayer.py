@@ -55,6 +55,7 @@ from kv_api import (
 )
 from kv_replay import resident
 from kv_replay.miss_report import misses_of
+from kv_replay.prefix_report import first_block
 from kv_replay.stack_recorder import StackRecorder
 from kv_replay.tier_errors import tier_errors
 from kv_replay.trace import Request
@@ -70,6 +71,9 @@ class RequestRecord:
     admission_seconds: float | None = None  # from create_kv_cache until it first started
     reused_by_level: list[int] = field(default_factory=list)  # its reused tokens by the level found on
     misses: tuple[int, ...] = ()  # its prompt's tokens not reused, per reason (miss_report.REASONS)
+    step: int = -1  # the step it first started in, or was rejected in before starting
+    name: str = ""  # the request's
+    prefix: int | None = None  # a hash of its scope and first block (prefix_report), None if shorter
 
 
 @dataclass(slots=True)  # one per step: built as cheaply as a dataclass can be
@@ -109,8 +113,11 @@ class ReplayResult:
     # The remote tier's counters (CacheStats' remote_*), None without one.
     remote: dict[str, int] | None = None
     store: dict[str, Any] | None = None  # the store's own counters (kv_store.StoreStats), where it has them
-    # Evicted prompt blocks of admitted requests, per age (caches created since the eviction).
+    # Evicted prompt blocks of admitted requests, per age (caches created since the eviction),
+    # and per age in the trace's seconds (from the arrival of the request created then) where
+    # the trace gives timestamps.
     evicted_ages: Counter[int] = field(default_factory=Counter)
+    evicted_seconds: Counter[float] = field(default_factory=Counter)
 
 
 #: ``CacheStats``' remote counters, as a report names them.
@@ -215,6 +222,7 @@ class Replayer:
         request = self.requests[index]
         if self._settle_store is not None:
             self._settle_store(_STORE_SETTLE_S)
+        self._created.append(request.seconds)
         start = _now()
         cache = self._timed(self.manager.create_kv_cache, request.scope, tokens, hashed=len(tokens))
         return _Live(index, request, cache, tokens, generated, first, start, output=request.output.tolist())
@@ -241,10 +249,11 @@ class Replayer:
             record.reused_tokens = cache.num_committed_tokens
             record.admission_seconds = _now() - live.started
             record.reused_by_level = list(cache.cached_tokens_by_level) if self.tiered else [cache.num_committed_tokens]
+            record.step = self.steps
             report = cache.reuse_report
             if report is not None:
                 record.misses = misses_of(report)
-                self.result.evicted_ages.update(e.age for e in report.evicted_blocks)
+                self._count_evicted([e.age for e in report.evicted_blocks])
             self.admitted_prompt += len(live.request.prompt)
             self.reused += cache.num_committed_tokens
         rest = live.tokens[cache.num_committed_tokens :]
@@ -315,6 +324,18 @@ class Replayer:
             if self._timed(live.cache.resize, capacity):
                 return True
 
+    def _count_evicted(self, ages: list[int]) -> None:
+        """The ages of the evicted blocks of the request created last, in caches and seconds."""
+        self.result.evicted_ages.update(ages)
+        created = self._created
+        now = created[-1]
+        if now is None or not ages:
+            return
+        for age in ages:  # ``age`` caches were created between the eviction and this one
+            then = created[max(len(created) - 2 - age, 0)]  # the one the eviction made room for
+            if then is not None:
+                self.result.evicted_seconds[round(now - then, 3)] += 1
+
     def _close(self, live: _Live) -> None:
         if self.recorder is not None:  # what it committed past its tokens: output decoded
             decoded = live.cache.num_committed_tokens - len(live.tokens)
@@ -337,6 +358,7 @@ class Replayer:
         self.result.records[live.index].rejected = rejected
         if live.first:  # rejected before it started: its prompt counts, all of it missed
             self.admitted_prompt += len(live.request.prompt)
+            self.result.records[live.index].step = self.steps
         self.done += 1
 
     # -- the loop ---------------------------------------------------------------------------------------
@@ -365,6 +387,7 @@ class Replayer:
         self.reused = 0
         self.done = 0
         self.pending: deque[_Queued] = deque()
+        self._created: list[float | None] = []  # each create_kv_cache's request's arrival in seconds
         self.waiting = None
         # Free and evictable slots per pool group: as the last step left them, and when the
         # waiting request last failed to start.
@@ -385,7 +408,9 @@ class Replayer:
         """Queue ``request`` last."""
         self.pending.append((len(self.requests), request.prompt, 0, True))
         self.requests.append(request)
-        self.result.records.append(RequestRecord(len(request.prompt), len(request.output)))
+        record = RequestRecord(len(request.prompt), len(request.output), name=request.name)
+        record.prefix = first_block(request, self.config.tokens_per_block)
+        self.result.records.append(record)
 
     @property
     def busy(self) -> bool:

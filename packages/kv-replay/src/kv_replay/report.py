@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from kv_api.constants import ceil_div
+from kv_replay.grid import grid
 from kv_replay.header import Setup
 from kv_replay.miss_report import MISSES_SCHEMA, hint_lines, miss_cells, miss_summary
 from kv_replay.miss_report import ROWS as MISS_ROWS
+from kv_replay.prefix_report import PREFIXES_SCHEMA, prefix_lines, prefix_summary
 from kv_replay.remote_report import REMOTE_ROWS, REMOTE_SCHEMA, remote_cells, remote_summary
 from kv_replay.replayer import ReplayResult
 from kv_replay.sizes import format_size, human_size
@@ -61,6 +63,7 @@ SUMMARY_SCHEMA: dict[str, Any] = {
         "level_utilization",
         "remote",
         "misses",
+        "prefixes",
     ],
     "properties": {
         "trace": {"type": "string"},
@@ -117,6 +120,7 @@ SUMMARY_SCHEMA: dict[str, Any] = {
         },
         "remote": REMOTE_SCHEMA,
         "misses": MISSES_SCHEMA,
+        "prefixes": PREFIXES_SCHEMA,
     },
     "additionalProperties": False,
 }
@@ -212,6 +216,7 @@ def summary(result: ReplayResult, setup: Setup | None = None) -> dict[str, Any]:
         "level_utilization": dict(zip(result.levels, result.level_utilization, strict=False)),
         "remote": remote_summary(result),
         "misses": miss_summary(result),
+        "prefixes": prefix_summary(result),
     }
 
 
@@ -282,17 +287,6 @@ def _cells(s: dict[str, Any]) -> dict[str, Any]:
     return flat | remote_cells(s) | miss_cells(s)
 
 
-def _grid(rows: list[list[str]], left: int) -> list[str]:
-    """Aligned text rows, a rule under the header: the first ``left`` columns flush left."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    out = [
-        "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
-        for row in rows
-    ]
-    out.insert(1, "  ".join("-" * w for w in widths))
-    return out
-
-
 def verdict(identical: bool) -> str:
     return "reuse identical on every backend" if identical else "REUSE DIFFERS between backends"
 
@@ -309,7 +303,8 @@ def table(summaries: list[dict[str, Any]]) -> str:
         rows = [*rows, *REMOTE_ROWS]
     rows = [*rows, *MISS_ROWS]
     lines = [[label, *(fmt.format(c[key]) for c in cells)] for key, label, fmt in rows]
-    return "\n".join([*_grid([header, *lines], left=1), *hint_lines(summaries)])
+    prefixes = prefix_lines(summaries[0]["prefixes"]) if summaries else []
+    return "\n".join([*grid([header, *lines], left=1), *hint_lines(summaries), *prefixes])
 
 
 def identical(results: list[ReplayResult]) -> bool:
@@ -381,7 +376,7 @@ def sweep_table(report: dict[str, Any]) -> str:
         cells.append({**_cells(s), "quota": "unbounded", "host_quota": "-", "disk_quota": "-"})
     lines = [[label for _, label, _ in columns]]
     lines += [[fmt.format(c[key]) for key, _, fmt in columns] for c in cells]
-    out = _grid(lines, left=[key for key, _, _ in columns].index("backend") + 1)
+    out = grid(lines, left=[key for key, _, _ in columns].index("backend") + 1)
     if len(report["unbounded"]) > 1:
         out += ["", verdict(report["reuse_identical"])]
     return "\n".join(out)

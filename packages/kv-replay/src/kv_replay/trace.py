@@ -52,6 +52,7 @@ class Request:
     scope: ReuseScope | None = None
     arrival: float = 0.0
     name: str = field(default="")
+    seconds: float | None = None  # the arrival in seconds, where the trace gives a timestamp
 
 
 class _Expansion:
@@ -167,6 +168,12 @@ def _scope(where: str, record: dict[str, Any]) -> ReuseScope | None:
     return ReuseScope(lora, cache_salt_to_id(salt) if salt is not None else None)
 
 
+def _seconds(record: dict[str, Any], unit: float) -> float | None:
+    """The line's ``timestamp`` (checked by ``_arrival``) in seconds, None without one:
+    Mooncake's are milliseconds, kvcore's seconds."""
+    return float(record["timestamp"]) * unit if "timestamp" in record else None
+
+
 def parse_record(where: str, record: Any, index: int, expansion: _Expansion) -> Request:
     """One trace line's object as a request (Mooncake if it has ``hash_ids``, else kvcore), whose
     generated tokens ``expansion`` makes later."""
@@ -187,7 +194,7 @@ def parse_record(where: str, record: Any, index: int, expansion: _Expansion) -> 
                 f"{where}: field 'input_length': {tokens} its {plural(len(hash_ids), 'block')} "
                 f"('hash_ids') of {MOONCAKE_BLOCK} tokens"
             )
-        request = Request(_EMPTY, _EMPTY, scope, arrival, f"request {index}")
+        request = Request(_EMPTY, _EMPTY, scope, arrival, f"request {index}", _seconds(record, 1e-3))
         expansion.prompt(request, hash_ids, length)
         expansion.output(request, index, _int(where, record, "output_length"))
         return request
@@ -203,6 +210,7 @@ def parse_record(where: str, record: Any, index: int, expansion: _Expansion) -> 
     if not (isinstance(name, (int, float)) and not isinstance(name, bool)):  # a number labels too
         name = _text(where, record, "name")
     request = Request(prompt, output, scope, arrival, f"request {index}" if name is None else str(name))
+    request.seconds = _seconds(record, 1.0)
     if not listed:
         expansion.output(request, index, generated)
     return request
