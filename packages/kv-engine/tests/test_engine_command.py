@@ -255,3 +255,54 @@ def test_ctrl_c_ends_quietly() -> None:
     assert out == b""
     assert (seen + err).endswith(b"\nkvcore: interrupted\n")
     assert b"Traceback" not in seen + err
+
+
+def test_metrics_are_served_while_the_engine_runs(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, backend: kv_api.Backend
+) -> None:
+    """``--metrics-port``: scraped over HTTP after every wave, the reusing engine ("0") counts
+    what the report says it did, the check's engine ("check") reuses nothing, and every
+    admission's resume is in the latency histogram; the endpoint goes with the command."""
+    pytest.importorskip("kv_metrics")
+    import urllib.error
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    urls: list[str] = []
+    scrapes: list[dict[tuple[str, str], float]] = []
+
+    def scrape() -> dict[tuple[str, str], float]:
+        with urllib.request.urlopen(urls[0], timeout=10) as response:
+            families = text_string_to_metric_families(response.read().decode())
+        return {
+            (s.name, s.labels["engine"]): s.value
+            for f in families
+            for s in f.samples
+            if "engine" in s.labels
+            and set(s.labels) <= {"engine", "model_name", "onboarding"}
+            and s.labels.get("onboarding", "false") == "false"
+        }
+
+    original = engine_command._generate
+
+    def generate(*args: Any) -> None:
+        original(*args)
+        if not urls:
+            urls.append(capsys.readouterr().err.split()[1])  # "metrics: URL", before anything else
+        scrapes.append(scrape())
+
+    monkeypatch.setattr(engine_command, "_generate", generate)
+    flags = ["--model", "llama", "--backend", backend.name, "--limit", "6", "--max-running", "2", "--check"]
+    code, out, err = run(capsys, *flags, "--max-new-tokens", "2", "--metrics-port", "0", "--json", *QUIET)
+    assert code == 0, err
+    result = json.loads(out)
+    last = scrapes[-1]
+    assert result["waves"] >= 2 and len(scrapes) == 2 * result["waves"]  # each wave on both engines
+    assert last["vllm:prefix_cache_hits_total", "0"] == result["reused_tokens"] > 0
+    assert last["vllm:prefix_cache_hits_total", "check"] == 0
+    assert last["kvcore_requests_total", "0"] == last["kvcore_requests_total", "check"] == 6
+    assert last["kvcore_resume_seconds_count", "0"] >= 6
+    assert urls[0].startswith("http://127.0.0.1:")
+    with pytest.raises(urllib.error.URLError):
+        scrape()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,10 +18,11 @@ from kv_api import (
     GpuCacheTierConfig,
     HostCacheTierConfig,
     KVCacheManagerConfig,
+    RemoteCacheTierConfig,
     ReuseScope,
 )
 from kv_metrics import ManagerCollector, MetricsServer
-from kv_metrics.manager_collector import COUNTERS, MISS_REASONS, RESUME_BUCKETS
+from kv_metrics.manager_collector import COUNTERS, MISS_REASONS, RESUME_BUCKETS, STORE_CALL_BUCKETS
 
 TOKENS_PER_BLOCK = 16
 PAGE_BYTES = 4096
@@ -141,6 +143,38 @@ def test_resume_histogram_is_cumulative() -> None:
     assert samples["kvcore_resume_seconds_sum", on] == pytest.approx(2.00054)
     assert bucket(1e-05, labels(onboarding="false")) == 1  # an observation on a bound is inside it
     assert len(RESUME_BUCKETS) == 11
+
+
+@pytest.mark.requires("remote_tier")
+def test_store_call_latency_is_a_histogram_of_the_stores_calls(backend: kv_api.Backend, tmp_path: Path) -> None:
+    """Two managers share a file store (the second reuses the first's prompt through it): the
+    store's calls, as the store counts them, are the histogram's count, sum and buckets."""
+    kv_store = pytest.importorskip("kv_store")
+    assert kv_store.CALL_BUCKETS == STORE_CALL_BUCKETS
+    store = kv_store.FileBlockStore(tmp_path)
+    layers = [AttentionLayerConfig(0, [BufferConfig("kv", PAGE_BYTES)])]
+    config = KVCacheManagerConfig(
+        TOKENS_PER_BLOCK, [GpuCacheTierConfig(1 << 21), RemoteCacheTierConfig(store, "m")], layers
+    )
+    first, second = kv_api.create_manager(config, backend=backend), kv_api.create_manager(config, backend=backend)
+    prompt = list(range(TOKENS_PER_BLOCK * 20))
+    with MetricsServer(0) as server:
+        server.collector.watch(second)
+        run_prompts(first, [prompt])
+        assert store.flush(10)
+        run_prompts(second, [prompt])
+        samples = scrape(server)
+        stats = store.stats()
+    assert second.get_committed_stats().remote_blocks == 20 and stats.hits == 20
+    assert samples["kvcore_store_call_seconds_count", labels()] == stats.calls > 0
+    assert samples["kvcore_store_call_seconds_sum", labels()] == pytest.approx(stats.call_seconds)
+    cumulated = [samples["kvcore_store_call_seconds_bucket", labels(le=str(b))] for b in STORE_CALL_BUCKETS]
+    assert cumulated == sorted(cumulated) and cumulated[-1] <= stats.calls
+    assert samples["kvcore_store_call_seconds_bucket", labels(le="+Inf")] == stats.calls
+    assert sum(stats.call_buckets) == stats.calls
+    first.shutdown()
+    second.shutdown()
+    store.close()
 
 
 def test_a_port_in_use_is_an_os_error_and_close_frees_the_port() -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Seq
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -110,6 +110,9 @@ class Engine:
             raise ValueError(f"prefill_chunk {self.prefill_chunk} is not a multiple of {tokens_per_block}")
         self.keep_logits = keep_logits
         self.reuse = reuse
+        # Told each successful resume's latency and whether it brought pages up from a colder
+        # level (a metrics exporter's histogram: kvcore engine --metrics-port).
+        self.on_resume: Callable[[float, bool], None] | None = None
         self.stats = EngineStats()
         self._suspend_to_lower_level = len(tiers) - (remote is not None) > 1  # a local level below the device
 
@@ -165,8 +168,11 @@ class Engine:
             if seq.cache is None:
                 self._create_caches([seq])
             assert seq.cache is not None
+            start = time.perf_counter()
             with self._kvcore():
                 resumed = seq.cache.resume()
+            if resumed and self.on_resume is not None:
+                self.on_resume(time.perf_counter() - start, any(seq.cache.cached_tokens_by_level[1:]))
             if not resumed:
                 if not running:
                     raise RuntimeError(f"request {seq.index}: the device level cannot hold it (resume failed)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -21,7 +22,6 @@ from prometheus_client.metrics_core import (
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
-    SummaryMetricFamily,
 )
 
 from kv_api import CacheStats, KVCacheManager
@@ -63,6 +63,9 @@ STORE_COUNTERS = (
 )
 #: Upper bounds (seconds) of the resume latency histogram's buckets: 10 µs to 1 s.
 RESUME_BUCKETS = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0)
+#: The store call latency histogram's, as ``kv_store.CALL_BUCKETS`` (kv_metrics does not need
+#: kv_store installed).
+STORE_CALL_BUCKETS = RESUME_BUCKETS
 
 
 @dataclasses.dataclass
@@ -217,10 +220,24 @@ def _store(readings: Sequence[_Reading]) -> Iterator[Metric]:
         for w, store in stored:
             family.add_metric(w.labels, getattr(store, field))
         yield family
-    calls = SummaryMetricFamily("kvcore_store_call_seconds", "Time in the store's calls.", labels=LABELS)
+    calls = HistogramMetricFamily(
+        "kvcore_store_call_seconds", "Latency of the store's contains/get_into/put calls.", labels=LABELS
+    )
     for w, store in stored:
-        calls.add_metric(w.labels, count_value=store.calls, sum_value=store.call_seconds)
+        calls.add_metric(w.labels, _cumulated(store), sum_value=store.call_seconds)
     yield calls
+
+
+def _cumulated(store: Any) -> list[tuple[str, float]]:
+    """A store's call latency buckets as Prometheus's cumulative ones (``kv_store.CALL_BUCKETS``);
+    a store that keeps none (its own ``stats()``) gives only the count, under ``+Inf``."""
+    counts = list(getattr(store, "call_buckets", ()))
+    if len(counts) != len(STORE_CALL_BUCKETS) + 1:
+        return [("+Inf", store.calls)]
+    cumulated = list(itertools.accumulate(counts))
+    return [(repr(float(b)), n) for b, n in zip(STORE_CALL_BUCKETS, cumulated, strict=False)] + [
+        ("+Inf", cumulated[-1])
+    ]
 
 
 def _resume_histogram(resumes: dict[tuple[str, str, str], _Histogram]) -> Metric:

@@ -20,7 +20,7 @@ import kv_api
 from kv_api.errors import BackendError
 from kv_replay.engine_flags import EngineError, add_parser
 from kv_replay.events_command import EventsError, events
-from kv_replay.flag_types import disk_path_flag, integer, progress_flags, quotas, remote_flag, size
+from kv_replay.flag_types import disk_path_flag, integer, metrics_port_flag, progress_flags, quotas, remote_flag, size
 from kv_replay.model import MAX_LAYERS, Layers, ModelError
 from kv_replay.options import OptionError, ReplayOptions
 from kv_replay.plot import PlotError
@@ -232,14 +232,7 @@ def _output_flags(r: argparse.ArgumentParser) -> None:
         metavar="N",
         help="with --publish, start the replay only once N subscribers listen (default: 0, start at once)",
     )
-    r.add_argument(
-        "--metrics-port",
-        type=integer(0, 65535),
-        metavar="N",
-        help="serve the managers' statistics as Prometheus metrics on http://127.0.0.1:N/metrics while the "
-        "replay runs (vLLM's names where vLLM has one; 0 picks a free port, printed on stderr; docs/metrics.md) "
-        "(default: none)",
-    )
+    metrics_port_flag(r, "replay")
     progress_flags(r)
 
 

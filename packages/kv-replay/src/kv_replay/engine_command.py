@@ -37,6 +37,7 @@ from kv_api import Backend, RemoteCacheTierConfig
 from kv_api.errors import HostOOMError
 from kv_replay.engine_flags import INSTALL, MODELS, EngineError, add_parser, model_spec
 from kv_replay.engine_report import Run, report, text
+from kv_replay.metrics import serving, watching
 from kv_replay.plural import plural
 from kv_replay.progress import ProgressBar
 from kv_replay.remote_store import open_store
@@ -236,13 +237,17 @@ def engine(args: argparse.Namespace, backend: Backend) -> int:
     requests = _requests(args)
     with _threads(args.threads), _disk_dir(args), ExitStack() as stack:
         args.store = stack.enter_context(open_store(args.remote)) if args.remote is not None else None
+        name = args.model if args.model in MODELS else Path(args.model).name
+        stack.enter_context(serving(args.metrics_port, name))
         model = _load_model(kv_engine, args)
         vocab = _vocabulary(model)
         runs = [Run(_build(kv_engine, model, args, backend, reuse=True))]
         if args.check:
             runs.append(Run(_build(kv_engine, model, args, backend, reuse=False)))
-        name = args.model if args.model in MODELS else Path(args.model).name
-        _run(runs, requests, vocab, args, f"engine ({name}, {backend.name}{', checked' if args.check else ''})")
+        with ExitStack() as watched:  # --metrics-port: forgotten before they close
+            for label, run in zip(("0", "check"), runs, strict=False):  # the check's engine: without reuse
+                watched.enter_context(watching(run.engine, label))
+            _run(runs, requests, vocab, args, f"engine ({name}, {backend.name}{', checked' if args.check else ''})")
         # Only now: a generate call stopped midway (Ctrl-C, a request that does not fit) leaves
         # caches open, which shutdown() refuses; the process ends, as kvcore replay's does then.
         for run in runs:

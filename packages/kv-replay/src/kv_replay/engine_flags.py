@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from kv_replay.flag_types import disk_path_flag, integer, one_size, progress_flags, remote_flag
+from kv_replay.flag_types import disk_path_flag, integer, metrics_port_flag, one_size, progress_flags, remote_flag
 from kv_replay.sizes import parse_size
 from kv_replay.trace import BUILTIN_TRACES, MAX_TOKENS
 
@@ -150,4 +150,5 @@ def _run_flags(e: argparse.ArgumentParser) -> None:
         help="run the same requests without reuse too and compare every request's tokens; exit 1 if any differ",
     )
     e.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    metrics_port_flag(e, "engine")
     progress_flags(e)

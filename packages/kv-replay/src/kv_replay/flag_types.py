@@ -126,3 +126,15 @@ def progress_flags(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="draw the progress bar on stderr even when it is not a terminal (default: only on a terminal)",
     )
+
+
+def metrics_port_flag(p: argparse.ArgumentParser, runs: str) -> None:
+    """``--metrics-port N`` of ``kvcore replay`` and ``kvcore engine`` (``runs``: what it serves during)."""
+    p.add_argument(
+        "--metrics-port",
+        type=integer(0, 65535),
+        metavar="N",
+        help="serve the managers' statistics as Prometheus metrics on http://127.0.0.1:N/metrics while the "
+        f"{runs} runs (vLLM's names where vLLM has one; 0 picks a free port, printed on stderr; docs/metrics.md) "
+        "(default: none)",
+    )

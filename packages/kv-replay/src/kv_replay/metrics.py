@@ -1,7 +1,9 @@
-"""``--metrics-port``: the replay's managers as Prometheus metrics while it runs (docs/metrics.md).
+"""``--metrics-port``: the managers of ``kvcore replay`` or ``kvcore engine`` as Prometheus metrics
+while the command runs (docs/metrics.md).
 
-``serving`` starts the endpoint for the whole command; each replay's managers are watched from
-their creation to just before their shutdown (``watching``), one ``engine`` label per instance,
+``serving`` starts the endpoint for the whole command; each replay's managers (or each engine's)
+are watched from their creation to just before their shutdown (``watching``), one ``engine``
+label per instance,
 and their ``resume`` calls' latencies feed the histogram. Without ``--metrics-port`` both are
 no-ops, and ``kv_metrics`` (with ``prometheus_client``) is never imported."""
 
@@ -10,11 +12,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import sys
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
+from kv_api import KVCacheManager
 from kv_replay.options import OptionError
-from kv_replay.replayer import Replayer
 
 __all__ = ["serving", "watching"]
 
@@ -49,17 +51,26 @@ def serving(port: int | None, model_name: str) -> Iterator[None]:
         server.close()
 
 
+class Watched(Protocol):
+    """What ``watching`` reports: a replayer, or the reference engine (``kv_engine.Engine``)."""
+
+    @property
+    def manager(self) -> KVCacheManager: ...
+
+    on_resume: Callable[[float, bool], None] | None
+
+
 @contextlib.contextmanager
-def watching(replayer: Replayer, engine: str = "0") -> Iterator[None]:
-    """Report ``replayer``'s manager (and its resumes) under ``engine`` while the block runs."""
+def watching(watched: Watched, engine: str = "0") -> Iterator[None]:
+    """Report ``watched``'s manager (and its resumes) under ``engine`` while the block runs."""
     collector = _collector.get()
     if collector is None:
         yield
         return
-    collector.watch(replayer.manager, engine=engine)
-    replayer.on_resume = lambda seconds, onboarding: collector.observe_resume(seconds, onboarding, engine)
+    collector.watch(watched.manager, engine=engine)
+    watched.on_resume = lambda seconds, onboarding: collector.observe_resume(seconds, onboarding, engine)
     try:
         yield
     finally:
-        replayer.on_resume = None
-        collector.forget(replayer.manager)
+        watched.on_resume = None
+        collector.forget(watched.manager)

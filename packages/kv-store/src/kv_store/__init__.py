@@ -4,6 +4,6 @@ directory that survives restarts."""
 
 from kv_store.file_block_store import FileBlockStore
 from kv_store.redis_block_store import RedisBlockStore
-from kv_store.store_stats import StoreStats
+from kv_store.store_stats import CALL_BUCKETS, StoreStats
 
-__all__ = ["FileBlockStore", "RedisBlockStore", "StoreStats"]
+__all__ = ["CALL_BUCKETS", "FileBlockStore", "RedisBlockStore", "StoreStats"]

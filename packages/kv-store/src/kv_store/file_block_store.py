@@ -27,7 +27,7 @@ from kv_api.block_store import BlockStore
 from kv_api.block_value import read_place
 from kv_store.chain_lru import CHAINED_KEY_SIZE
 from kv_store.file_index import TEMP_PREFIX, Entry, FileIndex, file_name, key_id, scan_directory
-from kv_store.store_stats import StoreStats
+from kv_store.store_stats import CALL_BUCKETS, StoreStats, call_bucket
 
 __all__ = ["FileBlockStore"]
 
@@ -68,6 +68,7 @@ class FileBlockStore(BlockStore):
         self._writing = False
         self._counts = dict.fromkeys(_COUNTERS, 0)
         self._call_ns = 0
+        self._call_buckets = [0] * (len(CALL_BUCKETS) + 1)
         self._last_tick = 0
         self._temp_names = itertools.count()
         self._closing = False
@@ -156,7 +157,7 @@ class FileBlockStore(BlockStore):
 
     def stats(self) -> StoreStats:
         with self._lock:
-            return StoreStats(**self._counts, call_seconds=self._call_ns / 1e9)
+            return StoreStats(**self._counts, call_seconds=self._call_ns / 1e9, call_buckets=tuple(self._call_buckets))
 
     def __enter__(self) -> FileBlockStore:
         return self
@@ -360,7 +361,9 @@ class FileBlockStore(BlockStore):
 
     def _count_call(self, start_ns: int) -> None:
         self._counts["calls"] += 1
-        self._call_ns += time.perf_counter_ns() - start_ns
+        took = time.perf_counter_ns() - start_ns
+        self._call_ns += took
+        self._call_buckets[call_bucket(took / 1e9)] += 1
 
 
 def _lineage(key: bytes, value: bytes, previous: Entry | None) -> tuple[bytes | None, int]:

@@ -334,7 +334,7 @@ class RedisBlockStore(BlockStore):
         try:
             yield
         finally:
-            self._counters.add(calls=1, call_seconds=time.perf_counter() - start)
+            self._counters.call(time.perf_counter() - start)
 
     def _scrub(self, text: str) -> str:
         for secret in self._secrets:
