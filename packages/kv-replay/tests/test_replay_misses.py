@@ -5,6 +5,7 @@ for a tiny one; none where no reason dominates."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import kv_api
 from kv_replay.cli import main
 from kv_replay.miss_report import REPLAY_REASONS
 from kv_replay.model import model_config
-from kv_replay.plot import reasons_by_step
+from kv_replay.plot import reasons_by_step, replay_figure
 from kv_replay.prefix_report import TOP, prefix_summary
 from kv_replay.replayer import Replayer
 from kv_replay.trace import Request, load_trace, synthetic_tokens
@@ -116,3 +117,6 @@ def test_the_reasons_by_step_add_up(backend: kv_api.Backend) -> None:
     assert np.allclose(counted[counted > 0], 1.0)
     prompt = sum(r.prompt_tokens for r in result.records)
     assert shares[0, -1] * prompt == pytest.approx(sum(r.reused_tokens for r in result.records))
+    if importlib.util.find_spec("matplotlib") is not None:  # the plot's third panel stacks them
+        fig = replay_figure([result], trace="t", quota=2 << 20, tokens_per_block=16)
+        assert fig.axes[2].get_legend_handles_labels()[1] == names

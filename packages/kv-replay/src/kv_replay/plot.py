@@ -151,7 +151,8 @@ def _hit_rate_limits(ax: Axes, highest: float) -> None:
 
 
 def _legend_outside(ax: Axes) -> None:
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
+    if ax.get_legend_handles_labels()[0]:  # a panel with nothing drawn (no prompt yet) has none
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False)
 
 
 def _new_figure(height: float) -> Figure:
