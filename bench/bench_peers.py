@@ -34,7 +34,8 @@ from vllm_manager import HASHES, VllmPeer
 import kv_api
 from kv_api.errors import BackendError
 from kv_replay.model import model_config
-from kv_replay.replayer import Replayer, ReplayResult
+from kv_replay.replay_result import ReplayResult
+from kv_replay.replayer import Replayer
 from kv_replay.report import summary
 from kv_replay.trace import Request, load_trace
 

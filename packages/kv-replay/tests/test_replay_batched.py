@@ -16,7 +16,8 @@ from replay_gates import having, layer_needs, skip_unless, skip_unless_any
 
 import kv_api
 from kv_replay.model import model_config
-from kv_replay.replayer import Replayer, ReplayResult
+from kv_replay.replay_result import ReplayResult
+from kv_replay.replayer import Replayer
 from kv_replay.trace import Request, synthetic_tokens
 
 GRANULE = 2 << 20

@@ -29,7 +29,8 @@ from kv_replay.plot import (
     thin,
 )
 from kv_replay.plural import plural
-from kv_replay.replayer import Replayer, ReplayResult, RequestRecord, Sample
+from kv_replay.replay_result import ReplayResult, RequestRecord, Sample
+from kv_replay.replayer import Replayer
 from kv_replay.trace import Request, synthetic_tokens
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -20,7 +20,8 @@ import kv_api
 from kv_replay.cli import main
 from kv_replay.cluster import CLUSTER_SCHEMA
 from kv_replay.model import model_config
-from kv_replay.replayer import Replayer, ReplayResult
+from kv_replay.replay_result import ReplayResult
+from kv_replay.replayer import Replayer
 from kv_replay.report import COMPARE_SCHEMA, SUMMARY_SCHEMA, SWEEP_SCHEMA
 from kv_replay.trace import Request, synthetic_tokens
 

@@ -21,7 +21,8 @@ from kv_api import Backend, KVCacheManagerConfig
 from kv_replay.header import Setup
 from kv_replay.metrics import watching
 from kv_replay.plural import plural
-from kv_replay.replayer import Replayer, ReplayResult
+from kv_replay.replay_result import ReplayResult
+from kv_replay.replayer import Replayer
 from kv_replay.report import SUMMARY_SCHEMA, latency_us, summary
 from kv_replay.routers import DynamoRouter, KvOracle, RoundRobin
 from kv_replay.sizes import human_size

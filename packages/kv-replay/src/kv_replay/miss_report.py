@@ -11,7 +11,7 @@ from kv_api.stats import ReuseReport
 from kv_replay.plural import plural
 
 if TYPE_CHECKING:
-    from kv_replay.replayer import ReplayResult
+    from kv_replay.replay_result import ReplayResult
 
 #: The manager's reasons, in the report's order (``ReuseReport.miss_<reason>_tokens``).
 REASONS = ("stale", "capped", "evicted", "partial", "never_seen", "other_scope")

@@ -17,7 +17,7 @@ import numpy as np
 from kv_api.constants import ceil_div
 from kv_replay.miss_report import REPLAY_REASONS
 from kv_replay.plural import plural
-from kv_replay.replayer import ReplayResult
+from kv_replay.replay_result import ReplayResult
 from kv_replay.sizes import format_size
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from kv_replay.grid import grid
 from kv_replay.miss_report import REASONS
 
 if TYPE_CHECKING:
-    from kv_replay.replayer import ReplayResult
+    from kv_replay.replay_result import ReplayResult
     from kv_replay.trace import Request
 
 TOP = 10

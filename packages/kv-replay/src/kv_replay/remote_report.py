@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kv_replay.replayer import REMOTE_COUNTERS, ReplayResult
+from kv_replay.replay_result import REMOTE_COUNTERS, ReplayResult
 from kv_replay.sizes import human_size
 
 __all__ = ["REMOTE_ROWS", "REMOTE_SCHEMA", "remote_cells", "remote_summary"]

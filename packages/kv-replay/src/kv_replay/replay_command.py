@@ -46,7 +46,8 @@ from kv_replay.progress import ProgressBar
 from kv_replay.publish import check_backend, publishing
 from kv_replay.quota_curve import QuotaCurve, curve_quotas, curve_report, curve_table, sample_rate
 from kv_replay.remote_store import open_store, shown, store_stats
-from kv_replay.replayer import Replayer, ReplayResult, level_name
+from kv_replay.replay_result import ReplayResult, level_name
+from kv_replay.replayer import Replayer
 from kv_replay.report import comparison, summary, sweep, sweep_table, table, verdict
 from kv_replay.sizes import format_size
 from kv_replay.stack_recorder import StackRecorder

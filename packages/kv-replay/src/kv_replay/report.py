@@ -12,7 +12,7 @@ from kv_replay.miss_report import MISSES_SCHEMA, hint_lines, miss_cells, miss_su
 from kv_replay.miss_report import ROWS as MISS_ROWS
 from kv_replay.prefix_report import PREFIXES_SCHEMA, prefix_lines, prefix_summary
 from kv_replay.remote_report import REMOTE_ROWS, REMOTE_SCHEMA, remote_cells, remote_summary
-from kv_replay.replayer import ReplayResult
+from kv_replay.replay_result import ReplayResult
 from kv_replay.sizes import format_size, human_size
 
 _LATENCY = {
