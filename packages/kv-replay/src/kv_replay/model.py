@@ -173,4 +173,9 @@ def unbounded_quota(tokens: int, requests: int, config: KVCacheManagerConfig) ->
     tokens, for each pool group given an equal share of it times the number of groups. Pools
     commit only the memory they touch, so this costs address space, not RAM."""
     blocks = ceil_div(tokens, config.tokens_per_block) + requests  # a partial tail each
-    return blocks * sum(b.size for layer in config.layers for b in layer.buffers)
+    return blocks * block_bytes(config)
+
+
+def block_bytes(config: KVCacheManagerConfig) -> int:
+    """Bytes of one block of every layer's buffers: a device slot, with one pool group."""
+    return sum(b.size for layer in config.layers for b in layer.buffers)

@@ -22,7 +22,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from functools import partial
 from typing import Protocol
 
 from kv_api import (
@@ -38,7 +37,7 @@ from kv_api.errors import HostOOMError
 from kv_replay.cluster import ClusterResult, cluster_report, cluster_table, replay_cluster
 from kv_replay.header import Setup, layout, quotas
 from kv_replay.metrics import serving, watching
-from kv_replay.model import ModelError, model_config, unbounded_quota
+from kv_replay.model import ModelError, block_bytes, model_config, unbounded_quota
 from kv_replay.options import OptionError, ReplayOptions
 from kv_replay.plot import check_output, plot_capacity, plot_replay, plot_routers
 from kv_replay.plural import plural
@@ -404,20 +403,22 @@ def _device_slots(options: ReplayOptions, backend: Backend, quota: int) -> int:
 def _curve(options: ReplayOptions, backend: Backend, requests: list[Request], setup: Setup) -> int:
     """``--quota-curve``: one replay at an unbounded quota whose stack distances estimate the
     hit rate at every device quota (``kv_replay.quota_curve``)."""
-    for quota in options.quota:  # a quota that cannot be mapped fails before the replay
-        _device_slots(options, backend, quota)
+    # Each asked quota's slots, now: one that cannot be mapped fails before the replay.
+    asked = {quota: _device_slots(options, backend, quota) for quota in options.quota}
     start = time.perf_counter()
     recorder = StackRecorder(options.tokens_per_block, sample_rate(requests, options.tokens_per_block))
     result = _unbounded(options, backend, requests, recorder)
     unbounded = summary(result, setup)
     curve = QuotaCurve.of(recorder, unbounded["prompt_tokens"])
     seconds = time.perf_counter() - start
-    config = _config(options, options.quota[0])
-    slot_bytes = sum(b.size for layer in config.layers for b in layer.buffers)
+    slot_bytes = block_bytes(_config(options, options.quota[0]))
     peak = math.ceil(unbounded["peak_pool_utilization"] * _device_slots(options, backend, result.quota))
     quotas = curve_quotas(curve, slot_bytes, options.quota, peak)
     named = {"trace": setup.trace, "backend": backend.name, **setup.layout_fields()}
-    slots_of = partial(_device_slots, options, backend)
+
+    def slots_of(quota: int) -> int:
+        return asked[quota] if quota in asked else _device_slots(options, backend, quota)
+
     report = curve_report(curve, quotas, slots_of, unbounded, peak, named, seconds)
     if options.json:
         print(json.dumps(report, indent=2))

@@ -37,7 +37,7 @@ map, a disk tier's files), are a ``kv_replay.tier_errors.TierError`` naming the 
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -250,15 +250,16 @@ class Replayer:
 
     def _count_evicted(self, ages: list[int]) -> None:
         """The ages of the evicted blocks of the request created last, in caches and seconds."""
-        self.result.evicted_ages.update(ages)
+        counts = Counter(ages)  # a chain evicted at once shares an age: one lookup per age
+        self.result.evicted_ages.update(counts)
         created = self._created
         now = created[-1]
-        if now is None or not ages:
+        if now is None:
             return
-        for age in ages:  # ``age`` caches were created between the eviction and this one
+        for age, n in counts.items():  # ``age`` caches were created between the eviction and this one
             then = created[max(len(created) - 2 - age, 0)]  # the one the eviction made room for
             if then is not None:
-                self.result.evicted_seconds[round(now - then, 3)] += 1
+                self.result.evicted_seconds[round(now - then, 3)] += n
 
     def _close(self, live: _Live) -> None:
         if self.recorder is not None:  # what it committed past its tokens: output decoded

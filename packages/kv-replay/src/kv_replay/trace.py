@@ -168,10 +168,10 @@ def _scope(where: str, record: dict[str, Any]) -> ReuseScope | None:
     return ReuseScope(lora, cache_salt_to_id(salt) if salt is not None else None)
 
 
-def _seconds(record: dict[str, Any], unit: float) -> float | None:
-    """The line's ``timestamp`` (checked by ``_arrival``) in seconds, None without one:
+def _seconds(record: dict[str, Any], arrival: float, unit: float) -> float | None:
+    """The arrival (``_arrival``'s) in seconds where the line has a ``timestamp``, else None:
     Mooncake's are milliseconds, kvcore's seconds."""
-    return float(record["timestamp"]) * unit if "timestamp" in record else None
+    return arrival * unit if "timestamp" in record else None
 
 
 def parse_record(where: str, record: Any, index: int, expansion: _Expansion) -> Request:
@@ -194,7 +194,7 @@ def parse_record(where: str, record: Any, index: int, expansion: _Expansion) -> 
                 f"{where}: field 'input_length': {tokens} its {plural(len(hash_ids), 'block')} "
                 f"('hash_ids') of {MOONCAKE_BLOCK} tokens"
             )
-        request = Request(_EMPTY, _EMPTY, scope, arrival, f"request {index}", _seconds(record, 1e-3))
+        request = Request(_EMPTY, _EMPTY, scope, arrival, f"request {index}", _seconds(record, arrival, 1e-3))
         expansion.prompt(request, hash_ids, length)
         expansion.output(request, index, _int(where, record, "output_length"))
         return request
@@ -210,7 +210,7 @@ def parse_record(where: str, record: Any, index: int, expansion: _Expansion) -> 
     if not (isinstance(name, (int, float)) and not isinstance(name, bool)):  # a number labels too
         name = _text(where, record, "name")
     request = Request(prompt, output, scope, arrival, f"request {index}" if name is None else str(name))
-    request.seconds = _seconds(record, 1.0)
+    request.seconds = _seconds(record, arrival, 1.0)
     if not listed:
         expansion.output(request, index, generated)
     return request
