@@ -166,7 +166,7 @@ void KVCacheEventManager::append_stored(Block* block, int layer_group, int prior
   // With mutex_ held: merged into the last queued event where it extends that event's chain.
   std::optional<BlockHash> parent_hash;
   if (!block->parent->is_root()) parent_hash = hash(static_cast<Block*>(block->parent));
-  StoredBlockEvent sb{hash(block), block->tokens, cache_level, priority, block->lora_id};
+  StoredBlockEvent sb{hash(block), block->tokens.to_list(), cache_level, priority, block->lora_id()};
   if (!pending_.empty()) {
     Event& last = pending_.back();
     if (last.kind == Event::Kind::kStored && last.layer_group_id == layer_group && parent_hash &&
@@ -243,26 +243,26 @@ std::uint64_t KVCacheEventManager::v1(Block* block) {
   // v2_sha256_64. Iterative: chains may be thousands of blocks deep.
   std::vector<Block*> chain;
   Node* node = block;
-  while (!node->is_root() && !static_cast<Block*>(node)->v1_hash) {
+  while (!node->is_root() && !static_cast<Block*>(node)->v1_hash()) {
     chain.push_back(static_cast<Block*>(node));
     node = node->parent;
   }
   std::uint64_t parent_hash = 0;
   bool fell_back = false;
-  if (!node->is_root()) std::tie(parent_hash, fell_back) = *static_cast<Block*>(node)->v1_hash;
+  if (!node->is_root()) std::tie(parent_hash, fell_back) = *static_cast<Block*>(node)->v1_hash();
   while (!node->is_root()) node = node->parent;
   const ReuseScope& scope = static_cast<Root*>(node)->scope;
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
     Block* b = *it;
-    if (fell_back || !b->tokens.digests.empty()) {
+    if (fell_back || b->tokens.has_digests()) {
       parent_hash = block_hash_v2_sha256_64(b->key);
       fell_back = true;
     } else {
       parent_hash = block_hash_v1(b->tokens.view(), parent_hash, scope);
     }
-    b->v1_hash = std::make_pair(parent_hash, fell_back);
+    b->set_v1_hash(parent_hash, fell_back);
   }
-  return block->v1_hash->first;
+  return block->v1_hash()->first;
 }
 
 }  // namespace kvcore

@@ -77,8 +77,10 @@ void KVCache::hold_matched(const MatchPath& path, const std::vector<const Block*
     if (page != nullptr) snapshots.push_back({last, group, page, priority_of(last, group)});
   }
   std::vector<int> block_level(path.size(), 0);  // the coldest level among a block's reused pages
-  for (const Reused& r : reused) block_level[r.ordinal] = std::max(block_level[r.ordinal], r.page->level);
-  for (const Reused& r : snapshots) block_level[r.ordinal] = std::max(block_level[r.ordinal], r.page->level);
+  for (const Reused& r : reused)
+    block_level[r.ordinal] = std::max(block_level[r.ordinal], static_cast<int>(r.page->level));
+  for (const Reused& r : snapshots)
+    block_level[r.ordinal] = std::max(block_level[r.ordinal], static_cast<int>(r.page->level));
   const int remote_column = context_.storage().num_levels();
   for (std::size_t i = 0; i < path.size(); ++i) {
     // A block the remote tier brought for this match counts there (the last column).

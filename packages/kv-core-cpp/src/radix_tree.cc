@@ -38,9 +38,9 @@ bool same_key(const Digest& a, const Digest& b) noexcept {
 }  // namespace
 
 Block* Node::child(const Digest& key) const {
-  if (index_ != nullptr) {
-    const auto it = index_->find(key);
-    return it == index_->end() ? nullptr : it->second;
+  if (const ChildIndex* index = order_.index()) {
+    const auto it = index->find(key);
+    return it == index->end() ? nullptr : it->second;
   }
   for (Block* c : order_) {
     if (same_key(c->key, key)) return c;
@@ -51,13 +51,13 @@ Block* Node::child(const Digest& key) const {
 Block* Node::add_child(std::unique_ptr<Block> block, bool partial) {
   Block* raw = block.get();
   order_.reserve_one_more();  // so that the push cannot throw once the index has it
-  if (index_ != nullptr) {
-    index_->emplace(raw->key, raw);
-  } else if (order_.size() == kChildScanLimit) {
-    auto index = std::make_unique<std::unordered_map<Digest, Block*, DigestHash>>();
-    for (Block* c : order_) index->emplace(c->key, c);
+  if (ChildIndex* index = order_.index()) {
     index->emplace(raw->key, raw);
-    index_ = std::move(index);
+  } else if (order_.size() == kChildScanLimit) {
+    auto made = std::make_unique<ChildIndex>();
+    for (Block* c : order_) made->emplace(c->key, c);
+    made->emplace(raw->key, raw);
+    order_.set_index(std::move(made));
   }
   order_.push_back(block.release(), partial);
   return raw;
@@ -65,9 +65,9 @@ Block* Node::add_child(std::unique_ptr<Block> block, bool partial) {
 
 std::unique_ptr<Block> Node::take_child(Block* block, bool partial) {
   order_.erase(block, partial);
-  if (index_ != nullptr) {
-    index_->erase(block->key);
-    if (order_.size() <= kChildScanLimit) index_.reset();
+  if (ChildIndex* index = order_.index()) {
+    index->erase(block->key);
+    if (order_.size() <= kChildScanLimit) order_.set_index(nullptr);
   }
   return std::unique_ptr<Block>(block);
 }
@@ -75,10 +75,10 @@ std::unique_ptr<Block> Node::take_child(Block* block, bool partial) {
 void Block::reuse(const Digest& new_key, Node* new_parent, std::int64_t new_ordinal) {
   key = new_key;
   parent = new_parent;
-  lora_id = lora_of(new_parent);
+  set_lora(new_parent);
   ordinal = new_ordinal;
   std::fill(pages.begin(), pages.end(), nullptr);
-  v1_hash.reset();
+  has_v1_ = false;
   pins = 0;
 }
 
@@ -93,24 +93,18 @@ namespace {
 constexpr std::size_t kFirstKeyBatch = 4;
 constexpr std::size_t kKeyBatch = 64;
 
-bool same_token(const TokenList& a, std::size_t i, const Tokens& b, std::size_t j) {
-  const Digest* da = a.digests.empty() ? nullptr : a.digest_at(i);
-  const Digest* db = b.digests.empty() ? nullptr : b.digest_at(j);
-  if ((da == nullptr) != (db == nullptr)) return false;
-  return da != nullptr ? *da == *db : a.ids[i] == b.raw(j);
-}
-
-bool is_proper_prefix(const TokenList& a, const TokenList& b) {
+template <typename A, typename B>
+bool is_proper_prefix(const A& a, const B& b) {
   if (a.size() >= b.size()) return false;
   for (std::size_t i = 0; i < a.size(); ++i) {
-    if (!a.same(i, b, i)) return false;
+    if (!same_token(a, i, b, i)) return false;
   }
   return true;
 }
 
 }  // namespace
 
-std::int64_t common_prefix(const TokenList& a, const Tokens& b, std::size_t b_begin, std::size_t b_end) {
+std::int64_t common_prefix(const BlockTokens& a, const Tokens& b, std::size_t b_begin, std::size_t b_end) {
   const std::size_t n = std::min(a.size(), b_end - b_begin);
   for (std::size_t i = 0; i < n; ++i) {
     if (!same_token(a, i, b, b_begin + i)) return static_cast<std::int64_t>(i);
@@ -187,14 +181,14 @@ Block* RadixTree::add(Node* parent, const Digest& key, const TokenList& source, 
                       std::int64_t ordinal) {
   std::unique_ptr<Block> block;
   if (spare_.empty()) {
-    block = std::make_unique<Block>(key, parent, TokenList{}, ordinal, num_layer_groups_);
+    block = std::make_unique<Block>(key, parent, ordinal, num_layer_groups_);
   } else {
     block = std::move(spare_.back());
     spare_.pop_back();
-    spare_tokens_ -= block->tokens.ids.capacity();
+    spare_bytes_ -= block->tokens.capacity_bytes();
     block->reuse(key, parent, ordinal);
   }
-  source.slice_into(begin, end, block->tokens);
+  block->tokens.assign(source, begin, end);
   const bool is_partial = partial(block.get());
   Block* added = parent->add_child(std::move(block), is_partial);
   if (!is_partial) {
@@ -213,8 +207,8 @@ Block* RadixTree::add(Node* parent, const Digest& key, const TokenList& source, 
 
 void RadixTree::keep_spare(std::unique_ptr<Block> block) noexcept {
   if (on_remove) on_remove(block.get());
-  const std::size_t tokens = block->tokens.ids.capacity();
-  if (spare_.size() >= kSpareBlocks || spare_tokens_ + tokens > kSpareTokens) return;  // freed here
+  const std::size_t bytes = block->tokens.capacity_bytes();
+  if (spare_.size() >= kSpareBlocks || spare_bytes_ + bytes > kSpareTokenBytes) return;  // freed here
   if (spare_.capacity() < kSpareBlocks) {
     try {
       spare_.reserve(kSpareBlocks);
@@ -223,7 +217,7 @@ void RadixTree::keep_spare(std::unique_ptr<Block> block) noexcept {
     }
   }
   spare_.push_back(std::move(block));  // within the capacity: cannot throw
-  spare_tokens_ += tokens;
+  spare_bytes_ += bytes;
 }
 
 void RadixTree::recycle(std::unique_ptr<Block> block) noexcept {

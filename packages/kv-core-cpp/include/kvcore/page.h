@@ -15,25 +15,30 @@ namespace kvcore {
 
 class Block;
 
+// 64 bytes, the small fields packed (a tree holds millions of pages): a page's tokens are at
+// most tokens_per_block (<= 2**20, kv_api's TOKENS_PER_BLOCK_LIMIT), a level one of the three
+// page tiers, a priority within [kMinPriority, kMaxPriority] (0-100).
 struct Page {
+  Page() : num_tokens(0), level(0), priority(0), queued(0) {}
+
   std::uint64_t slot = 0;
-  int level = 0;  // the cache level its slot is at
-  int layer_group = 0;
-  int pool_group = 0;
-  int priority = 0;
-  Block* block = nullptr;       // set once committed
-  std::int64_t num_tokens = 0;  // tokens of the block this page is valid for
-  int holders = 0;              // caches keeping the page (held or locked)
-  int locks = 0;                // caches locking it (active)
-  bool queued = false;          // in its level's eviction queue
-  int planned_drops = 0;        // planned-drop handles covering it, not dropped yet (planned_drop.h)
-  // Bumped each time the record is retired: a planned-drop handle knows its page by (record,
-  // generation), so a page freed meanwhile, its record reused, is not taken for the new one.
-  std::uint64_t generation = 0;
+  Block* block = nullptr;  // set once committed
   // Its neighbours in its eviction queue's priority bucket, while queued: an intrusive list, so
   // queuing and dequeuing a page (every hold, lock and release) allocates nothing.
   Page* queue_prev = nullptr;
   Page* queue_next = nullptr;
+  // Bumped each time the record is retired: a planned-drop handle knows its page by (record,
+  // generation), so a page freed meanwhile, its record reused, is not taken for the new one.
+  std::uint64_t generation = 0;
+  std::uint32_t num_tokens : 21;  // tokens of the block this page is valid for
+  std::uint32_t level : 2;        // the cache level its slot is at
+  std::uint32_t priority : 7;
+  std::uint32_t queued : 1;  // in its level's eviction queue
+  int layer_group = 0;
+  int pool_group = 0;
+  int holders = 0;        // caches keeping the page (held or locked)
+  int locks = 0;          // caches locking it (active)
+  int planned_drops = 0;  // planned-drop handles covering it, not dropped yet (planned_drop.h)
 
   bool committed() const { return block != nullptr; }
   // Freed while a make_room plan still points to it (Python's `block is None and holders == 0`).

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kvcore/block_keys.h"
+#include "kvcore/block_tokens.h"
 #include "kvcore/child_list.h"
 #include "kvcore/page.h"
 #include "kvcore/per_layer_group.h"
@@ -37,34 +38,27 @@ constexpr std::size_t kPartialScanLimit = 32;
 // map costs a bucket array and a map node per lookup (the walk's cache misses).
 constexpr std::size_t kChildScanLimit = 8;
 // Blocks a tree keeps for reuse (RadixTree::recycle), and the token storage they may hold in
-// all (8 bytes a token: 1 MiB, whatever the block size). None under AddressSanitizer, so that a
+// all (1 MiB, whatever the block size). None under AddressSanitizer, so that a
 // use after removal is still reported.
 #if defined(__SANITIZE_ADDRESS__)
 constexpr std::size_t kSpareBlocks = 0;
 #else
 constexpr std::size_t kSpareBlocks = 4096;
 #endif
-constexpr std::size_t kSpareTokens = 4096 * 32;
-
-struct DigestHash {
-  std::size_t operator()(const Digest& d) const noexcept {
-    std::size_t h;
-    std::memcpy(&h, d.data(), sizeof h);  // SHA-256 output: any 8 bytes are uniform
-    return h;
-  }
-};
+constexpr std::size_t kSpareTokenBytes = std::size_t{1} << 20;
 
 class Block;
 class GhostRecord;
 class ScopeFreeIndex;
 
+// A root or a block. Not polymorphic (no virtual table: a tree holds millions of blocks): a
+// node is deleted as what it is, a Root by the tree's root map, a Block by its parent or a
+// unique_ptr<Block>.
 class Node {
  public:
-  Node(const Digest& key, Node* parent) : key(key), parent(parent) {}
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
-  virtual ~Node();
-  virtual bool is_root() const = 0;
+  bool is_root() const noexcept { return root_; }
 
   Block* child(const Digest& key) const;
   const ChildList& children() const { return order_; }
@@ -75,45 +69,69 @@ class Node {
   Digest key;
   Node* parent;
 
+ protected:
+  Node(const Digest& key, Node* parent, bool root) : key(key), parent(parent), root_(root) {}
+  ~Node();
+
  private:
-  ChildList order_;  // the children, owned, in insertion order
-  // Key -> child, kept only while there are more than kChildScanLimit children.
-  std::unique_ptr<std::unordered_map<Digest, Block*, DigestHash>> index_;
+  ChildList order_;  // the children, owned, in insertion order (and their key index)
+  bool root_;
+
+ protected:
+  // A block's small fields, here where they fill what Node leaves of its last word: whether
+  // lora_ and v1_ hold a value, and v1_'s fallback flag.
+  bool has_lora_ = false;
+  bool has_v1_ = false;
+  bool v1_fell_back_ = false;
 };
 
 class Root : public Node {
  public:
-  Root(const Digest& key, const ReuseScope& scope) : Node(key, nullptr), scope(scope) {}
-  bool is_root() const override { return true; }
+  Root(const Digest& key, const ReuseScope& scope) : Node(key, nullptr, true), scope(scope) {}
+  ~Root() = default;
   ReuseScope scope;
 };
 
 class Block : public Node {
  public:
-  Block(const Digest& key, Node* parent, TokenList tokens, std::int64_t ordinal, std::size_t num_layer_groups)
-      : Node(key, parent),
-        lora_id(lora_of(parent)),
-        tokens(std::move(tokens)),
-        ordinal(ordinal),
-        pages(num_layer_groups, nullptr) {}
-  bool is_root() const override { return false; }
+  Block(const Digest& key, Node* parent, std::int64_t ordinal, std::size_t num_layer_groups)
+      : Node(key, parent, false), ordinal(ordinal), pages(num_layer_groups, nullptr) {
+    set_lora(parent);
+  }
+  ~Block() = default;
   bool has_pages() const;
   // A spare block (childless, out of the tree) made new under `parent`; its token and child
   // storage is kept for reuse, the tokens are the caller's to fill.
   void reuse(const Digest& new_key, Node* new_parent, std::int64_t new_ordinal);
 
   // The scope's LoRA adapter, for events (the root knows the scope; blocks copy it down).
-  std::optional<std::uint64_t> lora_id;
-  TokenList tokens;
-  std::int64_t ordinal;
-  PerLayerGroup<Page*> pages;                             // one per layer group
-  std::optional<std::pair<std::uint64_t, bool>> v1_hash;  // cached by the event manager
+  std::optional<std::uint64_t> lora_id() const {
+    return has_lora_ ? std::optional<std::uint64_t>(lora_) : std::nullopt;
+  }
+  // The event manager's cached v1 hash and whether it fell back (event_manager.h).
+  std::optional<std::pair<std::uint64_t, bool>> v1_hash() const {
+    return has_v1_ ? std::optional<std::pair<std::uint64_t, bool>>(std::make_pair(v1_, v1_fell_back_)) : std::nullopt;
+  }
+  void set_v1_hash(std::uint64_t hash, bool fell_back) noexcept {
+    v1_ = hash;
+    v1_fell_back_ = fell_back;
+    has_v1_ = true;
+  }
+
   int pins = 0;  // open caches whose next commits hang under this block: never pruned
+  std::int64_t ordinal;
+  BlockTokens tokens;
+  PerLayerGroup<Page*, 1> pages;  // one per layer group (inline for one: the usual layout)
 
  private:
-  static std::optional<std::uint64_t> lora_of(const Node* parent) {
-    return parent->is_root() ? static_cast<const Root*>(parent)->scope.lora_id
-                             : static_cast<const Block*>(parent)->lora_id;
+  std::uint64_t lora_ = 0;
+  std::uint64_t v1_ = 0;
+
+  void set_lora(const Node* parent) {
+    const std::optional<std::uint64_t> lora = parent->is_root() ? static_cast<const Root*>(parent)->scope.lora_id
+                                                                : static_cast<const Block*>(parent)->lora_id();
+    has_lora_ = lora.has_value();
+    lora_ = lora.value_or(0);
   }
 };
 
@@ -121,7 +139,7 @@ using MatchPath = std::vector<std::pair<Block*, std::int64_t>>;
 
 // How many of tokens [b_begin, b_end) of `b` the tokens of `a` start with (digest tokens match
 // by digest).
-std::int64_t common_prefix(const TokenList& a, const Tokens& b, std::size_t b_begin, std::size_t b_end);
+std::int64_t common_prefix(const BlockTokens& a, const Tokens& b, std::size_t b_begin, std::size_t b_end);
 
 class RadixTree {
  public:
@@ -182,7 +200,7 @@ class RadixTree {
   std::unordered_map<Digest, std::unique_ptr<Root>, DigestHash> roots_;
   std::vector<Root*> root_order_;
   std::vector<std::unique_ptr<Block>> spare_;
-  std::size_t spare_tokens_ = 0;  // the token capacity of the spare blocks
+  std::size_t spare_bytes_ = 0;  // the token storage of the spare blocks
 
   void keep_spare(std::unique_ptr<Block> block) noexcept;  // or let it go, past the limits
   // `block` left the tree (of a subtree, descendants before ancestors): the ghost record (for an

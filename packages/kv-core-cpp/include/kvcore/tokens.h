@@ -60,6 +60,7 @@ struct TokenList {
 
   static TokenList from(const Tokens& tokens, std::size_t begin, std::size_t end);
   std::size_t size() const noexcept { return ids.size(); }
+  std::uint64_t raw(std::size_t i) const noexcept { return ids[i]; }  // 0 at a digest token
   const Digest* digest_at(std::size_t i) const noexcept;
   std::size_t first_digest_at_or_after(std::size_t i) const noexcept;  // index into digests
   bool same(std::size_t i, const TokenList& other, std::size_t j) const noexcept;
