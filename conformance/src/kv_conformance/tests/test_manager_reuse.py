@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import kv_api
 from kv_api import KVCacheStatus, ReuseScope, StorageStatistics
+from kv_api.events import Stored, UniqueToken
 
 from ._manager import (
     GRAIN,
@@ -196,6 +197,38 @@ def test_partial_reuse(backend: kv_api.Backend, query: list[int], with_partial: 
         assert cache.resume()
         check_lengths(cache)
         cache.close()
+
+
+# Ids past 32 bits in the tree (sha256-u64): a block's tokens are compared whole, never by their
+# low 32 bits (the native tree keeps a block's ids in 4 bytes only while all of them fit).
+WIDE = [2**32 + 5, 6, 2**64 - 1, 8, 2**33, 10]  # a full block, then the tail [2**33, 10]
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ([5, 6, 2**64 - 1, 8], 0),  # equal to the first block's ids but for bit 32
+        ([2**32 + 5, 6, 7], 2),  # diverges inside the first block
+        ([*WIDE[:4], 2**33], 5),  # inside the wide tail
+        ([*WIDE[:4], 0], 4),  # 2**33's low 32 bits: no match
+        ([*WIDE[:4], 2**33, 10], 6),
+    ],
+)
+def test_partial_reuse_of_ids_past_32_bits(backend: kv_api.Backend, query: list[int], expected: int) -> None:
+    events = backend.KVCacheEventManager(100, "v2_sha256")
+    config = make_config(TPB, slots=4, enable_partial_reuse=True, key_format="sha256-u64")
+    manager = make_manager(backend, config, event_manager=events)
+    for round_ in range(3):  # narrow and wide blocks evicted and made again, in turns
+        committed(manager, toks(8, 100 * round_))
+        committed(manager, WIDE)
+    assert manager.probe_reuse(None, query) == expected
+    cache = manager.create_kv_cache(None, query)
+    assert cache.num_committed_tokens == expected
+    cache.close()
+    events.flush_iteration_events()
+    stored = [e.data for e in events.get_latest_events(0) if isinstance(e.data, Stored)]
+    assert stored[-1].blocks[0].tokens == tuple(UniqueToken(t) for t in WIDE[:4])
+    assert stored[-1].blocks[1].tokens == tuple(UniqueToken(t) for t in WIDE[4:])
 
 
 @pytest.mark.parametrize(
