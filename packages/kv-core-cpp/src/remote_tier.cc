@@ -326,7 +326,8 @@ void RemoteTier::flush() {
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     for (std::size_t g = 0; g < page_sizes_.size(); ++g) {
       if (const Page* page = blocks[i]->pages[g])
-        sources.push_back({page->level, page->pool_group, page->slot, i * value_size_ + page_offsets_[g]});
+        sources.push_back(
+            {static_cast<int>(page->level), page->pool_group, page->slot, i * value_size_ + page_offsets_[g]});
     }
   }
   // A page read from disk that failed its checksum: nothing written this call.

@@ -187,14 +187,6 @@ const Digest* TokenList::digest_at(std::size_t i) const noexcept {
   return k < digests.size() && digests[k].position == i ? &digests[k].digest : nullptr;
 }
 
-bool TokenList::same(std::size_t i, const TokenList& other, std::size_t j) const noexcept {
-  if (ids[i] != other.ids[j]) return false;
-  if (digests.empty() && other.digests.empty()) return true;
-  const Digest* a = digest_at(i);
-  const Digest* b = other.digest_at(j);
-  return (a == nullptr) == (b == nullptr) && (a == nullptr || *a == *b);
-}
-
 TokenList TokenList::slice(std::size_t begin, std::size_t end) const {
   TokenList out;
   slice_into(begin, end, out);

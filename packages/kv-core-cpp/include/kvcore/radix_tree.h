@@ -14,7 +14,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -88,7 +87,6 @@ class Node {
 class Root : public Node {
  public:
   Root(const Digest& key, const ReuseScope& scope) : Node(key, nullptr, true), scope(scope) {}
-  ~Root() = default;
   ReuseScope scope;
 };
 
@@ -98,7 +96,6 @@ class Block : public Node {
       : Node(key, parent, false), ordinal(ordinal), pages(num_layer_groups, nullptr) {
     set_lora(parent);
   }
-  ~Block() = default;
   bool has_pages() const;
   // A spare block (childless, out of the tree) made new under `parent`; its token and child
   // storage is kept for reuse, the tokens are the caller's to fill.

@@ -63,7 +63,6 @@ struct TokenList {
   std::uint64_t raw(std::size_t i) const noexcept { return ids[i]; }  // 0 at a digest token
   const Digest* digest_at(std::size_t i) const noexcept;
   std::size_t first_digest_at_or_after(std::size_t i) const noexcept;  // index into digests
-  bool same(std::size_t i, const TokenList& other, std::size_t j) const noexcept;
   TokenList slice(std::size_t begin, std::size_t end) const;
   // Makes `out` tokens [begin, end) of this list, reusing out's storage.
   void slice_into(std::size_t begin, std::size_t end, TokenList& out) const;
