@@ -1,38 +1,104 @@
-// The ghost record (ghost_record.py): a FIFO-bounded map, linked through its own nodes.
+// The ghost record (ghost_record.py): a FIFO-bounded map, as a log and a flat index.
 #include "kvcore/ghost_record.h"
+
+#include <algorithm>
+#include <cstring>
 
 namespace kvcore {
 
-void GhostRecord::unlink(Entry& entry) noexcept {
-  (entry.older != nullptr ? entry.older->newer : oldest_) = entry.newer;
-  (entry.newer != nullptr ? entry.newer->older : newest_) = entry.older;
+namespace {
+
+std::uint32_t tag_of(const Digest& key) noexcept {
+  std::uint32_t tag;
+  std::memcpy(&tag, key.data(), sizeof tag);  // SHA-256 output: any bytes are uniform
+  return tag;
+}
+
+}  // namespace
+
+std::size_t GhostRecord::locate(const Digest& key) const noexcept {
+  if (slots_.empty()) return kNone;
+  const std::size_t mask = slots_.size() - 1;
+  const std::uint32_t tag = tag_of(key);
+  for (std::size_t i = tag & mask;; i = (i + 1) & mask) {
+    const Slot& s = slots_[i];
+    if (s.pos == 0) return kNone;
+    if (s.tag == tag && log_[s.pos - 1].key == key) return i;
+  }
+}
+
+void GhostRecord::place(std::size_t pos) noexcept {
+  const std::size_t mask = slots_.size() - 1;
+  const std::uint32_t tag = tag_of(log_[pos].key);
+  std::size_t i = tag & mask;
+  while (slots_[i].pos != 0) i = (i + 1) & mask;
+  slots_[i] = {tag, static_cast<std::uint32_t>(pos + 1)};
+}
+
+void GhostRecord::erase_slot(std::size_t slot) noexcept {
+  // Backward shift: a later slot of the run whose home is not within (slot, j] moves up.
+  const std::size_t mask = slots_.size() - 1;
+  for (std::size_t j = (slot + 1) & mask; slots_[j].pos != 0; j = (j + 1) & mask) {
+    const std::size_t home = slots_[j].tag & mask;
+    const bool between = slot <= j ? (slot < home && home <= j) : (slot < home || home <= j);
+    if (!between) {
+      slots_[slot] = slots_[j];
+      slot = j;
+    }
+  }
+  slots_[slot] = {0, 0};
+}
+
+void GhostRecord::reindex() noexcept {
+  std::fill(slots_.begin(), slots_.end(), Slot{0, 0});
+  for (std::size_t pos = head_; pos < log_.size(); ++pos) {
+    if (log_[pos].live) place(pos);
+  }
+}
+
+void GhostRecord::compact() noexcept {
+  std::size_t out = 0;
+  for (std::size_t pos = head_; pos < log_.size(); ++pos) {
+    if (log_[pos].live) log_[out++] = log_[pos];
+  }
+  log_.resize(out);  // shrinks: allocates nothing
+  head_ = 0;
+  reindex();
 }
 
 void GhostRecord::record(const Digest& key, int level) {
   if (capacity_ == 0) return;
-  forget(key);  // recorded again: it is the newest now
-  if (static_cast<std::int64_t>(entries_.size()) == capacity_) {
-    const Digest oldest = *oldest_->key;  // a copy: erase must not read the node it frees
-    forget(oldest);
+  // Room first (what may throw), then the changes.
+  if (2 * (live_ + 1) > slots_.size()) {
+    std::vector<Slot> grown(std::max<std::size_t>(64, 2 * slots_.size()), Slot{0, 0});
+    slots_.swap(grown);
+    reindex();
   }
-  const auto it = entries_.emplace(key, Entry{level, clock_, nullptr, newest_, nullptr}).first;
-  Entry& entry = it->second;
-  entry.key = &it->first;
-  (newest_ != nullptr ? newest_->newer : oldest_) = &entry;
-  newest_ = &entry;
+  if (log_.size() == log_.capacity()) log_.reserve(std::max<std::size_t>(64, 2 * log_.size()));
+  forget(key);  // recorded again: it is the newest now
+  if (static_cast<std::int64_t>(live_) == capacity_) {
+    while (!log_[head_].live) ++head_;
+    forget(log_[head_].key);
+  }
+  log_.push_back({key, clock_, level, true});  // within the capacity: cannot throw
+  place(log_.size() - 1);
+  ++live_;
+  if (log_.size() - live_ > live_ / 2 + 1024) compact();
 }
 
 void GhostRecord::forget(const Digest& key) noexcept {
-  const auto it = entries_.find(key);
-  if (it == entries_.end()) return;
-  unlink(it->second);
-  entries_.erase(it);
+  const std::size_t slot = locate(key);
+  if (slot == kNone) return;
+  log_[slots_[slot].pos - 1].live = false;
+  erase_slot(slot);
+  --live_;
 }
 
 std::optional<EvictedBlock> GhostRecord::find(const Digest& key) const {
-  const auto it = entries_.find(key);
-  if (it == entries_.end()) return std::nullopt;
-  return EvictedBlock{it->second.level, clock_ - it->second.clock};
+  const std::size_t slot = locate(key);
+  if (slot == kNone) return std::nullopt;
+  const Entry& entry = log_[slots_[slot].pos - 1];
+  return EvictedBlock{entry.level, clock_ - entry.clock};
 }
 
 }  // namespace kvcore

@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
-#include <unordered_map>
+#include <vector>
 
 #include "kvcore/radix_tree.h"
 #include "kvcore/sha256.h"
@@ -29,7 +29,7 @@ class GhostRecord {
   GhostRecord(const GhostRecord&) = delete;
   GhostRecord& operator=(const GhostRecord&) = delete;
 
-  std::size_t size() const noexcept { return entries_.size(); }
+  std::size_t size() const noexcept { return live_; }
   std::int64_t clock() const noexcept { return clock_; }
   void tick() noexcept { ++clock_; }  // a cache was created
   // A full block left the tree, dropped from `level`; a key recorded again becomes the newest.
@@ -38,23 +38,35 @@ class GhostRecord {
   std::optional<EvictedBlock> find(const Digest& key) const;
 
  private:
-  // A map node, linked oldest to newest through the nodes themselves: one allocation a key
-  // (node-based, so the links survive a rehash).
+  // The record as a flat log and an open-addressing index into it (a node-based map cost two or
+  // three cache misses an operation, the record sees one an evicted and one a committed block):
+  // entries in record order from head_, a forgotten one left dead until a compaction drops it;
+  // slots probed linearly, each the low 32 bits of its key's first word (where it belongs, and a
+  // cheap first test) and its entry's position + 1 (0: empty).
   struct Entry {
-    int level;
+    Digest key;
     std::int64_t clock;
-    const Digest* key;  // the node's own key, to erase the oldest by
-    Entry* older;
-    Entry* newer;
+    int level;
+    bool live;
   };
+  struct Slot {
+    std::uint32_t tag;
+    std::uint32_t pos;
+  };
+  static constexpr std::size_t kNone = ~std::size_t{0};
 
-  void unlink(Entry& entry) noexcept;
+  std::size_t locate(const Digest& key) const noexcept;  // the slot holding key, or kNone
+  void place(std::size_t pos) noexcept;                  // indexes entry pos (a slot is free)
+  void erase_slot(std::size_t slot) noexcept;
+  void reindex() noexcept;  // every live entry placed afresh
+  void compact() noexcept;  // dead and popped entries dropped
 
   std::int64_t capacity_;
   std::int64_t clock_ = 0;  // caches created so far
-  std::unordered_map<Digest, Entry, DigestHash> entries_;
-  Entry* oldest_ = nullptr;
-  Entry* newest_ = nullptr;
+  std::vector<Entry> log_;
+  std::size_t head_ = 0;  // the oldest entry not popped
+  std::size_t live_ = 0;
+  std::vector<Slot> slots_;  // a power of two, at most half full
 };
 
 }  // namespace kvcore
