@@ -42,7 +42,17 @@ nb::object reuse_report_object(const std::optional<ReuseReport>& report) {
   for (std::int64_t n : report->reused_tokens_by_level) levels.append(n);
   nb::object evicted_block = api("stats.EvictedBlock");
   nb::list evicted;
-  for (const EvictedBlock& b : report->evicted_blocks) evicted.append(evicted_block(b.level, b.age));
+  // Blocks evicted together share one (frozen, equal) record: a long prompt has thousands, and a
+  // dataclass made each costs a microsecond.
+  nb::object last;
+  const EvictedBlock* last_block = nullptr;
+  for (const EvictedBlock& b : report->evicted_blocks) {
+    if (last_block == nullptr || b.level != last_block->level || b.age != last_block->age) {
+      last = evicted_block(b.level, b.age);
+      last_block = &b;
+    }
+    evicted.append(last);
+  }
   return api("stats.ReuseReport")(report->num_prompt_tokens, nb::tuple(levels), report->miss_stale_tokens,
                                   report->miss_capped_tokens, report->miss_evicted_tokens, report->miss_partial_tokens,
                                   report->miss_never_seen_tokens, report->miss_other_scope_tokens, nb::tuple(evicted));

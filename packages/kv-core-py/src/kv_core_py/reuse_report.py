@@ -66,7 +66,10 @@ def find_misses(
         entry = ghost.find(key)
         if entry is None:
             break
-        evicted.append(EvictedBlock(*entry))
+        # blocks evicted together share one (frozen, equal) record: a long prompt has thousands
+        evicted.append(
+            evicted[-1] if evicted and (evicted[-1].level, evicted[-1].age) == entry else EvictedBlock(*entry)
+        )
         ordinal += 1
         misses.evicted += ordinal * tokens_per_block - pos
         pos = ordinal * tokens_per_block
