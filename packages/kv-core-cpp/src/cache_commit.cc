@@ -8,10 +8,17 @@
 #include "kvcore/cache_context.h"
 #include "kvcore/constants.h"
 #include "kvcore/error.h"
+#include "kvcore/ghost_record.h"
 #include "kvcore/kv_cache.h"
 #include "kvcore/remote_tier.h"
 
 namespace kvcore {
+
+namespace {
+
+constexpr std::int64_t kGhostAhead = 8;  // blocks whose ghost-record line is asked for ahead
+
+}  // namespace
 
 void KVCache::commit(const TokenList& tokens, bool is_end, const std::uint8_t* keys) {
   commit(tokens.view(), 0, tokens.size(), is_end, keys);
@@ -66,7 +73,14 @@ void KVCache::commit(const Tokens& src, std::size_t begin, std::size_t end, bool
       keys = own.data() + 32;
     }
   }
+  // Each block added leaves the ghost record: its index line is asked for some blocks ahead.
+  const GhostRecord* ghost = keys != nullptr ? context_.tree().ghost.get() : nullptr;
+  const auto ask = [&](std::int64_t ordinal) {
+    if (ghost != nullptr && ordinal < last) ghost->prefetch(keys + 32 * static_cast<std::size_t>(ordinal - first));
+  };
+  for (std::int64_t ordinal = first; ordinal < first + kGhostAhead; ++ordinal) ask(ordinal);
   for (std::int64_t ordinal = first; ordinal < last; ++ordinal) {
+    ask(ordinal + kGhostAhead);
     commit_block(ordinal, nullptr, keys == nullptr ? nullptr : keys + 32 * static_cast<std::size_t>(ordinal - first));
   }
   if (min_snapshot && added > 0 && !is_end) snapshot(false);

@@ -4,15 +4,19 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kvcore/prefetch.h"
+
 namespace kvcore {
 
 namespace {
 
-std::uint32_t tag_of(const Digest& key) noexcept {
+std::uint32_t tag_of(const std::uint8_t* key) noexcept {
   std::uint32_t tag;
-  std::memcpy(&tag, key.data(), sizeof tag);  // SHA-256 output: any bytes are uniform
+  std::memcpy(&tag, key, sizeof tag);  // SHA-256 output: any bytes are uniform
   return tag;
 }
+
+std::uint32_t tag_of(const Digest& key) noexcept { return tag_of(key.data()); }
 
 }  // namespace
 
@@ -92,6 +96,10 @@ void GhostRecord::forget(const Digest& key) noexcept {
   log_[slots_[slot].pos - 1].live = false;
   erase_slot(slot);
   --live_;
+}
+
+void GhostRecord::prefetch(const std::uint8_t* key) const noexcept {
+  if (!slots_.empty()) kvcore::prefetch(&slots_[tag_of(key) & (slots_.size() - 1)]);
 }
 
 std::optional<EvictedBlock> GhostRecord::find(const Digest& key) const {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kvcore/error.h"
+#include "kvcore/ghost_record.h"
 #include "kvcore/poison.h"
 #include "kvcore/prefetch.h"
 #include "kvcore/storage.h"
@@ -114,6 +115,10 @@ void Storage::make_room(int level, const std::vector<std::uint64_t>& need, const
       // last block first): the block some drops ahead is asked for now.
       if (i + kPrefetchDrops < drops.size()) {
         if (const Block* ahead = drops[i + kPrefetchDrops]->block) prefetch_lines(ahead, sizeof(Block));
+      }
+      // Its ghost-record line, for a block asked for above some drops ago (loaded by now).
+      if (tree_.ghost != nullptr && i + kPrefetchDrops / 2 < drops.size()) {
+        if (const Block* ahead = drops[i + kPrefetchDrops / 2]->block) tree_.ghost->prefetch(ahead->key.data());
       }
       if (!drops[i]->dead()) evict_drop(drops[i]);
     }

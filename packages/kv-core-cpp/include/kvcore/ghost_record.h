@@ -36,6 +36,9 @@ class GhostRecord {
   void record(const Digest& key, int level);
   void forget(const Digest& key) noexcept;  // the block is back in the tree
   std::optional<EvictedBlock> find(const Digest& key) const;
+  // Asks for the index line a later call with `key` reads: the index is far larger than the
+  // caches, and a commit, an eviction or a report knows its next keys some blocks ahead.
+  void prefetch(const std::uint8_t* key) const noexcept;  // its 32 bytes
 
  private:
   // The record as a flat log and an open-addressing index into it (a node-based map cost two or
