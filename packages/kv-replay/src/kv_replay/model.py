@@ -56,7 +56,7 @@ class Layers:
 
 #: Evicted block keys a replay's manager remembers: far more than the engine default (65,536), so
 #: that a block evicted early in a long trace still counts as evicted, not never seen, when it is
-#: asked for again (memory grows with the blocks actually evicted, about 100 bytes each native).
+#: asked for again (memory grows with the blocks actually evicted, 64 to 100 bytes each native).
 GHOST_RECORD_BLOCKS = 1 << 22
 
 
