@@ -68,11 +68,11 @@ void KVCache::commit(const Tokens& src, std::size_t begin, std::size_t end, bool
   if (keys == nullptr && last > first) {
     if (const auto parent = commit_keys_parent_at(first)) {
       own.resize(32 * static_cast<std::size_t>(last - first + 1));
-      chained_keys(*parent, tokens_.view(), static_cast<std::size_t>(first), static_cast<std::size_t>(last - first),
-                   static_cast<std::size_t>(tokens_per_block_), context_.key_format(), own.data());
+      hash_keys(*parent, first, last, own.data());
       keys = own.data() + 32;
     }
   }
+  if (last > first) prompt_keys_.clear();  // what it held is committed (or is not the prompt)
   // Each block added leaves the ghost record: its index line is asked for some blocks ahead.
   const GhostRecord* ghost = keys != nullptr ? context_.tree().ghost.get() : nullptr;
   const auto ask = [&](std::int64_t ordinal) {
@@ -87,6 +87,20 @@ void KVCache::commit(const Tokens& src, std::size_t begin, std::size_t end, bool
   apply_stale_releases(stale_releases(history_), history_);
   if (is_end) stop_committing_locked(min_snapshot);
   if (context_.remote != nullptr) context_.remote->flush();
+}
+
+void KVCache::hash_keys(const Digest& parent, std::int64_t first, std::int64_t last, std::uint8_t* out) const {
+  // The keys the reuse report hashed first, where they hold for these tokens, then the rest.
+  const auto tokens_per_block = static_cast<std::size_t>(tokens_per_block_);
+  const std::size_t count = static_cast<std::size_t>(last - first);
+  const std::size_t known = prompt_keys_.usable(parent, tokens_, first, count, tokens_per_block);
+  std::memcpy(out, parent.data(), 32);
+  if (known > 0) std::memcpy(out + 32, prompt_keys_.at(first), 32 * known);
+  if (known == count) return;
+  Digest from;
+  std::memcpy(from.data(), out + 32 * known, 32);
+  chained_keys(from, tokens_.view(), static_cast<std::size_t>(first) + known, count - known, tokens_per_block,
+               context_.key_format(), out + 32 * known);
 }
 
 std::optional<Digest> KVCache::commit_keys_parent_at(std::int64_t ordinal) const {

@@ -21,7 +21,7 @@ constexpr std::int64_t kPrefetchBlocks = 8;
 
 KVCache::KVCache(CacheContext& context, std::int64_t id, const ReuseScope& scope, const Digest& root_key,
                  TokenList tokens, const MatchPath& path, PriorityCallback priority, RequestStats request_stats,
-                 const std::vector<const Block*>& fetched, const Misses* misses)
+                 const std::vector<const Block*>& fetched, Misses* misses)
     : stats(std::move(request_stats)),
       context_(context),
       id_(id),
@@ -48,7 +48,10 @@ KVCache::KVCache(CacheContext& context, std::int64_t id, const ReuseScope& scope
       scratch_on_(context.swa_scratch_reuse().has_value()),
       scratch_pages_(num_layer_groups_) {
   hold_matched(path, fetched);
-  if (misses != nullptr) reuse_report_ = misses->report(cached_by_level_);
+  if (misses != nullptr) {
+    reuse_report_ = misses->report(cached_by_level_);
+    prompt_keys_ = std::move(misses->keys);
+  }
 }
 
 void KVCache::hold_matched(const MatchPath& path, const std::vector<const Block*>& fetched) {

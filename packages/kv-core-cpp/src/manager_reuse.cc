@@ -229,7 +229,7 @@ std::unique_ptr<KVCache> KVCacheManager::create_kv_cache(const ReuseScope& scope
   std::optional<Misses> misses;
   const MatchPath path = match_fetching(root, scope, tokens, max_reused_tokens, fetched, misses);
   const std::int64_t reused = sum_tokens(path);
-  const Misses* missed = misses ? &*misses : nullptr;
+  Misses* missed = misses ? &*misses : nullptr;
   auto cache = std::make_unique<KVCache>(context_, cache_id, scope, root,
                                          TokenList::from(tokens, 0, static_cast<std::size_t>(reused)), path,
                                          std::move(priority), std::move(stats), fetched, missed);

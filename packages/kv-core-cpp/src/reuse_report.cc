@@ -21,15 +21,18 @@ constexpr std::size_t kKeyRun = 64;
 // (block first - 1's key), one per next().
 class KeyCursor {
  public:
-  // `ghost`: where the keys are looked up, its index lines asked for as each batch is hashed.
+  // `ghost`: where the keys are looked up, its index lines asked for as each batch is hashed;
+  // `kept`: where each batch's keys are kept for the commit.
   KeyCursor(const Digest& parent, const Tokens& tokens, std::int64_t first, std::int64_t end,
-            std::int64_t tokens_per_block, KeyFormat format, const GhostRecord* ghost = nullptr)
+            std::int64_t tokens_per_block, KeyFormat format, const GhostRecord* ghost = nullptr,
+            PromptKeys* kept = nullptr)
       : tokens_(tokens),
         next_(static_cast<std::size_t>(first)),
         end_(static_cast<std::size_t>(end)),
         tokens_per_block_(static_cast<std::size_t>(tokens_per_block)),
         format_(format),
-        ghost_(ghost) {
+        ghost_(ghost),
+        kept_(kept) {
     std::memcpy(keys_.data(), parent.data(), 32);
   }
 
@@ -40,6 +43,9 @@ class KeyCursor {
       batch_ = std::min(size_, end_ - next_);
       size_ = std::min(2 * size_, kKeyRun);
       chained_keys(last, tokens_, next_, batch_, tokens_per_block_, format_, keys_.data());
+      if (kept_ != nullptr) {
+        kept_->keep(tokens_, last, static_cast<std::int64_t>(next_), batch_, tokens_per_block_, keys_.data());
+      }
       if (ghost_ != nullptr) {
         for (std::size_t i = 1; i <= batch_; ++i) ghost_->prefetch(keys_.data() + 32 * i);
       }
@@ -58,6 +64,7 @@ class KeyCursor {
   std::size_t tokens_per_block_;
   KeyFormat format_;
   const GhostRecord* ghost_;
+  PromptKeys* kept_;
   std::array<std::uint8_t, 32 * (kKeyRun + 1)> keys_;  // the batch's parent, then its keys
   std::size_t batch_ = 0;                              // keys in the batch
   std::size_t taken_ = 0;                              // of them handed out
@@ -133,7 +140,8 @@ Misses find_misses(const RadixTree& tree, const Digest& root_key, const Tokens& 
   std::int64_t pos = walked;  // the first token not accounted for
   std::int64_t ordinal = walked / tokens_per_block;
   const GhostRecord* ghost = tree.ghost.get();
-  KeyCursor keys(parent != nullptr ? parent->key : root_key, tokens, ordinal, full, tokens_per_block, format, ghost);
+  KeyCursor keys(parent != nullptr ? parent->key : root_key, tokens, ordinal, full, tokens_per_block, format, ghost,
+                 &misses.keys);
   while (ordinal < full && ghost != nullptr && ghost->size() != 0) {
     const std::optional<EvictedBlock> entry = ghost->find(keys.next());
     if (!entry) break;

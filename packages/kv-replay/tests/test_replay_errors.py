@@ -233,6 +233,18 @@ def test_limit_reads_only_the_lines_it_replays(capsys: pytest.CaptureFixture[str
     assert_one_line_error(code, out, err, f"{path}:4: not valid JSON")
 
 
+@pytest.mark.parametrize(
+    "hash_ids", [[1, True], [1, -1], [2**64, 1], [1, 2.0], [1, "2"], [1, None], [1, [2]]], ids=repr
+)
+def test_a_bad_block_id_is_named(capsys: pytest.CaptureFixture[str], tmp_path: Path, hash_ids: list[object]) -> None:
+    """Each id is checked (the list's types in one pass, then its bounds): the first bad one
+    anywhere in the list fails the line."""
+    path = tmp_path / "trace.jsonl"
+    path.write_text(json.dumps({"timestamp": 1, "input_length": 600, "output_length": 2, "hash_ids": hash_ids}))
+    code, out, err = run(capsys, "replay", str(path), *FAST)
+    assert_one_line_error(code, out, err, f"{path}:1: field 'hash_ids': must be a list of integers in [0, 2**64)")
+
+
 def test_a_binary_trace_is_named_with_its_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "trace.jsonl"
     path.write_bytes(json.dumps(GOOD).encode() + b"\n\x89PNG\r\n\x1a\n\x00\xff\n")

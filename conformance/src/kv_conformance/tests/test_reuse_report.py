@@ -99,6 +99,29 @@ def test_ghost_record_keeps_the_newest(backend: kv_api.Backend) -> None:
     assert reported(none, toks(16)) == report(16, never_seen=16)
 
 
+@pytest.mark.parametrize("cuts", [(16,), (2, 16)], ids=["one commit", "a partial block first"])
+def test_a_commit_keys_its_own_tokens_not_the_reported_prompts(backend: kv_api.Backend, cuts: tuple[int, ...]) -> None:
+    """The report of a cache made on an evicted prompt hashed the prompt's blocks (the commit may
+    take those keys rather than hash again); a cache that then commits other tokens keys them as
+    its own. Block 2 differs by one token: what was committed is reused whole, the prompt only up
+    to where the two part."""
+    m = backend.KVCacheManager(make_config(4, slots=8, enable_partial_reuse=False))
+    prompt = toks(16)
+    for start in (0, 100, 200):  # the third evicts the first
+        committed(m, toks(16, start))
+    cache = m.create_kv_cache(None, prompt)
+    assert cache.reuse_report is not None and cache.reuse_report.miss_evicted_tokens == 16
+    assert cache.resume() and cache.resize(16)
+    ours = [*prompt[:9], 999, *prompt[10:]]
+    begin = 0
+    for end in cuts:
+        cache.commit(ours[begin:end])
+        begin = end
+    cache.close()
+    assert reported(m, ours).reused_tokens_by_level == (16,)
+    assert reported(m, prompt).reused_tokens_by_level == (8,)
+
+
 def test_evicted_after_reused_prefix(backend: kv_api.Backend) -> None:
     """Blocks 0-1 committed again after all four were evicted: they are reused, 2-3 still evicted."""
     m = backend.KVCacheManager(make_config(4, slots=4))

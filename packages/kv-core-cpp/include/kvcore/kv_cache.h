@@ -46,7 +46,7 @@ class KVCache {
   // (nullptr: no reuse report). REQUIRES: the manager's lock.
   KVCache(CacheContext& context, std::int64_t id, const ReuseScope& scope, const Digest& root_key, TokenList tokens,
           const MatchPath& path, PriorityCallback priority, RequestStats request_stats,
-          const std::vector<const Block*>& fetched = {}, const Misses* misses = nullptr);
+          const std::vector<const Block*>& fetched = {}, Misses* misses = nullptr);
   ~KVCache();  // closes an open cache unless the manager shut down or is poisoned
   KVCache(const KVCache&) = delete;
   KVCache& operator=(const KVCache&) = delete;
@@ -204,6 +204,8 @@ class KVCache {
   // -- cache_commit.cc --
   Node* parent_node(std::int64_t ordinal);
   std::optional<Digest> commit_keys_parent_at(std::int64_t ordinal) const;
+  // Blocks [first, last)'s keys chained from `parent`, as chained_keys writes them into `out`.
+  void hash_keys(const Digest& parent, std::int64_t first, std::int64_t last, std::uint8_t* out) const;
   // `pages` (a partial tail only) replaces the block's own: snapshot copies, or live pages and states.
   // `key`: the block's key when the caller computed it (a run of blocks hashed in one call).
   void commit_block(std::int64_t ordinal, const std::vector<Page*>* pages = nullptr, const std::uint8_t* key = nullptr);
@@ -251,6 +253,7 @@ class KVCache {
   std::vector<std::int64_t> stale_scan_;          // per layer group: stale blocks below are cleared
   std::vector<std::int64_t> cached_by_level_;
   std::optional<ReuseReport> reuse_report_;
+  PromptKeys prompt_keys_;  // the report's keys past the match, until a commit fills blocks
   // Per SSM layer group: the request's state (allocated by the first resume), whether it is
   // locked, and the reused snapshot resume copies into it (the match ends on it).
   std::vector<Page*> ssm_state_;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kvcore/ghost_record.h"
+#include "kvcore/prompt_keys.h"
 #include "kvcore/radix_tree.h"
 #include "kvcore/tokens.h"
 
@@ -39,6 +40,7 @@ struct Misses {
   std::int64_t never_seen = 0;
   std::int64_t other_scope = 0;
   std::vector<EvictedBlock> evicted_blocks;
+  PromptKeys keys;  // the blocks hashed past the walk, for the cache's commit
 
   ReuseReport report(const std::vector<std::int64_t>& reused_tokens_by_level) const;
 };
@@ -46,8 +48,8 @@ struct Misses {
 // The tokens past the `walked` ones, by reason. `parent`: the walk's last full block before them
 // (nullptr: the root). Blocks the ghost record knows come first; the first block it does not know
 // and every later one were never in this scope's tree (a block's parent stays while it has
-// children, and is forgotten after them), unless another scope holds them. Keys are hashed one
-// block at a time, as far as the answer needs.
+// children, and is forgotten after them), unless another scope holds them. Keys are hashed a few
+// blocks at a time, as far as the answer needs, and kept (Misses::keys).
 Misses find_misses(const RadixTree& tree, const Digest& root_key, const Tokens& tokens, std::int64_t walked,
                    const Block* parent, bool partial_reuse, KeyFormat format);
 

@@ -13,6 +13,7 @@ from kv_core_py.block_keys import chained_keys
 from kv_core_py.cache_room import CacheRoom
 from kv_core_py.cache_state import CacheBlock, CommitState
 from kv_core_py.page import Page
+from kv_core_py.prompt_keys import PromptKeys
 from kv_core_py.radix_tree import Block, Node
 from kv_core_py.request_stats import first_digest, text_only_error
 from kv_core_py.tokens import Tokens
@@ -54,6 +55,8 @@ class CacheCommit(CacheRoom):
                 self._apply_stale_releases(self._stale_releases(self._history), self._history)
             for ordinal in range(first, len(self._tokens) // self._tokens_per_block):
                 self._commit_block(ordinal)
+            if len(self._tokens) // self._tokens_per_block > first:
+                self._prompt_keys = PromptKeys()  # what it held is committed (or is not the prompt)
             if min_snapshot and new and not end:
                 self._snapshot(move=False)
             self._apply_stale_releases(self._stale_releases(self._history), self._history)
@@ -85,7 +88,9 @@ class CacheCommit(CacheRoom):
         tokens_per_block = self._tokens_per_block
         tokens = tuple(self._tokens[ordinal * tokens_per_block : (ordinal + 1) * tokens_per_block])
         full = len(tokens) == tokens_per_block
-        key = chained_keys(parent.key, Tokens(tokens, self._context.key_format), 0, 1, tokens_per_block)[1]
+        key = self._prompt_keys.key(parent.key, tokens, ordinal) if full else None
+        if key is None:
+            key = chained_keys(parent.key, Tokens(tokens, self._context.key_format), 0, 1, tokens_per_block)[1]
         block = parent.children.get(key)
         if block is None:
             tree = self._context.tree

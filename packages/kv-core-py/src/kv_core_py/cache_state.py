@@ -20,6 +20,7 @@ from kv_api.keys import Token
 from kv_api.scope import ReuseScope
 from kv_core_py.cache_context import CacheContext
 from kv_core_py.page import Page
+from kv_core_py.prompt_keys import PromptKeys
 from kv_core_py.radix_tree import Block
 from kv_core_py.request_stats import RequestStats
 
@@ -67,6 +68,7 @@ class CacheState:
     _stale_scan: list[int]  # per layer group: stale blocks below are cleared
     _num_reused_tokens: int
     _cached_tokens_by_level: list[int]
+    _prompt_keys: PromptKeys  # the reuse report's keys past the match, until a commit fills blocks
     # Per SSM layer group: the request's state (allocated by the first resume), whether it is
     # locked, and the reused snapshot that resume copies into it (the match ends on it).
     _ssm_state: list[Page | None]

@@ -22,6 +22,7 @@ from kv_core_py.cache_resize import CacheResize
 from kv_core_py.cache_room import Need
 from kv_core_py.cache_state import CacheBlock, CommitState
 from kv_core_py.page import Page
+from kv_core_py.prompt_keys import PromptKeys
 from kv_core_py.radix_tree import Block
 from kv_core_py.request_stats import RequestStats
 from kv_core_py.reuse_report import Misses
@@ -74,6 +75,8 @@ class KVCache(CacheResize, CacheCommit, kv_api.KVCache):
         self._scratch_pages = [[] for _ in range(num_groups)]
         self._hold_matched(path, remote_blocks)
         self._reuse_report = None if misses is None else misses.report(self._cached_tokens_by_level)
+        # the report's keys past the match, until a commit fills blocks
+        self._prompt_keys = PromptKeys() if misses is None else misses.keys
 
     def _hold_matched(self, path: list[tuple[Block, int]], remote_blocks: set[int]) -> None:
         """Take the matched prefix: its blocks, and a hold on each reused page."""

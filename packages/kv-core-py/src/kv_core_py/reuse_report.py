@@ -6,10 +6,11 @@ them with the reused tokens per level."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kv_api.stats import EvictedBlock, ReuseReport
 from kv_core_py.block_keys import chained_keys
+from kv_core_py.prompt_keys import PromptKeys
 from kv_core_py.radix_tree import PARTIAL_SCAN_LIMIT, Block, Node, RadixTree, common_prefix
 from kv_core_py.scope_free_index import SCOPE_FREE_ROOT
 from kv_core_py.tokens import Tokens
@@ -27,6 +28,7 @@ class Misses:
     never_seen: int = 0
     other_scope: int = 0
     evicted_blocks: tuple[EvictedBlock, ...] = ()
+    keys: PromptKeys = field(default_factory=PromptKeys)  # the blocks hashed past the walk, for the commit
 
     def report(self, reused_tokens_by_level: list[int]) -> ReuseReport:
         return ReuseReport(
@@ -61,7 +63,9 @@ def find_misses(
     keys: list[bytes] = []  # blocks ``ordinal...``'s keys, hashed 1, 2, 4... at a time (calls cost here)
     while ordinal < full and ghost is not None and len(ghost):
         if not keys:
-            keys = chained_keys(key, tokens, ordinal, min(2 * len(evicted) + 1, 64), tokens_per_block)[:0:-1]
+            batch = chained_keys(key, tokens, ordinal, min(2 * len(evicted) + 1, 64, full - ordinal), tokens_per_block)
+            misses.keys.keep(tokens, key, ordinal, batch[1:], tokens_per_block)
+            keys = batch[:0:-1]
         key = keys.pop()
         entry = ghost.find(key)
         if entry is None:
