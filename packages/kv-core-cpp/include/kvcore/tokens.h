@@ -10,8 +10,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <new>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kvcore/constants.h"
@@ -52,10 +55,32 @@ struct Tokens {
   Tokens to_owned(KeyFormat format) const;
 };
 
+// An allocator whose construct() with no value default-initialises: a vector of ids grown by
+// resize() is not zeroed first, as every id is written right after (a prefill's ids are a
+// pass over memory of their own).
+template <typename T>
+struct UninitializedAllocator : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = UninitializedAllocator<U>;
+  };
+  UninitializedAllocator() noexcept = default;
+  template <typename U>
+  UninitializedAllocator(const UninitializedAllocator<U>&) noexcept {}  // NOLINT: rebinding converts implicitly
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+
 // Validated tokens the manager keeps (committed tokens, block tokens): ids, with 0 at the
 // positions of digest tokens, plus those digests.
 struct TokenList {
-  std::vector<std::uint64_t> ids;
+  std::vector<std::uint64_t, UninitializedAllocator<std::uint64_t>> ids;
   std::vector<DigestToken> digests;  // sorted by position
 
   static TokenList from(const Tokens& tokens, std::size_t begin, std::size_t end);
