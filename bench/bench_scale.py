@@ -17,6 +17,9 @@ would, not what the last call left in cache):
   of the least recently used blocks (each such prompt is committed, so the next one evicts too);
 - *commit*: the prefill ``commit`` of such a prompt (its 256 keys hashed, its blocks inserted);
 - *decode*: ``resize`` by one token and ``commit`` of one token on a cached prompt's cache;
+  then the same steps timed one by one and split: *in a block* (a step that neither needs a new
+  page nor fills a block) and *new block* (one that does: its resize takes a page, evicting the
+  least recently used block, or its commit puts a full block into the tree);
 - *fill*: the filling's time per block (admit, commit, close: a replay's cost per block);
 - *bytes/block*: resident memory grown by the filling, less the memory pools' bytes, per block.
 
@@ -58,7 +61,7 @@ BLOCKS_PER_PROMPT = PROMPT // TOKENS_PER_BLOCK
 # holds 10,922 slots, about the smallest size's blocks plus two prompts of room.
 SLOT_BYTES = 192
 LEVEL_NAMES = ("device", "host", "disk")
-FIGURES = ("cold", "evicting", "commit", "decode", "fill")
+FIGURES = ("cold", "evicting", "commit", "decode", "decode, in a block", "decode, new block", "fill")
 
 
 def resident_bytes() -> int:
@@ -178,6 +181,19 @@ def timings(manager: Any, prompts: int, samples: int) -> dict[str, float]:
         cache.close()
         return seconds
 
+    def decode_split() -> tuple[list[float], list[float]]:
+        _, cache = admit(manager, prompt(int(rng.integers(prompts))))
+        inside: list[float] = []
+        boundary: list[float] = []
+        for step in range(32):
+            start = time.perf_counter()
+            assert cache.resize(PROMPT + 1 + step)
+            cache.commit([step])
+            at_edge = step % TOKENS_PER_BLOCK in (0, TOKENS_PER_BLOCK - 1)  # a new page, a full block
+            (boundary if at_edge else inside).append(time.perf_counter() - start)
+        cache.close()
+        return inside, boundary
+
     out = {"cold": median([cold() for _ in range(samples)])}
     evicting()  # takes the two prompts' free room: every later admission evicts
     evicting()
@@ -185,6 +201,9 @@ def timings(manager: Any, prompts: int, samples: int) -> dict[str, float]:
     out["evicting"] = median([evicting() for _ in range(samples)])
     out["commit"] = median(commits)
     out["decode"] = median([decode() for _ in range(samples)])
+    split = [decode_split() for _ in range(samples)]
+    out["decode, in a block"] = median([t for inside, _ in split for t in inside])
+    out["decode, new block"] = median([t for _, boundary in split for t in boundary])
     return out
 
 

@@ -2,6 +2,7 @@
 // the tree, a block already there taking our place (rebase), commit_min_snapshot's snapshots,
 // and the stop.
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <string>
 
@@ -17,6 +18,7 @@ namespace kvcore {
 namespace {
 
 constexpr std::int64_t kGhostAhead = 8;  // blocks whose ghost-record line is asked for ahead
+constexpr std::size_t kFewKeys = 4;      // keys hashed on the stack
 
 }  // namespace
 
@@ -64,12 +66,17 @@ void KVCache::commit(const Tokens& src, std::size_t begin, std::size_t end, bool
   if (min_snapshot) apply_stale_releases(stale_releases(history_), history_);
   // The new full blocks' keys in one chain call (a prefill's hundreds of blocks) unless the
   // caller hashed them: each block committed is the next one's parent, under that key.
+  // A decode step's block is hashed into `few` (no allocation: see Storage's lists), a prefill's
+  // into `own`.
+  std::array<std::uint8_t, 32 * (kFewKeys + 1)> few;
   std::vector<std::uint8_t> own;
   if (keys == nullptr && last > first) {
     if (const auto parent = commit_keys_parent_at(first)) {
-      own.resize(32 * static_cast<std::size_t>(last - first + 1));
-      hash_keys(*parent, first, last, own.data());
-      keys = own.data() + 32;
+      const auto n = static_cast<std::size_t>(last - first);
+      if (n > kFewKeys) own.resize(32 * (n + 1));
+      std::uint8_t* out = n > kFewKeys ? own.data() : few.data();
+      hash_keys(*parent, first, last, out);
+      keys = out + 32;
     }
   }
   if (last > first) prompt_keys_.clear();  // what it held is committed (or is not the prompt)

@@ -23,6 +23,11 @@ std::vector<std::uint64_t> PoolGroup::allocate(std::uint64_t n) {
   return slots;
 }
 
+void PoolGroup::allocate(std::uint64_t n, std::vector<std::uint64_t>& out) {
+  allocator.allocate(n, out);
+  populate(allocator.next_fresh());
+}
+
 void PoolGroup::populate(std::uint64_t end) {
   if (!populating) return;
   for (MemoryPool& pool : pools) pool.populate(end * pool.slot_size());

@@ -27,15 +27,6 @@ void reserve_for(V& v, std::size_t n) {
 }  // namespace
 
 // What a resize changes, worked out before anything does.
-struct KVCache::ResizePlan {
-  std::vector<Need> shrink;            // pages of the blocks past the new end, last first
-  std::vector<Release> releases;       // stale pages below the new end
-  std::vector<Release> scratch_drops;  // pages of blocks entering the scratch range
-  std::vector<Page*> scratch_freed;    // scratch slots past the new count
-  std::vector<Need> needs;
-  std::vector<int> priorities;
-};
-
 void KVCache::require_capacity_settable() const {
   // Alone, a new capacity keeps the history, which the scratch rule rarely allows.
   if (scratch_on_) {
@@ -63,8 +54,9 @@ bool KVCache::resize(std::optional<std::int64_t> capacity, std::optional<std::in
     return true;
   }
   if (!fits_pool_groups(this->num_blocks(), num_blocks, new_capacity, history)) return false;
-  const ResizePlan plan = resize_plan(num_blocks, new_capacity, history);
-  std::vector<Release> applied;
+  const ResizePlan& plan = resize_plan(num_blocks, new_capacity, history);
+  std::vector<Release>& applied = work_.applied;
+  applied.clear();
   for (const auto& [ordinal, group] : plan.shrink) applied.push_back({ordinal, group, false});
   applied.insert(applied.end(), plan.releases.begin(), plan.releases.end());
   applied.insert(applied.end(), plan.scratch_drops.begin(), plan.scratch_drops.end());
@@ -82,9 +74,9 @@ bool KVCache::resize(std::optional<std::int64_t> capacity, std::optional<std::in
                 "resize: cannot allocate " + std::to_string(num_blocks - this->num_blocks()) + " blocks");
   }
   apply_resize(plan, num_blocks, new_capacity, history);
-  std::vector<Page*> pages;
+  std::vector<Page*>& pages = work_.pages;
   try {
-    pages = new_pages(plan.needs, plan.priorities);
+    new_pages(plan.needs, plan.priorities, pages);
   } catch (...) {
     // Making room after this call's releases failed (a copy): the new lengths stay and the
     // cache is suspended; resume() allocates the missing pages.
@@ -138,8 +130,18 @@ std::pair<std::int64_t, std::int64_t> KVCache::checked_lengths(std::optional<std
   return {new_capacity, history};
 }
 
-KVCache::ResizePlan KVCache::resize_plan(std::int64_t num_blocks, std::int64_t capacity, std::int64_t history) {
-  ResizePlan plan;
+void KVCache::ResizePlan::clear() noexcept {
+  shrink.clear();
+  releases.clear();
+  scratch_drops.clear();
+  scratch_freed.clear();
+  needs.clear();
+  priorities.clear();
+}
+
+const KVCache::ResizePlan& KVCache::resize_plan(std::int64_t num_blocks, std::int64_t capacity, std::int64_t history) {
+  ResizePlan& plan = work_.plan;
+  plan.clear();
   for (std::int64_t ordinal = this->num_blocks() - 1; ordinal >= num_blocks; --ordinal) {
     for (int group = static_cast<int>(num_layer_groups_) - 1; group >= 0; --group)
       plan.shrink.emplace_back(ordinal, group);
@@ -147,7 +149,7 @@ KVCache::ResizePlan KVCache::resize_plan(std::int64_t num_blocks, std::int64_t c
   for (const Release& r : stale_releases(history)) {
     if (r.ordinal < num_blocks) plan.releases.push_back(r);
   }
-  plan.needs = missing(this->num_blocks(), num_blocks, capacity, history);
+  missing(this->num_blocks(), num_blocks, capacity, history, plan.needs);
   for (const auto& [ordinal, group] : plan.needs) plan.priorities.push_back(priority_of(ordinal, group));
   // Scratch: pages of blocks entering the scratch range go (they hold tokens this step
   // rewrites); slots are added or freed to the new count.

@@ -63,9 +63,16 @@ std::array<KVCache::Range, 3> KVCache::live_ranges(int layer_group, std::int64_t
 
 std::vector<KVCache::Need> KVCache::missing(std::int64_t first, std::int64_t num_blocks, std::int64_t capacity,
                                             std::int64_t history) const {
+  std::vector<Need> out;
+  missing(first, num_blocks, capacity, history, out);
+  return out;
+}
+
+void KVCache::missing(std::int64_t first, std::int64_t num_blocks, std::int64_t capacity, std::int64_t history,
+                      std::vector<Need>& out) const {
   // Non-stale blocks in [first, num_blocks) without a page, by ordinal then layer group. (Every
   // non-stale block of an open cache has its pages, so a resize only looks at those it adds.)
-  std::vector<Need> out;
+  out.clear();
   for (int group : block_layer_groups_) {
     for (const auto& [lo, hi] : live_ranges(group, first, num_blocks, capacity, history)) {
       for (std::int64_t ordinal = lo; ordinal < hi; ++ordinal) {
@@ -74,7 +81,6 @@ std::vector<KVCache::Need> KVCache::missing(std::int64_t first, std::int64_t num
     }
   }
   std::sort(out.begin(), out.end());
-  return out;
 }
 
 std::vector<KVCache::Need> KVCache::scratch_needs(std::int64_t capacity, std::int64_t history) const {
@@ -91,7 +97,8 @@ bool KVCache::fits_pool_groups(std::int64_t first, std::int64_t num_blocks, std:
                                std::int64_t history) const {
   // Counted, not listed: a request beyond a pool group's slots is refused in constant time.
   Storage& storage = context_.storage();
-  std::vector<std::uint64_t> per_pool_group(storage.pool_groups().size(), 0);
+  std::vector<std::uint64_t>& per_pool_group = work_.per_pool_group;
+  per_pool_group.assign(storage.pool_groups().size(), 0);
   for (int group : block_layer_groups_) {
     std::uint64_t& count = per_pool_group[storage.config().pool_group_of(group)];
     for (const auto& [lo, hi] : live_ranges(group, first, num_blocks, capacity, history)) {
@@ -136,7 +143,8 @@ bool KVCache::can_make_room_after(const std::vector<Need>& needs, const std::vec
 bool KVCache::make_room(int level, const std::vector<Page*>& pages, const std::vector<Need>& needs,
                         const std::vector<Page*>& keep) {
   Storage& storage = context_.storage();
-  std::vector<std::uint64_t> need(storage.pool_groups().size(), 0);
+  std::vector<std::uint64_t>& need = work_.per_pool_group;
+  need.assign(storage.pool_groups().size(), 0);
   for (const Page* page : pages) ++need[page->pool_group];
   for (const Need& n : needs) ++need[storage.config().pool_group_of(n.second)];
   // Nothing to make room for (a cached prompt resuming on the device): no set of the pages to
@@ -153,14 +161,15 @@ bool KVCache::make_room(int level, const std::vector<Page*>& pages, const std::v
   return true;
 }
 
-std::vector<Page*> KVCache::new_pages(const std::vector<Need>& needs, const std::vector<int>& priorities) {
-  if (needs.empty()) return {};  // most resizes of a decode step: no allocation, no statistics to add
-  std::vector<std::pair<int, int>> requests;
+void KVCache::new_pages(const std::vector<Need>& needs, const std::vector<int>& priorities, std::vector<Page*>& out) {
+  out.clear();
+  if (needs.empty()) return;  // most resizes of a decode step: no allocation, no statistics to add
+  std::vector<std::pair<int, int>>& requests = work_.requests;
+  requests.clear();
   for (std::size_t i = 0; i < needs.size(); ++i) requests.emplace_back(needs[i].second, priorities[i]);
-  std::vector<Page*> pages = context_.storage().new_pages(requests);
+  context_.storage().new_pages(requests, out);
   stats.allocated(needs);
-  for (Page* p : pages) p->holders = 1;
-  return pages;
+  for (Page* p : out) p->holders = 1;
 }
 
 std::vector<Page*> KVCache::to_lock() const {

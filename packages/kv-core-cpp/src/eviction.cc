@@ -25,9 +25,16 @@ void EvictionQueue::remove(Page* page) {
 
 std::vector<Page*> EvictionQueue::candidates(std::size_t n, const std::unordered_set<const Page*>& exclude,
                                              const std::vector<Page*>& pending) const {
-  std::map<int, std::vector<Page*>> later;
-  for (Page* page : pending) later[page->priority].push_back(page);
   std::vector<Page*> out;
+  candidates(n, exclude, pending, out);
+  return out;
+}
+
+void EvictionQueue::candidates(std::size_t n, const std::unordered_set<const Page*>& exclude,
+                               const std::vector<Page*>& pending, std::vector<Page*>& out) const {
+  std::map<int, std::vector<Page*>> later;  // empty (no allocation) without pending pages
+  for (Page* page : pending) later[page->priority].push_back(page);
+  out.clear();
   auto queued = buckets_.begin();
   auto pend = later.begin();
   while (out.size() < n && (queued != buckets_.end() || pend != later.end())) {
@@ -52,7 +59,6 @@ std::vector<Page*> EvictionQueue::candidates(std::size_t n, const std::unordered
       ++pend;
     }
   }
-  return out;
 }
 
 }  // namespace kvcore

@@ -161,7 +161,8 @@ bool KVCache::resume() {
   }
   if (!make_room(kGpuLevel, below, needs, locking)) return false;
   storage.move_up(below, kGpuLevel);
-  const std::vector<Page*> fresh = new_pages(needs, priorities);
+  std::vector<Page*> fresh;
+  new_pages(needs, priorities, fresh);
   try {
     for (std::size_t i = 0; i < needs.size(); ++i) {
       Page* source = needs[i].first < 0 ? nullptr : source_of(needs[i].first, needs[i].second);

@@ -8,19 +8,26 @@
 namespace kvcore {
 
 std::vector<std::uint64_t> SlotAllocator::allocate(std::uint64_t n) {
+  std::vector<std::uint64_t> taken;
+  taken.reserve(n);
+  allocate(n, taken);
+  return taken;
+}
+
+void SlotAllocator::allocate(std::uint64_t n, std::vector<std::uint64_t>& out) {
   if (n > num_free()) {
     throw Error(ErrorKind::kOutOfPages,
                 "need " + std::to_string(n) + " slots, " + std::to_string(num_free()) + " free");
   }
-  std::vector<std::uint64_t> taken;
-  taken.reserve(n);
-  while (taken.size() < n && !recycled_.empty()) {
-    taken.push_back(recycled_.front());
-    recycled_.pop_front();
+  for (std::uint64_t i = 0; i < n; ++i) {
+    if (!recycled_.empty()) {
+      out.push_back(recycled_.front());
+      recycled_.pop_front();
+    } else {
+      out.push_back(next_fresh_++);
+    }
   }
-  while (taken.size() < n) taken.push_back(next_fresh_++);
   peak_ = std::max(peak_, num_slots_ - num_free());
-  return taken;
 }
 
 std::uint64_t SlotAllocator::take_peak() {

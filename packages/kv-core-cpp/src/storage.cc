@@ -107,23 +107,31 @@ void Storage::free(Page* page) { pool_group_of(page).allocator.release(page->slo
 // -- new pages and copies ----------------------------------------------------------------------
 
 std::vector<Page*> Storage::new_pages(const std::vector<std::pair<int, int>>& requests) {
-  std::vector<std::uint64_t> need(pool_groups().size(), 0);
-  for (const auto& r : requests) ++need[config_.pool_group_of(r.first)];
-  make_room(0, need);
-  std::vector<std::vector<std::uint64_t>> slots;
-  for (PoolGroup& pg : pool_groups()) slots.push_back(pg.allocate(need[pg.index]));
-  std::vector<std::size_t> next(pool_groups().size(), 0);
   std::vector<Page*> pages;
+  new_pages(requests, pages);
+  return pages;
+}
+
+void Storage::new_pages(const std::vector<std::pair<int, int>>& requests, std::vector<Page*>& out) {
+  new_need_.assign(pool_groups().size(), 0);
+  for (const auto& r : requests) ++new_need_[config_.pool_group_of(r.first)];
+  make_room(0, new_need_);
+  new_slots_.clear();
+  new_first_.clear();
+  for (PoolGroup& pg : pool_groups()) {
+    new_first_.push_back(new_slots_.size());
+    pg.allocate(new_need_[pg.index], new_slots_);
+  }
+  out.clear();
   for (const auto& [layer_group, priority] : requests) {
     const int p = config_.pool_group_of(layer_group);
     Page* page = new_record();
-    page->slot = slots[p][next[p]++];
+    page->slot = new_slots_[new_first_[p]++];
     page->layer_group = layer_group;
     page->pool_group = p;
     page->priority = priority;
-    pages.push_back(page);
+    out.push_back(page);
   }
-  return pages;
 }
 
 Page* Storage::new_page_at(int level, int layer_group, std::uint64_t slot, int priority) {

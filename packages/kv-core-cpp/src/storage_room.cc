@@ -21,14 +21,28 @@ constexpr std::size_t kPrefetchDrops = 8;
 std::vector<Storage::Plan> Storage::plan(int level, const std::vector<std::uint64_t>& need, const PageSet& exclude,
                                          const std::vector<Page*>& pending, const std::vector<std::uint64_t>& freed) {
   std::vector<Plan> plans;
+  plan(level, need, exclude, pending, freed, plans);
+  return plans;
+}
+
+void Storage::plan(int level, const std::vector<std::uint64_t>& need, const PageSet& exclude,
+                   const std::vector<Page*>& pending, const std::vector<std::uint64_t>& freed,
+                   std::vector<Plan>& plans) {
+  plans.resize(pool_groups().size());
+  std::vector<Page*>& arrivals = plan_arrivals_;
+  std::vector<Page*>& queued = plan_queued_;
+  std::vector<Page*>& chosen = plan_chosen_;
   for (std::size_t pg = 0; pg < pool_groups().size(); ++pg) {
-    Plan plan;
+    Plan& plan = plans[pg];
+    plan.moves.clear();
+    plan.drops.clear();
+    plan.lost.clear();
     auto goal = static_cast<std::int64_t>(need[pg]);
-    std::vector<Page*> arrivals;
+    arrivals.clear();
     for (int lv = level; lv < num_levels(); ++lv) {
       PoolGroup& group = levels_[lv]->pool_groups[pg];
       auto free = static_cast<std::int64_t>(group.allocator.num_free());
-      std::vector<Page*> queued;
+      queued.clear();
       if (lv == level) {
         if (!freed.empty()) free += static_cast<std::int64_t>(freed[pg]);
         for (Page* p : pending) {
@@ -36,8 +50,8 @@ std::vector<Storage::Plan> Storage::plan(int level, const std::vector<std::uint6
         }
       }
       const std::int64_t want = goal + static_cast<std::int64_t>(arrivals.size()) - free;
-      std::vector<Page*> chosen;
-      if (want > 0) chosen = group.evictable.candidates(static_cast<std::size_t>(want), exclude, queued);
+      chosen.clear();
+      if (want > 0) group.evictable.candidates(static_cast<std::size_t>(want), exclude, queued, chosen);
       const auto num_chosen = static_cast<std::int64_t>(chosen.size());
       const std::int64_t room = free + num_chosen - goal;  // slots left for the pages falling in
       auto short_of_slots = [&] {
@@ -54,7 +68,7 @@ std::vector<Storage::Plan> Storage::plan(int level, const std::vector<std::uint6
                                                   " held pages fall in, " + std::to_string(free) + " free and " +
                                                   std::to_string(num_chosen) + " evictable");
         }
-        plan.drops = std::move(chosen);
+        plan.drops.swap(chosen);
         const std::int64_t lose = std::max<std::int64_t>(0, static_cast<std::int64_t>(arrivals.size()) - room);
         for (Page* p : arrivals) {
           if (static_cast<std::int64_t>(plan.lost.size()) == lose) break;
@@ -71,13 +85,11 @@ std::vector<Storage::Plan> Storage::plan(int level, const std::vector<std::uint6
         for (std::size_t i = passing; i < arrivals.size(); ++i) plan.moves.emplace_back(arrivals[i], lv);
         arrivals.resize(passing);
         chosen.insert(chosen.end(), arrivals.begin(), arrivals.end());
-        arrivals = std::move(chosen);
+        arrivals.swap(chosen);
       }
       goal = 0;
     }
-    plans.push_back(std::move(plan));
   }
-  return plans;
 }
 
 bool Storage::can_make_room(int level, const std::vector<std::uint64_t>& need, const std::vector<Page*>& pending,
@@ -98,8 +110,16 @@ void Storage::make_room(int level, const std::vector<std::uint64_t>& need, const
   // throughout: records freed meanwhile (a subtree removal) are recycled after.
   if (std::all_of(need.begin(), need.end(), [](std::uint64_t n) { return n == 0; })) return;  // a decode step
   const RecordGuard guard(*this);
-  std::vector<Plan> plans = plan(level, need, exclude);
-  while (!back_disks(level, plans)) plans = plan(level, need, exclude);  // the smaller disk: drops, not moves
+  std::vector<Plan> own;
+  std::vector<Plan>& plans = planning_ ? own : plans_;
+  struct Planning {
+    bool& flag;
+    bool was;
+    ~Planning() { flag = was; }
+  } planning{planning_, planning_};
+  planning_ = true;
+  plan(level, need, exclude, {}, {}, plans);
+  while (!back_disks(level, plans)) plan(level, need, exclude, {}, {}, plans);  // the smaller disk: drops, not moves
   for (std::size_t pg = 0; pg < plans.size(); ++pg) {
     const Plan& plan = plans[pg];
     PoolGroup& last = levels_[last_level()]->pool_groups[pg];

@@ -50,6 +50,7 @@ class PoolGroup {
   std::uint64_t num_slots() const { return allocator.num_slots(); }
   // n slot ids (allocator.allocate's), the memory below every fresh one committed (populate).
   std::vector<std::uint64_t> allocate(std::uint64_t n);
+  void allocate(std::uint64_t n, std::vector<std::uint64_t>& out);  // appended to `out`
   // Commits the memory pools' bytes of the slots below `end` (MemoryPool::populate): before
   // anything is copied or written into them. Not where populate_memory is off.
   void populate(std::uint64_t end);

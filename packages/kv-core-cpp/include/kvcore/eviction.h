@@ -27,6 +27,9 @@ class EvictionQueue {
   // then its pending ones.
   std::vector<Page*> candidates(std::size_t n, const std::unordered_set<const Page*>& exclude,
                                 const std::vector<Page*>& pending) const;
+  // The same into `out` (cleared first).
+  void candidates(std::size_t n, const std::unordered_set<const Page*>& exclude, const std::vector<Page*>& pending,
+                  std::vector<Page*>& out) const;
 
  private:
   struct Bucket {  // pages in release order, linked through Page::queue_prev / queue_next

@@ -139,7 +139,16 @@ class KVCache {
     int layer_group;
     bool keep;
   };
-  struct ResizePlan;
+  // What a resize releases and needs, worked out before anything changes (cache_resize.cc).
+  struct ResizePlan {
+    std::vector<Need> shrink;            // pages of the blocks past the new end, last first
+    std::vector<Release> releases;       // stale pages below the new end
+    std::vector<Release> scratch_drops;  // pages of blocks entering the scratch range
+    std::vector<Page*> scratch_freed;    // scratch slots past the new count
+    std::vector<Need> needs;
+    std::vector<int> priorities;
+    void clear() noexcept;  // each list emptied, its memory kept
+  };
   using Range = std::pair<std::int64_t, std::int64_t>;
   static bool in_range(const Range& range, std::int64_t ordinal) {
     return range.first <= ordinal && ordinal < range.second;
@@ -186,6 +195,8 @@ class KVCache {
   // stale range, between it and the scratch range, and above that.
   std::array<Range, 3> live_ranges(int layer_group, std::int64_t first, std::int64_t num_blocks, std::int64_t capacity,
                                    std::int64_t history) const;
+  void missing(std::int64_t first, std::int64_t num_blocks, std::int64_t capacity, std::int64_t history,
+               std::vector<Need>& out) const;  // into `out` (cleared first)
   std::vector<Need> missing(std::int64_t first, std::int64_t num_blocks, std::int64_t capacity,
                             std::int64_t history) const;
   std::vector<Need> scratch_needs(std::int64_t capacity, std::int64_t history) const;
@@ -197,7 +208,8 @@ class KVCache {
   // Room at `level` for `pages` and `needs`, never evicting `keep`; false (nothing changed) if short.
   bool make_room(int level, const std::vector<Page*>& pages, const std::vector<Need>& needs,
                  const std::vector<Page*>& keep = {});
-  std::vector<Page*> new_pages(const std::vector<Need>& needs, const std::vector<int>& priorities);
+  // Into `out` (cleared first; work_.pages on the resize path: no allocation).
+  void new_pages(const std::vector<Need>& needs, const std::vector<int>& priorities, std::vector<Page*>& out);
   std::vector<Page*> to_lock() const;  // the pages resume() locks
   void suspend_locked();               // unlocks every page and frees the scratch slots
 
@@ -226,7 +238,8 @@ class KVCache {
   // -- cache_resize.cc --
   std::pair<std::int64_t, std::int64_t> checked_lengths(std::optional<std::int64_t> capacity,
                                                         std::optional<std::int64_t> history_length) const;
-  ResizePlan resize_plan(std::int64_t num_blocks, std::int64_t capacity, std::int64_t history);
+  // Into work_.plan (its lists reused), which it returns.
+  const ResizePlan& resize_plan(std::int64_t num_blocks, std::int64_t capacity, std::int64_t history);
   void apply_resize(const ResizePlan& plan, std::int64_t num_blocks, std::int64_t capacity, std::int64_t history);
 
   CacheContext& context_;  // all the cache uses of its manager's state (the manager owns it)
@@ -264,6 +277,17 @@ class KVCache {
   // blocks (locked while active, freed on suspend).
   bool scratch_on_;
   std::vector<std::vector<Page*>> scratch_pages_;
+  // Vectors a resize fills and keeps (cleared, their memory kept) for the next: a decode step's
+  // new page then allocates nothing, where glibc, in a heap of millions of blocks, hands out its
+  // coldest small chunks first (a few cache misses each).
+  struct WorkLists {
+    std::vector<std::pair<int, int>> requests;  // new_pages': (layer group, priority)
+    std::vector<Page*> pages;                   // the pages a resize got
+    std::vector<std::uint64_t> per_pool_group;  // fits_pool_groups' and make_room's counts
+    std::vector<Release> applied;               // a resize's releases, in the order they apply
+    ResizePlan plan;
+  };
+  mutable WorkLists work_;  // fits_pool_groups (const) counts in it too
 };
 
 }  // namespace kvcore

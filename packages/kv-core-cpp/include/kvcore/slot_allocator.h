@@ -22,6 +22,8 @@ class SlotAllocator {
   std::uint64_t num_free() const { return recycled_.size() + num_slots_ - next_fresh_; }
   // n slot ids, all or none (Error kOutOfPages).
   std::vector<std::uint64_t> allocate(std::uint64_t n);
+  // The same, appended to `out` (a caller's vector reused: no allocation once it has grown).
+  void allocate(std::uint64_t n, std::vector<std::uint64_t>& out);
   void release(std::uint64_t slot) { recycled_.push_back(slot); }
   // Every id handed out since the last shrink is below it.
   std::uint64_t next_fresh() const { return next_fresh_; }

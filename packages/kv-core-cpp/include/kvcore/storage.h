@@ -83,6 +83,10 @@ class Storage {
   // -- new pages and copies --
   // One device page per (layer group, priority), all or none (Error kOutOfPages, nothing changed).
   std::vector<Page*> new_pages(const std::vector<std::pair<int, int>>& requests);
+  // The same into `out` (cleared first), with no allocation once the scratch has grown: a decode
+  // step's new page is in every step of a long run, and glibc hands a heap of millions of blocks
+  // its coldest small chunks first.
+  void new_pages(const std::vector<std::pair<int, int>>& requests, std::vector<Page*>& out);
   // From any level; a source that fails its checksum is forgotten (Error(kOS), EIO).
   void copy(Page* src, const Page* dst);
 
@@ -101,6 +105,9 @@ class Storage {
   // `level`'s queues first and freed[pg] slots are freed there first (a resize's releases).
   std::vector<Plan> plan(int level, const std::vector<std::uint64_t>& need, const PageSet& exclude = {},
                          const std::vector<Page*>& pending = {}, const std::vector<std::uint64_t>& freed = {});
+  // The same into `plans` (one per pool group; their lists emptied and reused).
+  void plan(int level, const std::vector<std::uint64_t>& need, const PageSet& exclude,
+            const std::vector<Page*>& pending, const std::vector<std::uint64_t>& freed, std::vector<Plan>& plans);
   bool can_make_room(int level, const std::vector<std::uint64_t>& need, const std::vector<Page*>& pending = {},
                      const std::vector<std::uint64_t>& freed = {});
   // Frees need[pg] slots at `level` by cascading eviction, or throws: Error(kOutOfPages) before
@@ -166,6 +173,19 @@ class Storage {
   PageTransfer transfer_;
   std::deque<Page> records_;  // every page record; a deque grown at the back never moves them
   std::vector<Page*> free_records_;
+  // Lists kept (emptied, their memory kept) for the next call, so that a decode step's new page
+  // and its eviction allocate nothing: glibc, in a heap of millions of blocks, hands out its
+  // coldest small chunks first (a few cache misses each). new_pages': slots needed per pool
+  // group, the slots taken and where each group's start; plan's lists; make_room's plans (a
+  // call made while they are in use, from a page copier, plans in a list of its own).
+  std::vector<std::uint64_t> new_need_;
+  std::vector<std::uint64_t> new_slots_;
+  std::vector<std::size_t> new_first_;
+  std::vector<Page*> plan_arrivals_;
+  std::vector<Page*> plan_queued_;
+  std::vector<Page*> plan_chosen_;
+  std::vector<Plan> plans_;
+  bool planning_ = false;
   std::vector<Page*> retired_;  // freed while a RecordGuard lives
   int guards_ = 0;
 };
