@@ -8,14 +8,7 @@ namespace kvcore {
 namespace {
 
 // Slot ranges: (first source slot, first destination slot, number of slots), contiguous pairs merged.
-struct SlotRun {
-  std::uint64_t src;
-  std::uint64_t dst;
-  std::uint64_t count;
-};
-
-std::vector<SlotRun> slot_runs(const SlotMoves& moves) {
-  std::vector<SlotRun> runs;
+void slot_runs(const SlotMoves& moves, std::vector<SlotRun>& runs) {
   for (const auto& [s, d] : moves) {
     if (!runs.empty()) {
       SlotRun& last = runs.back();
@@ -26,7 +19,6 @@ std::vector<SlotRun> slot_runs(const SlotMoves& moves) {
     }
     runs.push_back({s, d, 1});
   }
-  return runs;
 }
 
 std::uint64_t slot_bytes(const PoolGroup& group) {
@@ -114,7 +106,9 @@ void PageTransfer::import_pages(int level, const std::vector<ImportPage>& pages,
 std::vector<std::uint64_t> PageTransfer::copy(CacheLevel& src, CacheLevel& dst, int pool_group,
                                               const SlotMoves& moves) {
   if (moves.empty()) return {};
-  const std::vector<SlotRun> runs = slot_runs(moves);
+  Borrowed<SlotRun> runs_list(runs_);
+  const std::vector<SlotRun>& runs = *runs_list;
+  slot_runs(moves, *runs_list);
   PoolGroup& from = src.pool_groups[pool_group];
   PoolGroup& to = dst.pool_groups[pool_group];
   std::uint64_t bytes = 0;
@@ -154,7 +148,8 @@ std::vector<std::uint64_t> PageTransfer::copy(CacheLevel& src, CacheLevel& dst, 
       }
     }
   } else {
-    std::vector<CopyRun> copies;
+    Borrowed<CopyRun> copies_list(copies_);
+    std::vector<CopyRun>& copies = *copies_list;
     for (std::size_t p = 0; p < from.pools.size(); ++p) {
       const std::uint64_t size = from.slot_sizes[p];
       for (const SlotRun& r : runs) {

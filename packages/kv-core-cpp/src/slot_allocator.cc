@@ -37,14 +37,19 @@ std::uint64_t SlotAllocator::take_peak() {
 }
 
 std::vector<std::uint64_t> SlotAllocator::peek(std::uint64_t n, std::optional<std::uint64_t> below) const {
-  const std::uint64_t limit = below.value_or(num_slots_);
   std::vector<std::uint64_t> taken;
   taken.reserve(n);
-  for (auto it = recycled_.begin(); taken.size() < n && it != recycled_.end(); ++it) {
-    if (*it < limit) taken.push_back(*it);
-  }
-  for (std::uint64_t fresh = std::min(next_fresh_, limit); taken.size() < n; ++fresh) taken.push_back(fresh);
+  peek(n, below, taken);
   return taken;
+}
+
+void SlotAllocator::peek(std::uint64_t n, std::optional<std::uint64_t> below, std::vector<std::uint64_t>& out) const {
+  const std::uint64_t limit = below.value_or(num_slots_);
+  out.clear();
+  for (auto it = recycled_.begin(); out.size() < n && it != recycled_.end(); ++it) {
+    if (*it < limit) out.push_back(*it);
+  }
+  for (std::uint64_t fresh = std::min(next_fresh_, limit); out.size() < n; ++fresh) out.push_back(fresh);
 }
 
 void SlotAllocator::resize(std::uint64_t num_slots) {

@@ -113,20 +113,21 @@ std::vector<Page*> Storage::new_pages(const std::vector<std::pair<int, int>>& re
 }
 
 void Storage::new_pages(const std::vector<std::pair<int, int>>& requests, std::vector<Page*>& out) {
-  new_need_.assign(pool_groups().size(), 0);
-  for (const auto& r : requests) ++new_need_[config_.pool_group_of(r.first)];
-  make_room(0, new_need_);
-  new_slots_.clear();
-  new_first_.clear();
+  Borrowed<std::uint64_t> need(new_need_);
+  Borrowed<std::uint64_t> slots(new_slots_);
+  Borrowed<std::size_t> first(new_first_);
+  (*need).assign(pool_groups().size(), 0);
+  for (const auto& r : requests) ++(*need)[config_.pool_group_of(r.first)];
+  make_room(0, *need);
   for (PoolGroup& pg : pool_groups()) {
-    new_first_.push_back(new_slots_.size());
-    pg.allocate(new_need_[pg.index], new_slots_);
+    (*first).push_back((*slots).size());
+    pg.allocate((*need)[pg.index], *slots);
   }
   out.clear();
   for (const auto& [layer_group, priority] : requests) {
     const int p = config_.pool_group_of(layer_group);
     Page* page = new_record();
-    page->slot = new_slots_[new_first_[p]++];
+    page->slot = (*slots)[(*first)[p]++];
     page->layer_group = layer_group;
     page->pool_group = p;
     page->priority = priority;

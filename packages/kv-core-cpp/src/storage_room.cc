@@ -29,9 +29,12 @@ void Storage::plan(int level, const std::vector<std::uint64_t>& need, const Page
                    const std::vector<Page*>& pending, const std::vector<std::uint64_t>& freed,
                    std::vector<Plan>& plans) {
   plans.resize(pool_groups().size());
-  std::vector<Page*>& arrivals = plan_arrivals_;
-  std::vector<Page*>& queued = plan_queued_;
-  std::vector<Page*>& chosen = plan_chosen_;
+  Borrowed<Page*> arrivals_list(plan_arrivals_);
+  Borrowed<Page*> queued_list(plan_queued_);
+  Borrowed<Page*> chosen_list(plan_chosen_);
+  std::vector<Page*>& arrivals = *arrivals_list;
+  std::vector<Page*>& queued = *queued_list;
+  std::vector<Page*>& chosen = *chosen_list;
   for (std::size_t pg = 0; pg < pool_groups().size(); ++pg) {
     Plan& plan = plans[pg];
     plan.moves.clear();
@@ -110,14 +113,8 @@ void Storage::make_room(int level, const std::vector<std::uint64_t>& need, const
   // throughout: records freed meanwhile (a subtree removal) are recycled after.
   if (std::all_of(need.begin(), need.end(), [](std::uint64_t n) { return n == 0; })) return;  // a decode step
   const RecordGuard guard(*this);
-  std::vector<Plan> own;
-  std::vector<Plan>& plans = planning_ ? own : plans_;
-  struct Planning {
-    bool& flag;
-    bool was;
-    ~Planning() { flag = was; }
-  } planning{planning_, planning_};
-  planning_ = true;
+  Borrowed<Plan> plans_list(plans_, true);  // plan() empties each Plan's lists, keeping their memory
+  std::vector<Plan>& plans = *plans_list;
   plan(level, need, exclude, {}, {}, plans);
   while (!back_disks(level, plans)) plan(level, need, exclude, {}, {}, plans);  // the smaller disk: drops, not moves
   for (std::size_t pg = 0; pg < plans.size(); ++pg) {
@@ -147,11 +144,11 @@ void Storage::make_room(int level, const std::vector<std::uint64_t>& need, const
     }
     for (int dst = last_level(); dst > level; --dst) {
       for (int src = level; src < dst; ++src) {
-        std::vector<Page*> batch;
+        Borrowed<Page*> batch(move_batch_);
         for (const auto& [p, d] : plan.moves) {
-          if (d == dst && !p->dead() && p->level == src) batch.push_back(p);
+          if (d == dst && !p->dead() && p->level == src) (*batch).push_back(p);
         }
-        move_down(batch, dst);
+        move_down(*batch, dst);
       }
     }
   }
@@ -212,7 +209,8 @@ void Storage::move_down(const std::vector<Page*>& pages, int dst_level) {
   const int src_level = pages[0]->level;
   PoolGroup& below = levels_[dst_level]->pool_groups[pages[0]->pool_group];
   const auto surplus = static_cast<std::int64_t>(pages.size()) - static_cast<std::int64_t>(below.allocator.num_free());
-  std::vector<Page*> dropped;
+  Borrowed<Page*> dropped_list(move_dropped_);
+  std::vector<Page*>& dropped = *dropped_list;
   if (surplus > 0) {
     for (Page* p : pages) {
       if (static_cast<std::int64_t>(dropped.size()) == surplus) break;
@@ -221,7 +219,8 @@ void Storage::move_down(const std::vector<Page*>& pages, int dst_level) {
     if (static_cast<std::int64_t>(dropped.size()) < surplus)
       throw poison::corrupted("held pages fall to a level without room for them");
   }
-  std::vector<Page*> movers;
+  Borrowed<Page*> movers_list(move_movers_);
+  std::vector<Page*>& movers = *movers_list;
   for (Page* p : pages) {
     if (std::find(dropped.begin(), dropped.end(), p) == dropped.end()) movers.push_back(p);
   }
@@ -238,8 +237,11 @@ void Storage::move(const std::vector<Page*>& pages, int dst_level) {
   const int src_level = pages[0]->level;
   const int pg = pages[0]->pool_group;
   PoolGroup& group = levels_[dst_level]->pool_groups[pg];
-  const std::vector<std::uint64_t> slots = group.allocator.peek(pages.size());
-  SlotMoves moves;
+  Borrowed<std::uint64_t> slots_list(move_slots_);
+  Borrowed<std::pair<std::uint64_t, std::uint64_t>> moves_list(move_pairs_);
+  const std::vector<std::uint64_t>& slots = *slots_list;
+  SlotMoves& moves = *moves_list;
+  group.allocator.peek(pages.size(), std::nullopt, *slots_list);
   for (std::size_t i = 0; i < pages.size(); ++i) moves.emplace_back(pages[i]->slot, slots[i]);
   const std::vector<std::uint64_t> bad = transfer_.copy(*levels_[src_level], *levels_[dst_level], pg, moves);
   if (!bad.empty()) {
@@ -249,7 +251,7 @@ void Storage::move(const std::vector<Page*>& pages, int dst_level) {
     }
     forget_corrupt(corrupt);
   }
-  group.allocate(pages.size());
+  group.allocate(pages.size(), *slots_list);  // the same slots, appended after them: not read
   for (std::size_t i = 0; i < pages.size(); ++i) {
     Page* page = pages[i];
     dequeue(page);

@@ -14,10 +14,18 @@
 #include <vector>
 
 #include "kvcore/cache_level.h"
+#include "kvcore/kept_list.h"
 
 namespace kvcore {
 
 // (src_address, dst_address, num_bytes): one contiguous range of page bytes.
+// Consecutive slots moving to consecutive slots.
+struct SlotRun {
+  std::uint64_t src;
+  std::uint64_t dst;
+  std::uint64_t count;
+};
+
 struct CopyRun {
   std::uintptr_t src = 0;
   std::uintptr_t dst = 0;
@@ -83,6 +91,8 @@ class PageTransfer {
   const CacheLevels& levels_;
   PageCopier* copier_;
   std::vector<std::pair<std::pair<int, int>, std::uint64_t>> bytes_;
+  KeptList<SlotRun> runs_;  // copy's (kept_list.h: a move down allocates nothing)
+  KeptList<CopyRun> copies_;
 };
 
 }  // namespace kvcore

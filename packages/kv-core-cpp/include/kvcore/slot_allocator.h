@@ -29,6 +29,7 @@ class SlotAllocator {
   std::uint64_t next_fresh() const { return next_fresh_; }
   // The ids allocate(n) would hand out now (after resize(below)), without taking them.
   std::vector<std::uint64_t> peek(std::uint64_t n, std::optional<std::uint64_t> below = std::nullopt) const;
+  void peek(std::uint64_t n, std::optional<std::uint64_t> below, std::vector<std::uint64_t>& out) const;  // into `out`
   // Hand out ids below num_slots from now on; every id at or above it must be free.
   void resize(std::uint64_t num_slots);
   // The most slots in use at once since the last call; then counts from those in use now.

@@ -32,6 +32,7 @@
 #include "kvcore/config.h"
 #include "kvcore/event_manager.h"
 #include "kvcore/eviction.h"
+#include "kvcore/kept_list.h"
 #include "kvcore/life_cycles.h"
 #include "kvcore/page.h"
 #include "kvcore/page_transfer.h"
@@ -173,19 +174,22 @@ class Storage {
   PageTransfer transfer_;
   std::deque<Page> records_;  // every page record; a deque grown at the back never moves them
   std::vector<Page*> free_records_;
-  // Lists kept (emptied, their memory kept) for the next call, so that a decode step's new page
-  // and its eviction allocate nothing: glibc, in a heap of millions of blocks, hands out its
-  // coldest small chunks first (a few cache misses each). new_pages': slots needed per pool
-  // group, the slots taken and where each group's start; plan's lists; make_room's plans (a
-  // call made while they are in use, from a page copier, plans in a list of its own).
-  std::vector<std::uint64_t> new_need_;
-  std::vector<std::uint64_t> new_slots_;
-  std::vector<std::size_t> new_first_;
-  std::vector<Page*> plan_arrivals_;
-  std::vector<Page*> plan_queued_;
-  std::vector<Page*> plan_chosen_;
-  std::vector<Plan> plans_;
-  bool planning_ = false;
+  // Lists kept for the next call (kept_list.h), so that a decode step's new page, its eviction
+  // and the moves down it makes allocate nothing. new_pages': slots needed per pool group, the
+  // slots taken and where each group's start; plan's; make_room's plans and batches of moves;
+  // move_down's and move's.
+  KeptList<std::uint64_t> new_need_;
+  KeptList<std::uint64_t> new_slots_;
+  KeptList<std::size_t> new_first_;
+  KeptList<Page*> plan_arrivals_;
+  KeptList<Page*> plan_queued_;
+  KeptList<Page*> plan_chosen_;
+  KeptList<Plan> plans_;
+  KeptList<Page*> move_batch_;
+  KeptList<Page*> move_dropped_;
+  KeptList<Page*> move_movers_;
+  KeptList<std::uint64_t> move_slots_;
+  KeptList<std::pair<std::uint64_t, std::uint64_t>> move_pairs_;
   std::vector<Page*> retired_;  // freed while a RecordGuard lives
   int guards_ = 0;
 };
