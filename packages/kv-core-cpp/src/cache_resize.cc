@@ -54,9 +54,12 @@ bool KVCache::resize(std::optional<std::int64_t> capacity, std::optional<std::in
     return true;
   }
   if (!fits_pool_groups(this->num_blocks(), num_blocks, new_capacity, history)) return false;
-  const ResizePlan& plan = resize_plan(num_blocks, new_capacity, history);
-  std::vector<Release>& applied = work_.applied;
-  applied.clear();
+  Borrowed<ResizePlan> plans(work_.plan, true);
+  if ((*plans).empty()) (*plans).emplace_back();
+  ResizePlan& plan = (*plans)[0];
+  resize_plan(num_blocks, new_capacity, history, plan);
+  Borrowed<Release> applied_list(work_.applied);
+  std::vector<Release>& applied = *applied_list;
   for (const auto& [ordinal, group] : plan.shrink) applied.push_back({ordinal, group, false});
   applied.insert(applied.end(), plan.releases.begin(), plan.releases.end());
   applied.insert(applied.end(), plan.scratch_drops.begin(), plan.scratch_drops.end());
@@ -74,7 +77,8 @@ bool KVCache::resize(std::optional<std::int64_t> capacity, std::optional<std::in
                 "resize: cannot allocate " + std::to_string(num_blocks - this->num_blocks()) + " blocks");
   }
   apply_resize(plan, num_blocks, new_capacity, history);
-  std::vector<Page*>& pages = work_.pages;
+  Borrowed<Page*> pages_list(work_.pages);
+  std::vector<Page*>& pages = *pages_list;
   try {
     new_pages(plan.needs, plan.priorities, pages);
   } catch (...) {
@@ -139,8 +143,7 @@ void KVCache::ResizePlan::clear() noexcept {
   priorities.clear();
 }
 
-const KVCache::ResizePlan& KVCache::resize_plan(std::int64_t num_blocks, std::int64_t capacity, std::int64_t history) {
-  ResizePlan& plan = work_.plan;
+void KVCache::resize_plan(std::int64_t num_blocks, std::int64_t capacity, std::int64_t history, ResizePlan& plan) {
   plan.clear();
   for (std::int64_t ordinal = this->num_blocks() - 1; ordinal >= num_blocks; --ordinal) {
     for (int group = static_cast<int>(num_layer_groups_) - 1; group >= 0; --group)
@@ -166,7 +169,6 @@ const KVCache::ResizePlan& KVCache::resize_plan(std::int64_t num_blocks, std::in
     }
     for (std::size_t i = want; i < held.size(); ++i) plan.scratch_freed.push_back(held[i]);
   }
-  return plan;
 }
 
 void KVCache::apply_resize(const ResizePlan& plan, std::int64_t num_blocks, std::int64_t capacity,

@@ -97,7 +97,8 @@ bool KVCache::fits_pool_groups(std::int64_t first, std::int64_t num_blocks, std:
                                std::int64_t history) const {
   // Counted, not listed: a request beyond a pool group's slots is refused in constant time.
   Storage& storage = context_.storage();
-  std::vector<std::uint64_t>& per_pool_group = work_.per_pool_group;
+  Borrowed<std::uint64_t> counts(work_.per_pool_group);
+  std::vector<std::uint64_t>& per_pool_group = *counts;
   per_pool_group.assign(storage.pool_groups().size(), 0);
   for (int group : block_layer_groups_) {
     std::uint64_t& count = per_pool_group[storage.config().pool_group_of(group)];
@@ -143,7 +144,8 @@ bool KVCache::can_make_room_after(const std::vector<Need>& needs, const std::vec
 bool KVCache::make_room(int level, const std::vector<Page*>& pages, const std::vector<Need>& needs,
                         const std::vector<Page*>& keep) {
   Storage& storage = context_.storage();
-  std::vector<std::uint64_t>& need = work_.per_pool_group;
+  Borrowed<std::uint64_t> counts(work_.per_pool_group);
+  std::vector<std::uint64_t>& need = *counts;
   need.assign(storage.pool_groups().size(), 0);
   for (const Page* page : pages) ++need[page->pool_group];
   for (const Need& n : needs) ++need[storage.config().pool_group_of(n.second)];
@@ -164,8 +166,8 @@ bool KVCache::make_room(int level, const std::vector<Page*>& pages, const std::v
 void KVCache::new_pages(const std::vector<Need>& needs, const std::vector<int>& priorities, std::vector<Page*>& out) {
   out.clear();
   if (needs.empty()) return;  // most resizes of a decode step: no allocation, no statistics to add
-  std::vector<std::pair<int, int>>& requests = work_.requests;
-  requests.clear();
+  Borrowed<std::pair<int, int>> requests_list(work_.requests);
+  std::vector<std::pair<int, int>>& requests = *requests_list;
   for (std::size_t i = 0; i < needs.size(); ++i) requests.emplace_back(needs[i].second, priorities[i]);
   context_.storage().new_pages(requests, out);
   stats.allocated(needs);

@@ -27,6 +27,7 @@
 
 #include "kvcore/block_keys.h"
 #include "kvcore/cache_state.h"
+#include "kvcore/kept_list.h"
 #include "kvcore/page.h"
 #include "kvcore/planned_drop.h"
 #include "kvcore/radix_tree.h"
@@ -208,7 +209,7 @@ class KVCache {
   // Room at `level` for `pages` and `needs`, never evicting `keep`; false (nothing changed) if short.
   bool make_room(int level, const std::vector<Page*>& pages, const std::vector<Need>& needs,
                  const std::vector<Page*>& keep = {});
-  // Into `out` (cleared first; work_.pages on the resize path: no allocation).
+  // Into `out` (cleared first; a kept list on the resize path: no allocation).
   void new_pages(const std::vector<Need>& needs, const std::vector<int>& priorities, std::vector<Page*>& out);
   std::vector<Page*> to_lock() const;  // the pages resume() locks
   void suspend_locked();               // unlocks every page and frees the scratch slots
@@ -238,8 +239,8 @@ class KVCache {
   // -- cache_resize.cc --
   std::pair<std::int64_t, std::int64_t> checked_lengths(std::optional<std::int64_t> capacity,
                                                         std::optional<std::int64_t> history_length) const;
-  // Into work_.plan (its lists reused), which it returns.
-  const ResizePlan& resize_plan(std::int64_t num_blocks, std::int64_t capacity, std::int64_t history);
+  // Into `plan` (emptied first).
+  void resize_plan(std::int64_t num_blocks, std::int64_t capacity, std::int64_t history, ResizePlan& plan);
   void apply_resize(const ResizePlan& plan, std::int64_t num_blocks, std::int64_t capacity, std::int64_t history);
 
   CacheContext& context_;  // all the cache uses of its manager's state (the manager owns it)
@@ -277,15 +278,14 @@ class KVCache {
   // blocks (locked while active, freed on suspend).
   bool scratch_on_;
   std::vector<std::vector<Page*>> scratch_pages_;
-  // Vectors a resize fills and keeps (cleared, their memory kept) for the next: a decode step's
-  // new page then allocates nothing, where glibc, in a heap of millions of blocks, hands out its
-  // coldest small chunks first (a few cache misses each).
+  // Lists a resize fills and keeps for the next (kept_list.h), so that a decode step's new page
+  // allocates nothing.
   struct WorkLists {
-    std::vector<std::pair<int, int>> requests;  // new_pages': (layer group, priority)
-    std::vector<Page*> pages;                   // the pages a resize got
-    std::vector<std::uint64_t> per_pool_group;  // fits_pool_groups' and make_room's counts
-    std::vector<Release> applied;               // a resize's releases, in the order they apply
-    ResizePlan plan;
+    KeptList<std::pair<int, int>> requests;  // new_pages': (layer group, priority)
+    KeptList<Page*> pages;                   // the pages a resize got
+    KeptList<std::uint64_t> per_pool_group;  // fits_pool_groups' and make_room's counts
+    KeptList<Release> applied;               // a resize's releases, in the order they apply
+    KeptList<ResizePlan> plan;               // one
   };
   mutable WorkLists work_;  // fits_pool_groups (const) counts in it too
 };
