@@ -195,20 +195,29 @@ def test_disk_faults_cost_misses_never_data(backends: list[kv_api.Backend], tmp_
             mounted.append(d)
         dirs.append(d)
     seen = {"served": 0, "corrupt": 0, "disk full": 0}
+
+    def reached() -> bool:
+        """The search reached what it is for: pages served from every level, pages found corrupt,
+        and (where the small file systems could be mounted) a disk that filled up."""
+        return seen["served"] > 0 and seen["corrupt"] > 0 and (seen["disk full"] > 0 or not mounted)
+
     try:
-        run_state_machine_as_test(
-            make_machine(backends, dirs, seen),
-            settings=settings(
-                max_examples=EXAMPLES,
-                stateful_step_count=60,
-                deadline=None,
-                suppress_health_check=list(HealthCheck),
-            ),
-        )
+        # A random search of EXAMPLES finds no corrupt page in about one run of eight (a scribble
+        # must land on a slot a later read takes from disk): up to three searches, each random.
+        for _ in range(3):
+            run_state_machine_as_test(
+                make_machine(backends, dirs, seen),
+                settings=settings(
+                    max_examples=EXAMPLES,
+                    stateful_step_count=60,
+                    deadline=None,
+                    suppress_health_check=list(HealthCheck),
+                    database=None,
+                ),
+            )
+            if reached():
+                break
     finally:
         for d in mounted:
             subprocess.run(["umount", "-l", str(d)], check=False)
-    # The search reached what it is for: pages served from every level, pages found corrupt, and
-    # (where the small file systems could be mounted) a disk that filled up.
-    assert seen["served"] > 0 and seen["corrupt"] > 0, seen
-    assert seen["disk full"] > 0 or not mounted, seen
+    assert reached(), seen
