@@ -23,13 +23,6 @@ void EvictionQueue::remove(Page* page) {
   --size_;
 }
 
-std::vector<Page*> EvictionQueue::candidates(std::size_t n, const std::unordered_set<const Page*>& exclude,
-                                             const std::vector<Page*>& pending) const {
-  std::vector<Page*> out;
-  candidates(n, exclude, pending, out);
-  return out;
-}
-
 void EvictionQueue::candidates(std::size_t n, const std::unordered_set<const Page*>& exclude,
                                const std::vector<Page*>& pending, std::vector<Page*>& out) const {
   std::map<int, std::vector<Page*>> later;  // empty (no allocation) without pending pages

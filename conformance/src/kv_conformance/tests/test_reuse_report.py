@@ -259,19 +259,27 @@ def test_reports_add_up_and_agree(
             ghost_record_blocks=ghost,
             reuse_report_other_scope=other,
         )
-        m = b.KVCacheManager(config)
-        got: list[object] = []
-        for i, prompt in enumerate(prompts):
-            salt = salts[i % len(salts)]
-            cache = m.create_kv_cache(None if salt is None else ReuseScope(salt=salt), prompt)
-            check_report(cache, 2)
-            got.append(cache.reuse_report)
-            if cache.resume() and cache.resize(len(prompt)):
-                cache.commit(prompt[cache.num_committed_tokens :])
-            cache.close()
-        got.append(m.get_committed_stats())
-        seen.append(got)
+        scopes = [None if salt is None else ReuseScope(salt=salt) for salt in salts]
+        seen.append(committed_in_turn(b.KVCacheManager(config), prompts, scopes, checked=True))
     assert all(s == seen[0] for s in seen)
+
+
+def committed_in_turn(
+    m: kv_api.KVCacheManager, prompts: list[list[int]], scopes: list[ReuseScope | None], checked: bool = False
+) -> list[object]:
+    """Each prompt's report (checked to add up where ``checked``), the prompt committed whole
+    where it fits, in turn (prompt i under scopes[i % len(scopes)]); then the manager's stats."""
+    got: list[object] = []
+    for i, prompt in enumerate(prompts):
+        cache = m.create_kv_cache(scopes[i % len(scopes)], prompt)
+        if checked:
+            check_report(cache, cache.tokens_per_block)
+        got.append(cache.reuse_report)
+        if cache.resume() and cache.resize(len(prompt)):
+            cache.commit(prompt[cache.num_committed_tokens :])
+        cache.close()
+    got.append(m.get_committed_stats())
+    return got
 
 
 def test_a_long_run_agrees(backends: list[kv_api.Backend]) -> None:
@@ -282,16 +290,9 @@ def test_a_long_run_agrees(backends: list[kv_api.Backend]) -> None:
     prompts = [[rng.randrange(4) for _ in range(rng.randrange(2, 15))] for _ in range(2500)]
     seen = []
     for b in backends:
-        m = b.KVCacheManager(make_config(2, slots=8, ghost_record_blocks=64))
-        got: list[object] = []
-        for prompt in prompts:
-            cache = m.create_kv_cache(None, prompt)
-            got.append(cache.reuse_report)
-            if cache.resume() and cache.resize(len(prompt)):
-                cache.commit(prompt[cache.num_committed_tokens :])
-            cache.close()
-        got.append(m.get_committed_stats())
-        seen.append(got)
+        seen.append(
+            committed_in_turn(b.KVCacheManager(make_config(2, slots=8, ghost_record_blocks=64)), prompts, [None])
+        )
     reports = [r for r in seen[0] if isinstance(r, ReuseReport)]
     assert sum(len(r.evicted_blocks) for r in reports) > 1000  # the record was used
     assert all(s == seen[0] for s in seen)

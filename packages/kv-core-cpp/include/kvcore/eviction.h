@@ -24,10 +24,7 @@ class EvictionQueue {
   void remove(Page* page);
   // The first `n` pages (fewer if there are not so many) in eviction order, skipping the queued
   // ones in `exclude`, as if `pending` were pushed first (in order): each priority's queued pages,
-  // then its pending ones.
-  std::vector<Page*> candidates(std::size_t n, const std::unordered_set<const Page*>& exclude,
-                                const std::vector<Page*>& pending) const;
-  // The same into `out` (cleared first).
+  // then its pending ones. Into `out` (cleared first).
   void candidates(std::size_t n, const std::unordered_set<const Page*>& exclude, const std::vector<Page*>& pending,
                   std::vector<Page*>& out) const;
 
