@@ -152,8 +152,10 @@ bool KVCache::make_room(int level, const std::vector<Page*>& pages, const std::v
   // Nothing to make room for (a cached prompt resuming on the device): no set of the pages to
   // keep, which would cost an allocation per page.
   if (std::all_of(need.begin(), need.end(), [](std::uint64_t n) { return n == 0; })) return true;
-  Storage::PageSet exclude;
-  for (const Page* page : keep) exclude.insert(page);
+  Borrowed<const Page*> kept_list(work_.kept);
+  std::vector<const Page*>& kept = *kept_list;
+  kept.assign(keep.begin(), keep.end());
+  const PageSet exclude(kept);
   try {
     storage.make_room(level, need, exclude);
   } catch (const Error& e) {

@@ -23,8 +23,8 @@ void EvictionQueue::remove(Page* page) {
   --size_;
 }
 
-void EvictionQueue::candidates(std::size_t n, const std::unordered_set<const Page*>& exclude,
-                               const std::vector<Page*>& pending, std::vector<Page*>& out) const {
+void EvictionQueue::candidates(std::size_t n, const PageSet& exclude, const std::vector<Page*>& pending,
+                               std::vector<Page*>& out) const {
   std::map<int, std::vector<Page*>> later;  // empty (no allocation) without pending pages
   for (Page* page : pending) later[page->priority].push_back(page);
   out.clear();
@@ -40,7 +40,7 @@ void EvictionQueue::candidates(std::size_t n, const std::unordered_set<const Pag
     if (queued != buckets_.end() && queued->first == priority) {
       for (Page* page = queued->second.head; page != nullptr; page = page->queue_next) {
         if (out.size() == n) break;
-        if (exclude.empty() || !exclude.count(page)) out.push_back(page);
+        if (exclude.empty() || !exclude.contains(page)) out.push_back(page);
       }
       ++queued;
     }

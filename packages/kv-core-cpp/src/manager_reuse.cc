@@ -69,12 +69,13 @@ std::vector<const Block*> KVCacheManager::fetch_remote(const Digest& root_key, c
   for (std::size_t i = 0; i < keys.size(); ++i) std::memcpy(keys[i].data(), out.data() + 32 * (i + 1), 32);
   const TokenList list =
       TokenList::from(tokens, 0, static_cast<std::size_t>(limit / tokens_per_block * tokens_per_block));
-  Storage::PageSet keep;
+  std::vector<const Page*> kept;
   for (const auto& step : path) {
     for (const Page* p : step.first->pages) {
-      if (p != nullptr) keep.insert(p);
+      if (p != nullptr) kept.push_back(p);
     }
   }
+  const PageSet keep(kept);
   // The root is looked up (or made) once room is made, which may prune it; the parent block is
   // pinned meanwhile, so that a page-less one is not pruned from under us.
   struct Pin {

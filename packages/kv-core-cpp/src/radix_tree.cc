@@ -24,51 +24,13 @@ Node::~Node() {
   }
 }
 
-namespace {
-
-// Two keys in four 8-byte words, inline (operator== calls memcmp); a different key differs in
-// the first word all but never (SHA-256 output).
-bool same_key(const Digest& a, const Digest& b) noexcept {
-  std::uint64_t x[4], y[4];
-  std::memcpy(x, a.data(), sizeof x);
-  std::memcpy(y, b.data(), sizeof y);
-  return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3])) == 0;
-}
-
-}  // namespace
-
-Block* Node::child(const Digest& key) const {
-  if (const ChildIndex* index = order_.index()) {
-    const auto it = index->find(key);
-    return it == index->end() ? nullptr : it->second;
-  }
-  for (Block* c : order_) {
-    if (same_key(c->key, key)) return c;
-  }
-  return nullptr;
-}
-
 Block* Node::add_child(std::unique_ptr<Block> block, bool partial) {
-  Block* raw = block.get();
-  order_.reserve_one_more();  // so that the push cannot throw once the index has it
-  if (ChildIndex* index = order_.index()) {
-    index->emplace(raw->key, raw);
-  } else if (order_.size() == kChildScanLimit) {
-    auto made = std::make_unique<ChildIndex>();
-    for (Block* c : order_) made->emplace(c->key, c);
-    made->emplace(raw->key, raw);
-    order_.set_index(std::move(made));
-  }
-  order_.push_back(block.release(), partial);
-  return raw;
+  order_.add(block.get(), partial);
+  return block.release();
 }
 
 std::unique_ptr<Block> Node::take_child(Block* block, bool partial) {
-  order_.erase(block, partial);
-  if (ChildIndex* index = order_.index()) {
-    index->erase(block->key);
-    if (order_.size() <= kChildScanLimit) order_.set_index(nullptr);
-  }
+  order_.remove(block, partial);
   return std::unique_ptr<Block>(block);
 }
 
@@ -265,7 +227,9 @@ std::vector<Block*> RadixTree::subtree(Block* block) {
     stack.pop_back();
     out.push_back(b);
     const ChildList& kids = b->children();
-    for (std::size_t i = kids.size(); i-- > 0;) stack.push_back(kids.begin()[i]);
+    const std::size_t first = stack.size();
+    stack.insert(stack.end(), kids.begin(), kids.end());
+    std::reverse(stack.begin() + static_cast<std::ptrdiff_t>(first), stack.end());
   }
   return out;
 }

@@ -106,7 +106,7 @@ std::int64_t RemoteTier::checked_count(std::int64_t answer, std::size_t n) {
 // -- reading --------------------------------------------------------------------------------------
 
 std::vector<Block*> RemoteTier::fetch(Node* parent, const Digest& parent_key, const std::vector<Digest>& keys,
-                                      std::int64_t first, const TokenList& tokens, const Storage::PageSet& keep,
+                                      std::int64_t first, const TokenList& tokens, const PageSet& keep,
                                       const std::function<Node*()>& new_root) {
   context_.count(&CacheStats::remote_lookups, 1);
   const std::int64_t n = checked_count(store_.contains({namespace_, keys.data(), keys.size()}), keys.size());
@@ -200,7 +200,7 @@ std::vector<std::vector<bool>> RemoteTier::kept(const std::uint8_t* buffer, std:
 }
 
 std::vector<std::vector<Page*>> RemoteTier::place(const std::uint8_t* buffer, std::int64_t first, std::int64_t count,
-                                                  const Storage::PageSet& keep) {
+                                                  const PageSet& keep) {
   // As many values as room can be made for without evicting `keep` (halving).
   while (count) {
     const std::vector<std::vector<bool>> rows = kept(buffer, first, count);

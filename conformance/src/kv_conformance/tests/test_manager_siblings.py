@@ -238,3 +238,55 @@ def test_adopting_a_sibling_without_a_page_in_its_first_life_cycle(backend: kv_a
     ]
     assert manager.get_storage_statistics() == [StorageStatistics(16, 16, 0)]
     check_accounting(manager, open_caches=False)
+
+
+def test_siblings_keep_insertion_order_through_removals(backend: kv_api.Backend) -> None:
+    """A partial match tied between siblings takes the oldest child left (insertion order),
+    whatever was removed before it: past the children a node scans (its key index), after gaps
+    and their compaction, and once it is back to a few. The tie is observable through the page
+    the matching cache copies."""
+    manager = backend.KVCacheManager(make_config(TPB, slots=64, enable_partial_reuse=True))
+    written: dict[int, bytes] = {}
+
+    def add_child(c: int) -> None:
+        # Evicted in insertion order (not least recently used: a match's copy uses its child),
+        # the shared first block last.
+        by_ordinal = priority_by_ordinal({0: 90, 1: 10 + c})
+        cache = active(manager, 2 * TPB, reuse=SEQUENCE[:TPB], callback=by_ordinal)
+        written[c] = fill_slot(manager, 0, cache.get_base_page_indices(0)[1], c)
+        first = SEQUENCE[cache.num_committed_tokens : TPB]  # the first child commits the parent too
+        cache.commit([*first, 5, 6, 7, 100 + c])  # every child shares [5, 6, 7] with the probe
+        cache.close()
+
+    def evict(count: int) -> None:
+        """The ``count`` oldest children evicted (the pool has no other pages)."""
+        free = manager.get_storage_statistics()[0].free
+        active(manager, TPB * (free + count)).close()
+
+    def check_the_first_left_is_copied() -> list[int]:
+        left = [c for c in written if manager.probe_reuse(None, [*SEQUENCE[:7], 100 + c]) == 8]
+        # The copy's source takes the reader's priority: the lowest, as the oldest child's.
+        reader = manager.create_kv_cache(None, [*SEQUENCE[:7], 99], None, priority_by_ordinal({0: 90, 1: 0}))
+        assert reader.num_committed_tokens == 7
+        assert reader.resume()
+        assert slot_bytes(manager, 0, reader.get_base_page_indices(0)[1]) == written[left[0]], left
+        reader.close()
+        return left
+
+    for c in range(20):
+        add_child(c)
+    assert check_the_first_left_is_copied() == list(range(20))
+    evict(5)  # 15 children left, past the scan limit
+    assert check_the_first_left_is_copied() == list(range(5, 20))
+    for c in range(20, 23):
+        add_child(c)
+    evict(9)  # the removed now outnumber the children left
+    assert check_the_first_left_is_copied() == list(range(14, 23))
+    evict(7)  # a few left, no index
+    assert check_the_first_left_is_copied() == [21, 22]
+    check_accounting(manager, open_caches=False)
+
+
+def priority_by_ordinal(by_ordinal: dict[int, int]) -> Any:
+    """A priority callback: ``by_ordinal``'s value for those blocks, 50 for the others."""
+    return lambda ordinal, life_cycle: by_ordinal.get(ordinal, 50)

@@ -10,10 +10,10 @@
 
 #include <cstddef>
 #include <map>
-#include <unordered_set>
 #include <vector>
 
 #include "kvcore/page.h"
+#include "kvcore/page_set.h"
 
 namespace kvcore {
 
@@ -25,7 +25,7 @@ class EvictionQueue {
   // The first `n` pages (fewer if there are not so many) in eviction order, skipping the queued
   // ones in `exclude`, as if `pending` were pushed first (in order): each priority's queued pages,
   // then its pending ones. Into `out` (cleared first).
-  void candidates(std::size_t n, const std::unordered_set<const Page*>& exclude, const std::vector<Page*>& pending,
+  void candidates(std::size_t n, const PageSet& exclude, const std::vector<Page*>& pending,
                   std::vector<Page*>& out) const;
 
  private:

@@ -286,6 +286,7 @@ class KVCache {
     KeptList<std::uint64_t> per_pool_group;  // fits_pool_groups' and make_room's counts
     KeptList<Release> applied;               // a resize's releases, in the order they apply
     KeptList<ResizePlan> plan;               // one
+    KeptList<const Page*> kept;              // make_room's pages not to evict
   };
   mutable WorkLists work_;  // fits_pool_groups (const) counts in it too
 };

@@ -59,7 +59,7 @@ class Node {
   Node& operator=(const Node&) = delete;
   bool is_root() const noexcept { return root_; }
 
-  Block* child(const Digest& key) const;
+  Block* child(const Digest& key) const { return order_.find(key); }
   const ChildList& children() const { return order_; }
   // `partial`: the block holds fewer tokens than a full one (the tree knows the block size).
   Block* add_child(std::unique_ptr<Block> block, bool partial);

@@ -37,8 +37,7 @@ class RemoteTier {
   // (new_root() when nullptr): the consecutive ones the store has and whose values pass every
   // check. `keep`: pages making room must not evict (the local match).
   std::vector<Block*> fetch(Node* parent, const Digest& parent_key, const std::vector<Digest>& keys, std::int64_t first,
-                            const TokenList& tokens, const Storage::PageSet& keep,
-                            const std::function<Node*()>& new_root);
+                            const TokenList& tokens, const PageSet& keep, const std::function<Node*()>& new_root);
   // A full block that entered the tree in this call, to write at flush().
   void add_pending(Block* block) { pending_.push_back(block); }
   // Hands the store this call's new full blocks (one put), their bytes copied now; between
@@ -57,7 +56,7 @@ class RemoteTier {
   bool complete(const std::uint8_t* value, std::int64_t ordinal) const;
   std::vector<std::vector<bool>> kept(const std::uint8_t* buffer, std::int64_t first, std::int64_t count) const;
   std::vector<std::vector<Page*>> place(const std::uint8_t* buffer, std::int64_t first, std::int64_t count,
-                                        const Storage::PageSet& keep);
+                                        const PageSet& keep);
   std::vector<std::vector<Page*>> fill(const std::uint8_t* buffer, const std::vector<std::vector<bool>>& kept,
                                        const std::vector<std::uint64_t>& need);
   Block* add(Node* parent, const Digest& key, const TokenList& tokens, std::int64_t ordinal,

@@ -24,7 +24,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -35,6 +34,7 @@
 #include "kvcore/kept_list.h"
 #include "kvcore/life_cycles.h"
 #include "kvcore/page.h"
+#include "kvcore/page_set.h"
 #include "kvcore/page_transfer.h"
 #include "kvcore/radix_tree.h"
 #include "kvcore/storage_config.h"
@@ -92,7 +92,6 @@ class Storage {
   void copy(Page* src, const Page* dst);
 
   // -- making room --
-  using PageSet = std::unordered_set<const Page*>;
   // What making room does in one pool group: pages moved down (to a level), the last level's
   // victims (dropped in order while room is short) and falling pages that find no slot there
   // (droppable, dropped).
