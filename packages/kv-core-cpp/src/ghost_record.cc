@@ -83,6 +83,9 @@ void GhostRecord::record(const Digest& key, int level) {
   if (static_cast<std::int64_t>(live_) == capacity_) {
     while (!log_[head_].live) ++head_;
     forget(log_[head_].key);
+    // A full record forgets its oldest entry at every record: that entry's slot, anywhere in
+    // the index, is asked for some records ahead (the log's lines come in order).
+    if (head_ + kForgetAhead < log_.size()) prefetch(log_[head_ + kForgetAhead].key.data());
   }
   log_.push_back({key, clock_, level, true});  // within the capacity: cannot throw
   place(log_.size() - 1);

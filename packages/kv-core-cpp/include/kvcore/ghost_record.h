@@ -57,6 +57,7 @@ class GhostRecord {
     std::uint32_t pos;
   };
   static constexpr std::size_t kNone = ~std::size_t{0};
+  static constexpr std::size_t kForgetAhead = 8;  // entries: how far ahead a full record prefetches
 
   std::size_t locate(const Digest& key) const noexcept;  // the slot holding key, or kNone
   void place(std::size_t pos) noexcept;                  // indexes entry pos (a slot is free)
