@@ -149,8 +149,8 @@ bool KVCache::make_room(int level, const std::vector<Page*>& pages, const std::v
   need.assign(storage.pool_groups().size(), 0);
   for (const Page* page : pages) ++need[page->pool_group];
   for (const Need& n : needs) ++need[storage.config().pool_group_of(n.second)];
-  // Nothing to make room for (a cached prompt resuming on the device): no set of the pages to
-  // keep, which would cost an allocation per page.
+  // Nothing to make room for (a cached prompt resuming on the device): no list of the pages to
+  // keep to sort.
   if (std::all_of(need.begin(), need.end(), [](std::uint64_t n) { return n == 0; })) return true;
   Borrowed<const Page*> kept_list(work_.kept);
   std::vector<const Page*>& kept = *kept_list;
