@@ -18,8 +18,8 @@ PoolGroup::PoolGroup(int index, const std::vector<std::uint64_t>& slot_sizes, st
 }
 
 std::vector<std::uint64_t> PoolGroup::allocate(std::uint64_t n) {
-  std::vector<std::uint64_t> slots = allocator.allocate(n);
-  populate(allocator.next_fresh());
+  std::vector<std::uint64_t> slots;
+  allocate(n, slots);
   return slots;
 }
 

@@ -74,18 +74,13 @@ void ChildList::remove(Block* child, bool partial) noexcept {
     position = static_cast<std::size_t>(std::find(items.begin(), items.end(), child) - items.begin());
   }
   items[position] = nullptr;
-  ++many.gaps;
-  while (!items.empty() && items.back() == nullptr) {  // the list ends in a child (back())
-    items.pop_back();
-    --many.gaps;
-  }
-  if (many.gaps > size_) close_gaps();
+  while (!items.empty() && items.back() == nullptr) items.pop_back();  // the list ends in a child (back())
+  if (items.size() - size_ > size_) close_gaps();                      // the gaps outnumber the children
 }
 
 void ChildList::clear() noexcept {
   if (heap_) {
     many_->items.clear();
-    many_->gaps = 0;
     many_->index.reset();
   } else {
     one_ = nullptr;
@@ -118,7 +113,6 @@ void ChildList::close_gaps() noexcept {
     items[to++] = c;
   }
   items.resize(to);
-  many.gaps = 0;
 }
 
 }  // namespace kvcore

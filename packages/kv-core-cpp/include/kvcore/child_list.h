@@ -106,8 +106,7 @@ class ChildList {
 
  private:
   struct Many {
-    std::vector<Block*> items;          // the children, nullptr where one was removed
-    std::size_t gaps = 0;               // the nullptr entries
+    std::vector<Block*> items;          // the children, nullptr where one was removed (size_ live)
     std::unique_ptr<ChildIndex> index;  // key -> child, only past kChildScanLimit children
   };
 
