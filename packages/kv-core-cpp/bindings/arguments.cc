@@ -14,7 +14,7 @@
 
 namespace kvcore::py {
 
-void fail(PyObject* type, const char* message, std::initializer_list<std::string_view> args) {
+std::string format(const char* message, std::initializer_list<std::string_view> args) {
   std::string text;
   auto next = args.begin();
   for (const char* p = message; *p; ++p) {
@@ -25,7 +25,11 @@ void fail(PyObject* type, const char* message, std::initializer_list<std::string
       text += *p;
     }
   }
-  raise(type, text);
+  return text;
+}
+
+void fail(PyObject* type, const char* message, std::initializer_list<std::string_view> args) {
+  raise(type, format(message, args));
 }
 
 namespace arg {

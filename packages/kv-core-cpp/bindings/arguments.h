@@ -82,13 +82,17 @@ inline constexpr char kItemsFor[] = "{}: {} items for {} {}";  // the name, its 
 inline constexpr char kExpectedCache[] = "{}: expected this backend's KVCache, got {}";
 inline constexpr char kOtherManager[] = "{}: belongs to another manager";
 inline constexpr char kCountsSum[] = "counts: add up to {} but tokens holds {}";
+inline constexpr char kDecodeTokens[] = "tokens: holds {} for {} caches times {} steps";
+inline constexpr char kDecodeIteration[] = "decode_steps: in iteration {} of {}; the {} before it took effect";
 // kv_core_py.event_manager
 inline constexpr char kUnsupportedHashAlgo[] =
     "hash_algo: Unsupported V2 KV cache event hash algorithm: {} (expected auto, v2_sha256, v2_sha256_64, "
     "v1_block_key)";
 }  // namespace msg
 
-// Raises `type` with `message`, its `{}` replaced by `args` in order.
+// `message`, its `{}` replaced by `args` in order.
+std::string format(const char* message, std::initializer_list<std::string_view> args);
+// Raises `type` with format(message, args).
 [[noreturn]] void fail(PyObject* type, const char* message, std::initializer_list<std::string_view> args = {});
 
 // The checkers, named after what they accept; each returns the C++ value.

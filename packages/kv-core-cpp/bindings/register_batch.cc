@@ -87,8 +87,10 @@ std::size_t count_arg(nb::handle value, std::size_t i) {
   return static_cast<std::size_t>(arg::int_between(where.c_str(), value, 0, kTokenLimit));
 }
 
-// The failing call's exception as the single call raised it, with where the batch stopped.
-[[noreturn]] void raise_failure(const BatchFailure& failure, const char* api, std::size_t n, nb::handle results) {
+// The failing call's exception as the single call raised it, with where the batch stopped (and
+// `note` after, where not empty).
+[[noreturn]] void raise_failure(const BatchFailure& failure, const char* api, std::size_t n, nb::handle results,
+                                const std::string& note = {}) {
   std::optional<nb::python_error> error = as_python_error(failure.error);
   if (!error) std::rethrow_exception(failure.error);
   const std::size_t k = failure.index;
@@ -97,6 +99,7 @@ std::size_t count_arg(nb::handle value, std::size_t i) {
                                   std::to_string(n - k - 1) + " after it did not");
   error->value().attr("batch_index") = k;
   error->value().attr("batch_results") = results;
+  if (!note.empty()) error->value().attr("add_note")(note);
   throw std::move(*error);
 }
 
@@ -170,6 +173,53 @@ void commit_many(nb::handle self_handle, nb::handle caches_arg_, nb::handle toke
   }
 }
 
+// Per iteration, per pool group: `values` (iterations * groups, in order) as lists of ints.
+nb::list per_iteration(const std::vector<std::uint64_t>& values, std::size_t iterations) {
+  nb::list out;
+  const std::size_t groups = iterations == 0 ? 0 : values.size() / iterations;
+  for (std::size_t k = 0; k < iterations; ++k) {
+    nb::list row;
+    for (std::size_t g = 0; g < groups; ++g) row.append(nb::steal(PyLong_FromUnsignedLongLong(values[k * groups + g])));
+    out.append(row);
+  }
+  return out;
+}
+
+nb::object decode_steps(nb::handle self_handle, nb::handle caches_arg_, nb::handle tokens, nb::handle steps_arg) {
+  PyManager& self = nb::cast<PyManager&>(self_handle);
+  const ManagerLock lock(self.manager->context());
+  self.manager->require_live();
+  const nb::tuple caches = items("caches", caches_arg_);
+  std::vector<KVCache*> targets;
+  targets.reserve(caches.size());
+  for (std::size_t i = 0; i < caches.size(); ++i) targets.push_back(cache_arg(self_handle, caches[i], i));
+  const auto steps = static_cast<std::size_t>(arg::int_between("steps", steps_arg, 0, kTokenLimit));
+  // Viewed in place (a buffer) or packed once (a list); each iteration commits its slice.
+  const TokenInput input(tokens, self.manager->config().key_format);
+  const std::size_t n = targets.size(), count = input.tokens().count;
+  if ((steps != 0 && n > SIZE_MAX / steps) || count != n * steps) {
+    fail(PyExc_ValueError, msg::kDecodeTokens, {std::to_string(count), std::to_string(n), std::to_string(steps)});
+  }
+  DecodeRun run;
+  {
+    nb::gil_scoped_release release;
+    run = kvcore::decode_steps(*self.manager, targets, input.tokens(), steps);
+  }
+  if (run.failure) {
+    nb::list done;
+    for (std::size_t i = 0; i < run.failure->index; ++i) {
+      done.append(run.failed_committing ? nb::object(nb::none()) : nb::object(nb::bool_(run.results[i])));
+    }
+    const std::string k = std::to_string(run.steps);
+    raise_failure(*run.failure, run.failed_committing ? "commit_many" : "resize_many", n, done,
+                  format(msg::kDecodeIteration, {k, std::to_string(steps), k}));
+  }
+  nb::list resized;
+  for (bool r : run.resized) resized.append(r);
+  return api("DecodeSteps")(run.steps, resized, per_iteration(run.free, run.steps),
+                            per_iteration(run.evictable, run.steps));
+}
+
 nb::list admit_many(nb::handle self_handle, nb::handle scopes_arg, nb::handle prompts_arg, nb::handle ids_arg,
                     nb::handle callbacks_arg, nb::handle max_reused_arg) {
   PyManager& self = nb::cast<PyManager&>(self_handle);
@@ -238,6 +288,8 @@ void register_batch(nb::module_& m) {
                        nb::arg("capacities").none());
   nb::cpp_function_def(&commit_many, nb::scope(cls), nb::name("commit_many"), nb::is_method(), nb::arg("caches").none(),
                        nb::arg("tokens").none(), nb::arg("counts").none(), nb::arg("is_end").none() = false);
+  nb::cpp_function_def(&decode_steps, nb::scope(cls), nb::name("decode_steps"), nb::is_method(),
+                       nb::arg("caches").none(), nb::arg("tokens").none(), nb::arg("steps").none());
   nb::cpp_function_def(&admit_many, nb::scope(cls), nb::name("admit_many"), nb::is_method(),
                        nb::arg("reuse_scopes").none(), nb::arg("prompts").none(), nb::arg("ids").none() = nb::none(),
                        nb::arg("priority_callbacks").none() = nb::none(),

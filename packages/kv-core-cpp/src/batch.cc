@@ -7,6 +7,7 @@
 #include "kvcore/cache_context.h"
 #include "kvcore/kv_cache.h"
 #include "kvcore/remote_tier.h"
+#include "kvcore/storage.h"
 
 namespace kvcore {
 
@@ -97,8 +98,8 @@ std::vector<HashedAhead> hash_ahead(const std::vector<KVCache*>& caches, const T
 }  // namespace
 
 std::optional<BatchFailure> commit_many(const std::vector<KVCache*>& caches, const Tokens& tokens,
-                                        const std::vector<std::size_t>& counts, bool is_end) {
-  std::vector<std::size_t> starts(caches.size() + 1, 0);  // cache i commits tokens [starts[i], starts[i + 1])
+                                        const std::vector<std::size_t>& counts, bool is_end, std::size_t begin) {
+  std::vector<std::size_t> starts(caches.size() + 1, begin);  // cache i commits tokens [starts[i], starts[i + 1])
   for (std::size_t i = 0; i < caches.size(); ++i) starts[i + 1] = starts[i] + counts[i];
   const std::vector<HashedAhead> ahead =
       caches.empty() ? std::vector<HashedAhead>{} : hash_ahead(caches, tokens, starts, caches[0]->key_format());
@@ -115,6 +116,41 @@ std::optional<BatchFailure> commit_many(const std::vector<KVCache*>& caches, con
   });
   if (remote != nullptr) remote->end_batch();
   return failure;
+}
+
+DecodeRun decode_steps(KVCacheManager& manager, const std::vector<KVCache*>& caches, const Tokens& tokens,
+                       std::size_t steps) {
+  DecodeRun run;
+  const std::size_t n = caches.size();
+  const std::vector<std::size_t> ones(n, 1);
+  std::vector<std::optional<std::int64_t>> capacities(n);
+  std::vector<bool> resized;
+  for (; run.steps < steps; ++run.steps) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto next = static_cast<std::int64_t>(caches[i]->committed_tokens().size()) + 1;
+      capacities[i] = std::max(caches[i]->capacity(), next);
+    }
+    resized.clear();
+    run.failure = resize_many(caches, capacities, resized);
+    if (run.failure) {
+      run.results = std::move(resized);
+      return run;
+    }
+    if (std::find(resized.begin(), resized.end(), false) != resized.end()) {
+      run.resized = std::move(resized);
+      return run;
+    }
+    run.failure = commit_many(caches, tokens, ones, false, run.steps * n);
+    if (run.failure) {
+      run.failed_committing = true;
+      return run;
+    }
+    for (const StorageStatistics& s : manager.storage().statistics(0)) {
+      run.free.push_back(s.free);
+      run.evictable.push_back(s.evictable);
+    }
+  }
+  return run;
 }
 
 std::optional<BatchFailure> admit_many(KVCacheManager& manager, std::vector<Admission>& admissions,

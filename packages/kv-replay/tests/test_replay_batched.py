@@ -40,6 +40,11 @@ class Spy:
     def __init__(self, manager: Any) -> None:
         self.manager = manager
         self.calls = {"resize_many": 0, "commit_many": 0}
+        self.steps: list[int] = []  # each decode_steps call's
+
+    def decode_steps(self, caches: Any, tokens: Any, steps: int) -> Any:
+        self.steps.append(steps)
+        return self.manager.decode_steps(caches, tokens, steps)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.manager, name)
@@ -87,20 +92,25 @@ def workloads(draw: st.DrawFn) -> tuple[list[Request], int, int, int, str]:
 @settings(max_examples=150, deadline=None)
 @given(workloads())
 def test_batched_decode_replays_as_one_call_per_cache(backends: list[kv_api.Backend], workload: Any) -> None:
+    """Step by step with the batched calls, and ahead (``decode_steps`` over the steps that only
+    decode), the replay is the single calls'."""
     requests, tpb, slots, in_flight, layers = workload
     batching = skip_unless_any(backends, "batched_calls")
     runnable = having(batching, *layer_needs(layers))  # those without SSM layers skip a model with them
     assume(runnable)
     outcomes = []
     for backend in runnable:
+        ahead = replayer(backend, tpb, slots, in_flight, layers)
+        assert ahead.batched and ahead.ahead
         batched = replayer(backend, tpb, slots, in_flight, layers)
-        assert batched.batched
+        batched.ahead = False
         single = replayer(backend, tpb, slots, in_flight, layers)
         single.batched = False  # the same calls, one cache at a time
         calls = spy(single)
         expected = outcome(single.run(requests))
-        assert calls.calls == {"resize_many": 0, "commit_many": 0}
+        assert calls.calls == {"resize_many": 0, "commit_many": 0} and calls.steps == []
         assert outcome(batched.run(requests)) == expected
+        assert outcome(ahead.run(requests)) == expected
         outcomes.append(expected)
     assert all(o == outcomes[0] for o in outcomes)
 
@@ -113,11 +123,31 @@ def test_the_decode_step_is_one_resize_many_and_one_commit_many(backend: kv_api.
     # last (where they all complete) decodes all eight with one call of each.
     requests = [Request(synthetic_tokens(i, 20), synthetic_tokens(100 + i, 40)) for i in range(8)]
     r = replayer(backend, 4, 1024, 8, layers)
+    r.ahead = False
     calls = spy(r)
     result = r.run(requests)
     assert all(not rec.rejected and rec.preemptions == 0 for rec in result.records)
     assert result.steps == 41
     assert calls.calls == {"resize_many": 40, "commit_many": 40}
+
+
+@pytest.mark.requires("batched_calls")
+def test_the_steps_that_only_decode_are_one_decode_steps(backend: kv_api.Backend) -> None:
+    # The same eight requests: they start in step 0 and generate their last tokens in step 39,
+    # so steps 0..39 go as one call; step 40 completes them. A ninth queued behind them starts
+    # in step 41 (admissions come before completions) and decodes in steps 41..80, one call more.
+    requests = [Request(synthetic_tokens(i, 20), synthetic_tokens(100 + i, 40)) for i in range(9)]
+    for n, calls_made, steps in ((8, [40], 41), (9, [40, 40], 82)):
+        r = replayer(backend, 4, 1024, 8)
+        calls = spy(r)
+        result = r.run(requests[:n])
+        assert result.steps == steps
+        assert calls.steps == calls_made
+        assert calls.calls == {"resize_many": 0, "commit_many": 0}
+        assert [s.step for s in result.samples] == list(range(steps))  # each step sampled
+        step_by_step = replayer(backend, 4, 1024, 8)
+        step_by_step.ahead = False
+        assert outcome(step_by_step.run(requests[:n])) == outcome(result)
 
 
 def test_a_resize_that_finds_no_page_inside_a_batch_is_handled(backends: list[kv_api.Backend]) -> None:

@@ -196,7 +196,8 @@ CONTRACTS: list[type[abc.ABC]] = [kv_api.KVCacheManager, kv_api.KVCache, kv_api.
 #: others are the core contract (the scratch and SSM members too: without scratch reuse or SSM
 #: layers in the fixture's config, they answer as the contract says every backend does).
 NEEDS: dict[str, tuple[str, ...]] = {
-    f"KVCacheManager.{name}": ("batched_calls",) for name in ("resize_many", "commit_many", "admit_many")
+    f"KVCacheManager.{name}": ("batched_calls",)
+    for name in ("resize_many", "commit_many", "admit_many", "decode_steps")
 }
 #: What the fixture (``worker.fixture_config``) uses when the backends declare it.
 FIXTURE_NEEDS = ("host_tier",)

@@ -83,6 +83,17 @@ def test_resize_many_is_the_single_calls(backend: kv_api.Backend, seed: int) -> 
     assert not all(c.capacity == 0 for c in bc)  # the steps did grow caches
 
 
+def as_kind(tokens: list[int], kind: str) -> Any:
+    """``tokens`` as a token input of one kind (each read as ``commit`` reads it)."""
+    return {
+        "list": tokens,
+        "tuple": tuple(tokens),
+        "int32": np.array(tokens, dtype=np.int32),
+        "int64": np.array(tokens, dtype=np.int64),
+        "array": array("i", tokens),
+    }[kind]
+
+
 @pytest.mark.parametrize("kind", ["list", "int32", "int64", "array", "tuple"])
 def test_commit_many_is_the_single_calls(backend: kv_api.Backend, kind: str) -> None:
     (batched, single), (bc, sc) = twin_managers(backend, 5, 7)
@@ -92,13 +103,7 @@ def test_commit_many_is_the_single_calls(backend: kv_api.Backend, kind: str) -> 
         assert batched.resize_many(bc, caps) == [c.resize(cap) for c, cap in zip(sc, caps, strict=True)]
         counts = [rng.randrange(0, c.capacity - c.num_committed_tokens + 1) for c in bc]
         flat = [rng.randrange(0, 1000) for _ in range(sum(counts))]
-        tokens: Any = {
-            "list": flat,
-            "tuple": tuple(flat),
-            "int32": np.array(flat, dtype=np.int32),
-            "int64": np.array(flat, dtype=np.int64),
-            "array": array("i", flat),
-        }[kind]
+        tokens = as_kind(flat, kind)
         end = step == 3
         batched.commit_many(bc, tokens, counts, is_end=end)
         begin = 0
@@ -306,20 +311,30 @@ def bad_calls(m: Any, cs: list[KVCache], other: KVCache) -> dict[str, Callable[[
     }
 
 
+BadCalls = Callable[[Any, list[KVCache], KVCache], dict[str, Callable[[], object]]]
+
+
+def refusals(backend: kv_api.Backend, bad_calls: BadCalls) -> dict[str, tuple[str, str, list[str]]]:
+    """What each of ``bad_calls(manager, its four caches, another manager's cache)`` raised
+    (class, message, notes), each checked to have changed nothing."""
+    (m, _m2), (cs, cs2) = twin_managers(backend, 4, 2)
+    for c in cs:
+        assert c.resize(c.num_committed_tokens + 4)
+    out = {}
+    for name, call in bad_calls(m, cs, cs2[0]).items():
+        before = state(m, cs), m.num_open_kv_caches
+        with pytest.raises((TypeError, ValueError)) as info:
+            call()
+        assert (state(m, cs), m.num_open_kv_caches) == before, name
+        assert not hasattr(info.value, "batch_index"), name
+        out[name] = (type(info.value).__name__, str(info.value), getattr(info.value, "__notes__", []))
+    return out
+
+
 def test_bad_arguments_change_nothing_and_match_across_backends(backends: list[kv_api.Backend]) -> None:
     seen: list[dict[str, tuple[str, str, list[str]]]] = []
     for backend in backends:
-        (m, _m2), (cs, cs2) = twin_managers(backend, 4, 2)
-        for c in cs:
-            assert c.resize(c.num_committed_tokens + 4)
-        out = {}
-        for name, call in bad_calls(m, cs, cs2[0]).items():
-            before = state(m, cs), m.num_open_kv_caches
-            with pytest.raises((TypeError, ValueError)) as info:
-                call()
-            assert (state(m, cs), m.num_open_kv_caches) == before, name
-            assert not hasattr(info.value, "batch_index"), name
-            out[name] = (type(info.value).__name__, str(info.value), getattr(info.value, "__notes__", []))
+        out = refusals(backend, bad_calls)
         seen.append(out)
         # The item checks say where (their messages are the single call's).
         assert out["capacity not an int"] == (

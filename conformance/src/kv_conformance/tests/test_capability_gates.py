@@ -147,6 +147,9 @@ class KVCacheManager(_py.KVCacheManager):
 
     def admit_many(self, reuse_scopes, prompts, ids=None, priority_callbacks=None):
         raise NotImplementedError("bare: no batched calls")
+
+    def decode_steps(self, caches, tokens, steps):
+        raise NotImplementedError("bare: no batched calls")
 '''
 
 

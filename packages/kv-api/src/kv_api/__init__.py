@@ -64,6 +64,7 @@ from kv_api.registry import (
 from kv_api.scope import DIGEST_SIZE, MmItemContext, ReuseScope
 from kv_api.stats import (
     CacheStats,
+    DecodeSteps,
     KVCacheStatsDelta,
     LifeCycleStats,
     ReuseMatch,
@@ -95,6 +96,7 @@ __all__ = [
     "CacheTierConfig",
     "Capabilities",
     "CopyRun",
+    "DecodeSteps",
     "DiskCacheTierConfig",
     "GpuCacheTierConfig",
     "HostCacheTierConfig",

@@ -24,7 +24,7 @@ class Capabilities:
       layers). Without it, ``get_scratch_desc``, ``has_scratch_slots`` and
       ``enable_swa_scratch_reuse`` answer as for a config without ``swa_scratch_reuse``.
     - ``batched_calls``: the manager's batched calls (``resize_many``, ``commit_many``,
-      ``admit_many``) are implemented.
+      ``admit_many``, and ``decode_steps``, made of them) are implemented.
     - ``wire_events``: its events, published by ``kv_events``, are what vLLM's consumers read
       (docs/events.md); the suite then checks them on the wire and with Dynamo's indexer.
     - ``native_buffers``: token buffers are read in place, without per-token Python objects.

@@ -26,6 +26,7 @@ from kv_api.page_copier import PageCopier
 from kv_api.scope import MmItemContext, ReuseScope
 from kv_api.stats import (
     CacheStats,
+    DecodeSteps,
     KVCacheStatsDelta,
     LifeCycleStats,
     ReuseMatch,
@@ -374,6 +375,19 @@ class KVCacheManager(abc.ABC):
         every cache's tokens concatenated (one buffer, viewed in place, or one list), ``counts[i]``
         how many are cache i's (each an int >= 0; one per cache; they add up to ``len(tokens)``,
         else ValueError). Bad tokens raise as ``commit``'s do, positions counted in ``tokens``."""
+
+    @abc.abstractmethod
+    def decode_steps(self, caches: Sequence[KVCache], tokens: TokenInput, steps: int) -> DecodeSteps:
+        """Up to ``steps`` decode iterations of ``caches`` in one call, for a simulator whose
+        tokens are known ahead (``kvcore replay``). Iteration ``k`` is exactly ``resize_many(caches,
+        [max(c.capacity, c.num_committed_tokens + 1) for c in caches])`` (the capacities read
+        before it), then, if every resize succeeded, ``commit_many(caches, tokens[k * n:(k + 1) *
+        n], [1] * n)`` with ``n = len(caches)``: ``tokens`` (one buffer or one list, as
+        ``commit_many``'s) holds ``steps * n`` tokens, iteration by iteration (ValueError
+        otherwise). It stops at the first iteration whose resizes did not all succeed (those that
+        did stand; nothing of it is committed). ``steps`` is an int >= 0. A call that raises
+        ends it: the iterations before took effect, and the exception is that batched call's,
+        with a further note naming the iteration. No events are flushed in between."""
 
     @abc.abstractmethod
     def admit_many(

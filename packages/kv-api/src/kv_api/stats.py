@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "CacheStats",
+    "DecodeSteps",
     "EvictedBlock",
     "KVCacheStatsDelta",
     "LifeCycleStats",
@@ -34,6 +35,20 @@ class StorageStatistics:
     @property
     def unavailable(self) -> int:
         return self.total - self.available
+
+
+@dataclass(frozen=True)
+class DecodeSteps:
+    """What ``KVCacheManager.decode_steps`` did: ``steps`` iterations ran in full. Where it
+    stopped before the last, ``resized`` holds the stopped iteration's resize results (one per
+    cache, at least one False; empty when every iteration ran). After each iteration that ran,
+    ``free[k][g]`` and ``evictable[k][g]``: pool group ``g``'s free and evictable slots at the
+    device level, as ``get_storage_statistics()`` reads them then."""
+
+    steps: int
+    resized: list[bool]
+    free: list[list[int]]
+    evictable: list[list[int]]
 
 
 @dataclass(frozen=True)

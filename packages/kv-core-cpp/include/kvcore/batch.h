@@ -33,11 +33,29 @@ std::optional<BatchFailure> resize_many(const std::vector<KVCache*>& caches,
                                         const std::vector<std::optional<std::int64_t>>& capacities,
                                         std::vector<bool>& results);
 
-// caches[i]->commit(its slice of `tokens`, is_end) in order, the slices consecutive, counts[i]
-// tokens each (the counts sum to tokens.count). The blocks the commits fill are hashed first,
-// two caches' chains at a time (chained_keys_many), for the caches that appear once in the batch.
+// caches[i]->commit(its slice of `tokens`, is_end) in order, the slices consecutive from `begin`,
+// counts[i] tokens each (the counts sum to tokens.count - begin or less). The blocks the commits
+// fill are hashed first, two caches' chains at a time (chained_keys_many), for the caches that
+// appear once in the batch.
 std::optional<BatchFailure> commit_many(const std::vector<KVCache*>& caches, const Tokens& tokens,
-                                        const std::vector<std::size_t>& counts, bool is_end);
+                                        const std::vector<std::size_t>& counts, bool is_end, std::size_t begin = 0);
+
+// Up to `steps` decode iterations (the contract's decode_steps): iteration k is resize_many to
+// max(capacity, committed + 1) for every cache, then, if every resize succeeded, commit_many of
+// tokens [k * n, (k + 1) * n), one each (n = caches.size(); `tokens` holds steps * n).
+struct DecodeRun {
+  std::size_t steps = 0;                 // iterations that ran in full
+  std::vector<bool> resized;             // the stopped iteration's resize results (empty: none stopped)
+  std::vector<std::uint64_t> free;       // after each iteration that ran, per pool group, in order
+  std::vector<std::uint64_t> evictable;  // the same
+  // The call that threw, in iteration `steps`: in its commit_many (else its resize_many), and the
+  // results of that batched call's calls before it.
+  std::optional<BatchFailure> failure;
+  bool failed_committing = false;
+  std::vector<bool> results;
+};
+DecodeRun decode_steps(KVCacheManager& manager, const std::vector<KVCache*>& caches, const Tokens& tokens,
+                       std::size_t steps);
 
 // One create_kv_cache per prompt, in order; `created` gets the caches of the calls made.
 struct Admission {

@@ -138,6 +138,7 @@ class KVCacheManager:
     def commit_many(
         self, caches: object | None, tokens: object | None, counts: object | None, is_end: object | None = False
     ) -> None: ...
+    def decode_steps(self, caches: object | None, tokens: object | None, steps: object | None) -> object: ...
     def admit_many(
         self,
         reuse_scopes: object | None,

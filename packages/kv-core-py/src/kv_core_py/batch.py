@@ -80,6 +80,10 @@ def resize_many(manager: KVCacheManager, caches: Any, capacities: Any) -> list[b
     for i in range(len(cs)):
         targets.append(cache_arg(manager, cs[i], i))
         values.append(item("resize_many", "capacities", i, _optional_count, "capacity", capacity_items[i], TOKEN_LIMIT))
+    return _resize_in_order(targets, values)
+
+
+def _resize_in_order(targets: list[KVCache], values: list[int | None]) -> list[bool]:
     results: list[bool] = []
     with in_order("resize_many", len(targets), results):
         for cache, capacity in zip(targets, values, strict=True):
@@ -101,9 +105,15 @@ def commit_many(
     toks = Tokens(tokens, manager.init_config.key_format)  # once for the batch; sliced per cache
     if sum(sizes) != len(toks):
         raise ValueError(f"counts: add up to {sum(sizes)} but tokens holds {len(toks)}")
-    end = bool(is_end)
+    _commit_in_order(targets, toks, 0, sizes, bool(is_end), remote)
+
+
+def _commit_in_order(
+    targets: list[KVCache], toks: Tokens, begin: int, sizes: list[int], end: bool, remote: RemoteTier | None
+) -> None:
+    """The commits of ``commit_many``, cache ``i``'s tokens the ``sizes[i]`` from where cache
+    ``i - 1``'s ended, the first from ``begin``."""
     results: list[None] = []
-    begin = 0
     # The blocks the batch's commits write through go to the store in one put, after the last.
     with in_order("commit_many", len(targets), results):
         if remote is not None:
@@ -116,6 +126,49 @@ def commit_many(
         finally:
             if remote is not None:
                 remote.end_batch()
+
+
+def decode_steps(
+    manager: KVCacheManager,
+    caches: Any,
+    tokens: Any,
+    steps: Any,
+    remote: RemoteTier | None,
+    statistics: Callable[[], list[kv_api.StorageStatistics]],
+) -> kv_api.DecodeSteps:
+    """Iteration after iteration, ``resize_many`` to one token past what each cache committed
+    (never below its capacity), then ``commit_many`` of one token each, until an iteration's
+    resizes do not all succeed (the contract's ``decode_steps``); ``statistics`` reads the device
+    level's after each."""
+    cs = items("caches", caches)
+    targets = [cache_arg(manager, cs[i], i) for i in range(len(cs))]
+    count = int_in_range("steps", steps, 0, TOKEN_LIMIT)
+    toks = Tokens(tokens, manager.init_config.key_format)  # once for every iteration; sliced per one
+    n = len(targets)
+    if len(toks) != n * count:
+        raise ValueError(f"tokens: holds {len(toks)} for {n} caches times {count} steps")
+    ones = [1] * n
+    free: list[list[int]] = []
+    evictable: list[list[int]] = []
+    for k in range(count):
+        with _in_iteration(k, count):
+            resized = _resize_in_order(targets, [max(c.capacity, c.num_committed_tokens + 1) for c in targets])
+            if not all(resized):
+                return kv_api.DecodeSteps(k, resized, free, evictable)
+            _commit_in_order(targets, toks, k * n, ones, False, remote)
+        stats = statistics()
+        free.append([s.free for s in stats])
+        evictable.append([s.evictable for s in stats])
+    return kv_api.DecodeSteps(count, [], free, evictable)
+
+
+@contextmanager
+def _in_iteration(k: int, steps: int) -> Iterator[None]:
+    try:
+        yield
+    except BaseException as e:
+        e.add_note(f"decode_steps: in iteration {k} of {steps}; the {k} before it took effect")
+        raise
 
 
 def admit_many(

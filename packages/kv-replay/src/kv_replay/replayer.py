@@ -15,7 +15,11 @@ replay identically.
 Batched decode: the resizes go as one ``resize_many`` and the commits as one ``commit_many`` (one
 crossing each into a native backend); ``batched = False`` issues the same calls one cache at a
 time, in the same order, with the same results (what a backend that does not declare
-``batched_calls`` gets).
+``batched_calls`` gets). ``run`` goes further: the steps that only decode (no request waits, none
+can be admitted, up to the one in which a request generates its last token) go as one
+``decode_steps``, which makes exactly those steps' ``resize_many`` and ``commit_many`` calls and
+reads each step's pool statistics for its sample (``ahead = False`` steps one at a time; a
+replay stepped from outside, as a cluster's, always does).
 
 Events: with an event manager, every step ends with ``flush_iteration_events()``, as an engine's
 iteration does, so a publisher sends each step's events (removals are buffered until then).
@@ -40,6 +44,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import chain, count, islice
 from typing import Any, TypeVar
 
 import numpy as np
@@ -65,6 +70,8 @@ _now = time.perf_counter
 #: The longest wait for a remote store's queued writes before an admission (a store that is down
 #: drops them sooner: its calls time out).
 _STORE_SETTLE_S = 10.0
+#: The most steps one ``decode_steps`` call runs (its tokens are built in one list).
+_AHEAD_LIMIT = 1024
 _Queued = tuple[int, "np.ndarray[Any, np.dtype[np.int32]]", int, bool]  # index, tokens, generated, first
 
 
@@ -114,8 +121,11 @@ class Replayer:
         self.tiered = len(config.cache_tiers) > 1  # the tier APIs are only asked for with tiers
         self.max_in_flight = max_in_flight
         self.progress = progress
-        # The decode step's resizes and commits as one call each, where the backend has them.
+        # The decode step's resizes and commits as one call each, where the backend has them; and
+        # in run(), without events, the steps that only decode as one call.
         self.batched = backend.capabilities.batched_calls
+        self.ahead = True  # run() decodes ahead where it may: batched, without events
+        self._ahead_now = False
         remote = config.remote_tier
         self._settle_store = getattr(remote.store, "flush", None) if remote is not None else None
         # Told each resume's latency and whether it onboarded (kv_replay.metrics, --metrics-port).
@@ -193,17 +203,25 @@ class Replayer:
         finds no page changed nothing: in order, each such request makes room (``_make_room``)
         and tries again, before any commit.
         """
-        step = self.steps
-        view = self._view
-        if view is None:
-            view = self._view = _DecodeView(self.running)
-        capacities = [base + step for base in view.capacity_base]
+        view = self._decode_view()
+        capacities = [base + self.steps for base in view.capacity_base]
         if self.batched:
             start = _now()  # not through _timed: the step's two calls are most of the calls
             resized = self.manager.resize_many(view.caches, capacities)
             self._count(start)
         else:
             resized = [self._timed(c.resize, n) for c, n in zip(view.caches, capacities, strict=True)]
+        return self._decode_resized(view, resized, capacities)
+
+    def _decode_view(self) -> _DecodeView:
+        if self._view is None:
+            self._view = _DecodeView(self.running)
+        return self._view
+
+    def _decode_resized(self, view: _DecodeView, resized: list[bool], capacities: list[int]) -> int:
+        """The rest of the decode step once its resizes are made: room made where one failed,
+        then the commits."""
+        step = self.steps
         if all(resized):  # the usual step: no per-request work in Python
             caches, counts = view.caches, view.ones
             tokens = list(map(next, view.remaining))
@@ -226,6 +244,39 @@ class Replayer:
             if live.open:
                 self.complete.append(live)
         return len(tokens)
+
+    def _steps_ahead(self) -> int:
+        """How many steps from this one only decode, when none can start a request: up to and
+        including the next in which a request generates its last token (a completion follows)."""
+        if not self._ahead_now or self.waiting is not None or (self.pending and len(self.running) < self.max_in_flight):
+            return 1
+        step = self.steps
+        last = min((k for k in self._ending if k >= step), default=step)
+        return min(last - step + 1, _AHEAD_LIMIT)
+
+    def _decode_ahead(self, n: int) -> list[bool] | None:
+        """Steps ``self.steps`` to ``self.steps + n - 1`` through one ``decode_steps``, each
+        sampled as ``step`` samples it; where one's resizes did not all succeed, that step is
+        left current with its resize results returned (None when all ``n`` ran)."""
+        view = self._decode_view()
+        # Step by step, each request's next token: the iterators move on by n.
+        tokens = list(chain.from_iterable(zip(*[list(islice(it, n)) for it in view.remaining], strict=True)))
+        totals = [s.total for s in self.manager.get_storage_statistics()]
+        start = _now()
+        run = self.manager.decode_steps(view.caches, tokens, n)
+        self._count(start, run.steps * len(view.caches))
+        for step in range(self.steps, self.steps + run.steps):
+            for live in self._ending.pop(step, ()):  # generated their last token now
+                if live.open:
+                    self.complete.append(live)
+        self._samples(self.steps, totals, run.free, run.evictable)
+        self.steps += run.steps
+        if run.steps == n:
+            return None
+        for live in self.running:  # back to the tokens of the step that stopped
+            live.remaining = iter(live.output[live.generated_by(self.steps) :])
+        self._view = None
+        return run.resized
 
     def _make_room(self, live: _Live, capacity: int) -> bool:
         """Preempt the newest other open request until ``live``'s resize to ``capacity`` finds
@@ -291,8 +342,13 @@ class Replayer:
     def run(self, requests: list[Request]) -> ReplayResult:
         with tier_errors(self.config):  # a level that fails (a disk tier's files) is a TierError naming it
             self.begin(requests)
-            while self.busy:
-                self.step()
+            # Every request is queued: only a step can start one.
+            self._ahead_now = self.ahead and self.batched and self.events is None
+            try:
+                while self.busy:
+                    self.step()
+            finally:
+                self._ahead_now = False
             return self.end()
 
     # A replay in parts, for a cluster that hands each instance its requests as they arrive:
@@ -388,7 +444,19 @@ class Replayer:
             self._view = None
             self._finish(live)
         self.complete.clear()
-        decoded = self._decode() if running else 0
+        if not running:
+            decoded = 0
+        elif (n := self._steps_ahead()) > 1:
+            resized = self._decode_ahead(n)
+            if resized is None:  # every step ran, each sampled
+                self.wall_seconds += _now() - wall
+                if self.progress is not None:
+                    self.progress(self.done, len(self.requests))
+                return
+            view = self._decode_view()
+            decoded = self._decode_resized(view, resized, [base + self.steps for base in view.capacity_base])
+        else:
+            decoded = self._decode()
         if self.done == done_before and not decoded:
             raise RuntimeError(f"replay made no progress at step {self.steps} (a bug in the replayer)")
         if self.events is not None:  # the step's events, removals too, go out as an engine's do
@@ -428,15 +496,25 @@ class Replayer:
 
     def _sample(self, step: int) -> None:
         stats = self.manager.get_storage_statistics()
-        if len(stats) == 1:  # the usual single pool group, without the generators' cost
-            (s,) = stats
-            available = s.free + s.evictable
-            self._room = [available]
-            utilization, occupancy = (s.total - available) / s.total, (s.total - s.free) / s.total
+        self._samples(step, [s.total for s in stats], [[s.free for s in stats]], [[s.evictable for s in stats]])
+
+    def _samples(self, first: int, totals: list[int], frees: list[list[int]], evictables: list[list[int]]) -> None:
+        """The state after steps ``first``, ``first + 1``, ...: each pool group's slots (of
+        ``totals``) free and evictable after each step."""
+        done, prompt, reused, samples = self.done, self.admitted_prompt, self.reused, self.result.samples
+        if len(totals) == 1:  # the usual single pool group, without the generators' cost
+            (total,) = totals
+            for step, (free,), (evictable,) in zip(count(first), frees, evictables):
+                in_use = total - free - evictable
+                samples.append(Sample(step, done, prompt, reused, in_use / total, (total - free) / total))
         else:
-            self._room = [s.free + s.evictable for s in stats]
-            utilization, occupancy = max(s.unavailable / s.total for s in stats), _occupancy(stats)
-        self.result.samples.append(Sample(step, self.done, self.admitted_prompt, self.reused, utilization, occupancy))
+            for step, free_slots, evictable_slots in zip(count(first), frees, evictables):
+                held = [t - f - e for t, f, e in zip(totals, free_slots, evictable_slots, strict=True)]
+                utilization = max(u / t for u, t in zip(held, totals, strict=True))
+                occupancy = max((t - f) / t for t, f in zip(totals, free_slots, strict=True))
+                samples.append(Sample(step, done, prompt, reused, utilization, occupancy))
+        if frees:
+            self._room = [f + e for f, e in zip(frees[-1], evictables[-1], strict=True)]
 
 
 class _DecodeView:
