@@ -157,8 +157,11 @@ TokenList TokenList::from(const Tokens& tokens, std::size_t begin, std::size_t e
 }
 
 void TokenList::append(const Tokens& src, std::size_t begin, std::size_t end) {
-  const std::size_t base = ids.size();
-  ids.resize(base + (end - begin));
+  const std::size_t base = ids.size(), size = base + (end - begin);
+  // A cache's prefill is followed by its decode, a token at a time: an eighth more room, so that
+  // the first decoded token does not move the whole prompt.
+  if (size > ids.capacity()) ids.reserve(size + size / 8);
+  ids.resize(size);
   // One typed loop (a cached prompt's whole matched prefix comes through here).
   src.pack(begin, end, sizeof(std::uint64_t), reinterpret_cast<std::uint8_t*>(ids.data() + base));
   for (const DigestToken& d : src.digests) {
