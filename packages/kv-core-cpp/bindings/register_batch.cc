@@ -185,7 +185,8 @@ nb::list per_iteration(const std::vector<std::uint64_t>& values, std::size_t ite
   return out;
 }
 
-nb::object decode_steps(nb::handle self_handle, nb::handle caches_arg_, nb::handle tokens, nb::handle steps_arg) {
+nb::object decode_steps(nb::handle self_handle, nb::handle caches_arg_, nb::handle tokens, nb::handle steps_arg,
+                        nb::handle until_room_arg) {
   PyManager& self = nb::cast<PyManager&>(self_handle);
   const ManagerLock lock(self.manager->context());
   self.manager->require_live();
@@ -200,10 +201,21 @@ nb::object decode_steps(nb::handle self_handle, nb::handle caches_arg_, nb::hand
   if ((steps != 0 && n > SIZE_MAX / steps) || count != n * steps) {
     fail(PyExc_ValueError, msg::kDecodeTokens, {std::to_string(count), std::to_string(n), std::to_string(steps)});
   }
+  std::optional<std::vector<std::uint64_t>> until_room;
+  if (!until_room_arg.is_none()) {
+    const nb::tuple room = items("until_room", until_room_arg);
+    const std::size_t groups = self.manager->storage().statistics(0).size();
+    same_length("until_room", room.size(), "pool groups", groups);
+    until_room.emplace();
+    for (std::size_t g = 0; g < groups; ++g) {
+      const std::string where = "until_room[" + std::to_string(g) + "]";
+      until_room->push_back(static_cast<std::uint64_t>(arg::int_between(where.c_str(), room[g], 0, kTokenLimit)));
+    }
+  }
   DecodeRun run;
   {
     nb::gil_scoped_release release;
-    run = kvcore::decode_steps(*self.manager, targets, input.tokens(), steps);
+    run = kvcore::decode_steps(*self.manager, targets, input.tokens(), steps, until_room ? &*until_room : nullptr);
   }
   if (run.failure) {
     nb::list done;
@@ -289,7 +301,8 @@ void register_batch(nb::module_& m) {
   nb::cpp_function_def(&commit_many, nb::scope(cls), nb::name("commit_many"), nb::is_method(), nb::arg("caches").none(),
                        nb::arg("tokens").none(), nb::arg("counts").none(), nb::arg("is_end").none() = false);
   nb::cpp_function_def(&decode_steps, nb::scope(cls), nb::name("decode_steps"), nb::is_method(),
-                       nb::arg("caches").none(), nb::arg("tokens").none(), nb::arg("steps").none());
+                       nb::arg("caches").none(), nb::arg("tokens").none(), nb::arg("steps").none(),
+                       nb::arg("until_room").none() = nb::none());
   nb::cpp_function_def(&admit_many, nb::scope(cls), nb::name("admit_many"), nb::is_method(),
                        nb::arg("reuse_scopes").none(), nb::arg("prompts").none(), nb::arg("ids").none() = nb::none(),
                        nb::arg("priority_callbacks").none() = nb::none(),

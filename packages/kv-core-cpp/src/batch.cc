@@ -119,7 +119,7 @@ std::optional<BatchFailure> commit_many(const std::vector<KVCache*>& caches, con
 }
 
 DecodeRun decode_steps(KVCacheManager& manager, const std::vector<KVCache*>& caches, const Tokens& tokens,
-                       std::size_t steps) {
+                       std::size_t steps, const std::vector<std::uint64_t>* until_room) {
   DecodeRun run;
   const std::size_t n = caches.size();
   const std::vector<std::size_t> ones(n, 1);
@@ -145,9 +145,16 @@ DecodeRun decode_steps(KVCacheManager& manager, const std::vector<KVCache*>& cac
       run.failed_committing = true;
       return run;
     }
-    for (const StorageStatistics& s : manager.storage().statistics(0)) {
-      run.free.push_back(s.free);
-      run.evictable.push_back(s.evictable);
+    bool more_room = false;
+    const std::vector<StorageStatistics> stats = manager.storage().statistics(0);
+    for (std::size_t g = 0; g < stats.size(); ++g) {
+      run.free.push_back(stats[g].free);
+      run.evictable.push_back(stats[g].evictable);
+      more_room = more_room || (until_room != nullptr && stats[g].free + stats[g].evictable > (*until_room)[g]);
+    }
+    if (more_room) {
+      ++run.steps;  // this iteration ran
+      return run;
     }
   }
   return run;

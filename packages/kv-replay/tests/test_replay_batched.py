@@ -41,10 +41,12 @@ class Spy:
         self.manager = manager
         self.calls = {"resize_many": 0, "commit_many": 0}
         self.steps: list[int] = []  # each decode_steps call's
+        self.waiting: list[bool] = []  # whether it was told a waiting request's room
 
-    def decode_steps(self, caches: Any, tokens: Any, steps: int) -> Any:
+    def decode_steps(self, caches: Any, tokens: Any, steps: int, until_room: Any = None) -> Any:
         self.steps.append(steps)
-        return self.manager.decode_steps(caches, tokens, steps)
+        self.waiting.append(until_room is not None)
+        return self.manager.decode_steps(caches, tokens, steps, until_room)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.manager, name)
@@ -148,6 +150,22 @@ def test_the_steps_that_only_decode_are_one_decode_steps(backend: kv_api.Backend
         step_by_step = replayer(backend, 4, 1024, 8)
         step_by_step.ahead = False
         assert outcome(step_by_step.run(requests[:n])) == outcome(result)
+
+
+@pytest.mark.requires("batched_calls")
+def test_a_request_waiting_for_room_does_not_stop_decoding_ahead(backend: kv_api.Backend) -> None:
+    # Two requests of 20 + 40 tokens fill most of 40 slots of 4 tokens; a third waits for room
+    # while they decode ahead, told the room it failed with, and starts once one completes.
+    requests = [Request(synthetic_tokens(i, 20), synthetic_tokens(100 + i, 40 + 8 * i)) for i in range(3)]
+    r = replayer(backend, 4, 40, 3)
+    calls = spy(r)
+    result = r.run(requests)
+    assert any(calls.waiting)
+    assert sum(calls.steps) > result.steps / 2
+    assert all(not rec.rejected for rec in result.records)
+    step_by_step = replayer(backend, 4, 40, 3)
+    step_by_step.ahead = False
+    assert outcome(step_by_step.run(requests)) == outcome(result)
 
 
 def test_a_resize_that_finds_no_page_inside_a_batch_is_handled(backends: list[kv_api.Backend]) -> None:

@@ -16,7 +16,10 @@ from kv_replay.trace import Request, synthetic_tokens
 
 
 def trying_every_step(r: Replayer) -> Replayer:
+    """``r``, its waiting request trying in every step: step by step (a run of decode steps
+    ahead would only stop where room grew)."""
     r._room_grew = lambda: True  # type: ignore[method-assign]
+    r.ahead = False
     return r
 
 

@@ -148,7 +148,7 @@ class KVCacheManager(_py.KVCacheManager):
     def admit_many(self, reuse_scopes, prompts, ids=None, priority_callbacks=None):
         raise NotImplementedError("bare: no batched calls")
 
-    def decode_steps(self, caches, tokens, steps):
+    def decode_steps(self, caches, tokens, steps, until_room=None):
         raise NotImplementedError("bare: no batched calls")
 '''
 

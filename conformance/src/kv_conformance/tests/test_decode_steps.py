@@ -24,7 +24,13 @@ from .test_batched_calls import as_kind, config, refusals, state, twin_managers
 pytestmark = pytest.mark.requires("batched_calls")
 
 
-def looped(manager: KVCacheManager, caches: Sequence[KVCache], tokens: list[int], steps: int) -> kv_api.DecodeSteps:
+def looped(
+    manager: KVCacheManager,
+    caches: Sequence[KVCache],
+    tokens: list[int],
+    steps: int,
+    until_room: list[int] | None = None,
+) -> kv_api.DecodeSteps:
     """What ``decode_steps`` is defined as, one batched call at a time."""
     n = len(caches)
     free: list[list[int]] = []
@@ -41,6 +47,8 @@ def looped(manager: KVCacheManager, caches: Sequence[KVCache], tokens: list[int]
         stats = manager.get_storage_statistics()
         free.append([s.free for s in stats])
         evictable.append([s.evictable for s in stats])
+        if until_room is not None and any(s.available > r for s, r in zip(stats, until_room, strict=True)):
+            return kv_api.DecodeSteps(k + 1, [], free, evictable)
     return kv_api.DecodeSteps(steps, [], free, evictable)
 
 
@@ -83,6 +91,34 @@ def test_decode_steps_is_the_loop_of_batched_calls(backend: kv_api.Backend, seed
         for c in cs:
             c.close()
     assert state(batched, bc) == state(single, sc)  # what the commits left reusable
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_until_room_stops_after_an_iteration_that_leaves_more(backend: kv_api.Backend, seed: int) -> None:
+    # A decode that rebases onto the tree's blocks frees its own pages: the committed prompts'
+    # tokens decoded again (twin_managers commits prompts of base tokens 100..139).
+    (batched, single), (bc, sc) = twin_managers(backend, 2, seed)
+    rng = random.Random(seed)
+    stopped = 0
+    for _ in range(6):
+        room = [s.available + rng.randrange(-2, 2) for s in batched.get_storage_statistics()]
+        room = [max(r, 0) for r in room]
+        steps = rng.randrange(1, 12)
+        tokens = [100 + rng.randrange(0, 40) if rng.random() < 0.5 else rng.randrange(1000) for _ in range(2 * steps)]
+        got = outcome(partial(batched.decode_steps, bc, tokens, steps, room))
+        want = outcome(partial(looped, single, sc, tokens, steps, room))
+        assert got == want
+        assert state(batched, bc) == state(single, sc)
+        run = got[0]
+        stopped += run is not None and not run.resized and run.steps < steps
+    assert stopped > 0
+
+
+def test_until_room_that_never_grows_runs_them_all(backend: kv_api.Backend) -> None:
+    (m, _), (cs, _) = twin_managers(backend, 2, 1)
+    total = [s.total for s in m.get_storage_statistics()]
+    got = m.decode_steps(cs, list(range(8)), 4, total)  # more room than the pool has: never
+    assert got.steps == 4 and got.resized == []
 
 
 def test_decode_steps_runs_out_of_pages(backend: kv_api.Backend) -> None:
@@ -130,6 +166,10 @@ def bad_calls(m: Any, cs: list[KVCache], foreign: KVCache) -> dict[str, Callable
         "token out of range": lambda: m.decode_steps(cs[:2], [1, -2], 1),
         "tokens None": lambda: m.decode_steps(cs, None, 0),
         "tokens 2-D": lambda: m.decode_steps(cs[:2], np.zeros((1, 2), dtype=np.int32), 1),
+        "until_room a set": lambda: m.decode_steps(cs[:1], [1], 1, {1}),
+        "until_room longer": lambda: m.decode_steps(cs[:1], [1], 1, [1, 2]),
+        "until_room negative": lambda: m.decode_steps(cs[:1], [1], 1, [-1]),
+        "until_room a float": lambda: m.decode_steps(cs[:1], [1], 1, [1.5]),
     }
 
 
@@ -143,6 +183,11 @@ def test_bad_arguments_change_nothing_and_match_across_backends(backends: list[k
         assert out["too few tokens"] == ("ValueError", "tokens: holds 3 for 4 caches times 1 steps", [])
         assert out["too many tokens"] == ("ValueError", "tokens: holds 3 for 1 caches times 2 steps", [])
         assert out["steps negative"][:2] == ("ValueError", "steps: must be in [0, 1099511627776) (got -1)")
+        assert out["until_room longer"] == ("ValueError", "until_room: 2 items for 1 pool groups", [])
+        assert out["until_room negative"][:2] == (
+            "ValueError",
+            "until_room[0]: must be in [0, 1099511627776) (got -1)",
+        )
     for other in seen[1:]:
         assert other == seen[0]
 

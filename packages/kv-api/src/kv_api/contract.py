@@ -377,7 +377,9 @@ class KVCacheManager(abc.ABC):
         else ValueError). Bad tokens raise as ``commit``'s do, positions counted in ``tokens``."""
 
     @abc.abstractmethod
-    def decode_steps(self, caches: Sequence[KVCache], tokens: TokenInput, steps: int) -> DecodeSteps:
+    def decode_steps(
+        self, caches: Sequence[KVCache], tokens: TokenInput, steps: int, until_room: Sequence[int] | None = None
+    ) -> DecodeSteps:
         """Up to ``steps`` decode iterations of ``caches`` in one call, for a simulator whose
         tokens are known ahead (``kvcore replay``). Iteration ``k`` is exactly ``resize_many(caches,
         [max(c.capacity, c.num_committed_tokens + 1) for c in caches])`` (the capacities read
@@ -385,7 +387,10 @@ class KVCacheManager(abc.ABC):
         n], [1] * n)`` with ``n = len(caches)``: ``tokens`` (one buffer or one list, as
         ``commit_many``'s) holds ``steps * n`` tokens, iteration by iteration (ValueError
         otherwise). It stops at the first iteration whose resizes did not all succeed (those that
-        did stand; nothing of it is committed). ``steps`` is an int >= 0. A call that raises
+        did stand; nothing of it is committed). With ``until_room`` (one int >= 0 per pool group,
+        ValueError otherwise) it also stops after an iteration that leaves some pool group with
+        more free + evictable slots at the device level than ``until_room`` gives it (what a
+        request waiting for room would retry on). ``steps`` is an int >= 0. A call that raises
         ends it: the iterations before took effect, and the exception is that batched call's,
         with a further note naming the iteration. No events are flushed in between."""
 

@@ -42,7 +42,9 @@ std::optional<BatchFailure> commit_many(const std::vector<KVCache*>& caches, con
 
 // Up to `steps` decode iterations (the contract's decode_steps): iteration k is resize_many to
 // max(capacity, committed + 1) for every cache, then, if every resize succeeded, commit_many of
-// tokens [k * n, (k + 1) * n), one each (n = caches.size(); `tokens` holds steps * n).
+// tokens [k * n, (k + 1) * n), one each (n = caches.size(); `tokens` holds steps * n). With
+// `until_room` (one per pool group), it stops after an iteration that leaves a pool group more
+// free + evictable slots than that.
 struct DecodeRun {
   std::size_t steps = 0;                 // iterations that ran in full
   std::vector<bool> resized;             // the stopped iteration's resize results (empty: none stopped)
@@ -55,7 +57,7 @@ struct DecodeRun {
   std::vector<bool> results;
 };
 DecodeRun decode_steps(KVCacheManager& manager, const std::vector<KVCache*>& caches, const Tokens& tokens,
-                       std::size_t steps);
+                       std::size_t steps, const std::vector<std::uint64_t>* until_room = nullptr);
 
 // One create_kv_cache per prompt, in order; `created` gets the caches of the calls made.
 struct Admission {

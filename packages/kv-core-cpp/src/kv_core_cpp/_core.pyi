@@ -138,7 +138,9 @@ class KVCacheManager:
     def commit_many(
         self, caches: object | None, tokens: object | None, counts: object | None, is_end: object | None = False
     ) -> None: ...
-    def decode_steps(self, caches: object | None, tokens: object | None, steps: object | None) -> object: ...
+    def decode_steps(
+        self, caches: object | None, tokens: object | None, steps: object | None, until_room: object | None = None
+    ) -> object: ...
     def admit_many(
         self,
         reuse_scopes: object | None,

@@ -133,13 +133,14 @@ def decode_steps(
     caches: Any,
     tokens: Any,
     steps: Any,
+    until_room: Any,
     remote: RemoteTier | None,
     statistics: Callable[[], list[kv_api.StorageStatistics]],
 ) -> kv_api.DecodeSteps:
     """Iteration after iteration, ``resize_many`` to one token past what each cache committed
     (never below its capacity), then ``commit_many`` of one token each, until an iteration's
-    resizes do not all succeed (the contract's ``decode_steps``); ``statistics`` reads the device
-    level's after each."""
+    resizes do not all succeed or it leaves more room than ``until_room`` (the contract's
+    ``decode_steps``); ``statistics`` reads the device level's after each."""
     cs = items("caches", caches)
     targets = [cache_arg(manager, cs[i], i) for i in range(len(cs))]
     count = int_in_range("steps", steps, 0, TOKEN_LIMIT)
@@ -147,6 +148,7 @@ def decode_steps(
     n = len(targets)
     if len(toks) != n * count:
         raise ValueError(f"tokens: holds {len(toks)} for {n} caches times {count} steps")
+    room = None if until_room is None else _room_arg(until_room, len(statistics()))
     ones = [1] * n
     free: list[list[int]] = []
     evictable: list[list[int]] = []
@@ -159,7 +161,16 @@ def decode_steps(
         stats = statistics()
         free.append([s.free for s in stats])
         evictable.append([s.evictable for s in stats])
+        if room is not None and any(s.free + s.evictable > r for s, r in zip(stats, room, strict=True)):
+            return kv_api.DecodeSteps(k + 1, [], free, evictable)
     return kv_api.DecodeSteps(count, [], free, evictable)
+
+
+def _room_arg(until_room: Any, groups: int) -> list[int]:
+    """``until_room``: one slot count per pool group."""
+    room = items("until_room", until_room)
+    same_length("until_room", len(room), "pool groups", groups)
+    return [int_in_range(f"until_room[{g}]", room[g], 0, TOKEN_LIMIT) for g in range(groups)]
 
 
 @contextmanager

@@ -463,12 +463,18 @@ class KVCacheManager(ManagerReuse):
             self._require_live()
             batch.commit_many(self, caches, tokens, counts, is_end, self._context.remote)
 
-    def decode_steps(self, caches: Any, tokens: Any, steps: Any) -> kv_api.DecodeSteps:
+    def decode_steps(self, caches: Any, tokens: Any, steps: Any, until_room: Any = None) -> kv_api.DecodeSteps:
         poison.check()
         with self._context.lock:
             self._require_live()
             return batch.decode_steps(
-                self, caches, tokens, steps, self._context.remote, lambda: self._storage.statistics(GPU_LEVEL)
+                self,
+                caches,
+                tokens,
+                steps,
+                until_room,
+                self._context.remote,
+                lambda: self._storage.statistics(GPU_LEVEL),
             )
 
     def admit_many(

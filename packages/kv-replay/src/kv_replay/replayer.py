@@ -44,7 +44,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import chain, count, islice
+from itertools import chain, count, groupby, islice
 from typing import Any, TypeVar
 
 import numpy as np
@@ -57,6 +57,7 @@ from kv_api import (
     StorageStatistics,
     create_manager,
 )
+from kv_api.stats import EvictedBlock
 from kv_replay import resident
 from kv_replay.miss_report import misses_of
 from kv_replay.prefix_report import first_block
@@ -187,7 +188,7 @@ class Replayer:
             report = cache.reuse_report
             if report is not None:
                 record.misses = misses_of(report)
-                self._count_evicted([e.age for e in report.evicted_blocks])
+                self._count_evicted(report.evicted_blocks)
             self.admitted_prompt += len(live.request.prompt)
             self.reused += cache.num_committed_tokens
         rest = live.tokens[cache.num_committed_tokens :]
@@ -246,9 +247,11 @@ class Replayer:
         return len(tokens)
 
     def _steps_ahead(self) -> int:
-        """How many steps from this one only decode, when none can start a request: up to and
-        including the next in which a request generates its last token (a completion follows)."""
-        if not self._ahead_now or self.waiting is not None or (self.pending and len(self.running) < self.max_in_flight):
+        """How many steps from this one only decode, when none can admit a request (one waits,
+        none is queued, or as many run as may): up to and including the next in which a request
+        generates its last token (a completion follows)."""
+        admitting = self.waiting is None and self.pending and len(self.running) < self.max_in_flight
+        if not self._ahead_now or admitting:
             return 1
         step = self.steps
         last = min((k for k in self._ending if k >= step), default=step)
@@ -256,14 +259,22 @@ class Replayer:
 
     def _decode_ahead(self, n: int) -> list[bool] | None:
         """Steps ``self.steps`` to ``self.steps + n - 1`` through one ``decode_steps``, each
-        sampled as ``step`` samples it; where one's resizes did not all succeed, that step is
-        left current with its resize results returned (None when all ``n`` ran)."""
+        sampled as ``step`` samples it. Where one's resizes did not all succeed, that step is
+        left current with its resize results returned (else None). A waiting request's retry
+        ends the run too: after the step that leaves some pool group more room than it had
+        when the request last failed to start."""
         view = self._decode_view()
-        # Step by step, each request's next token: the iterators move on by n.
-        tokens = list(chain.from_iterable(zip(*[list(islice(it, n)) for it in view.remaining], strict=True)))
+        step = self.steps
+        # Step by step, each request's next token; its iterator moves on by the steps that ran.
+        rows = []
+        for live in self.running:
+            first = live.generated_by(step)
+            rows.append(live.output[first : first + n])
+        tokens = list(chain.from_iterable(zip(*rows, strict=True)))
         totals = [s.total for s in self.manager.get_storage_statistics()]
+        until_room = self._room_failed if self.waiting is not None else None
         start = _now()
-        run = self.manager.decode_steps(view.caches, tokens, n)
+        run = self.manager.decode_steps(view.caches, tokens, n, until_room)
         self._count(start, run.steps * len(view.caches))
         for step in range(self.steps, self.steps + run.steps):
             for live in self._ending.pop(step, ()):  # generated their last token now
@@ -271,12 +282,10 @@ class Replayer:
                     self.complete.append(live)
         self._samples(self.steps, totals, run.free, run.evictable)
         self.steps += run.steps
-        if run.steps == n:
-            return None
-        for live in self.running:  # back to the tokens of the step that stopped
-            live.remaining = iter(live.output[live.generated_by(self.steps) :])
-        self._view = None
-        return run.resized
+        if run.steps:
+            for it in view.remaining:
+                next(islice(it, run.steps - 1, None))
+        return run.resized or None
 
     def _make_room(self, live: _Live, capacity: int) -> bool:
         """Preempt the newest other open request until ``live``'s resize to ``capacity`` finds
@@ -299,9 +308,12 @@ class Replayer:
             if self._timed(live.cache.resize, capacity):
                 return True
 
-    def _count_evicted(self, ages: list[int]) -> None:
+    def _count_evicted(self, blocks: Sequence[EvictedBlock]) -> None:
         """The ages of the evicted blocks of the request created last, in caches and seconds."""
-        counts = Counter(ages)  # a chain evicted at once shares an age: one lookup per age
+        counts: Counter[int] = Counter()
+        # A chain evicted at once is one run of a shared record (an identity test each).
+        for block, run in groupby(blocks):
+            counts[block.age] += len(list(run))
         self.result.evicted_ages.update(counts)
         created = self._created
         now = created[-1]
@@ -448,7 +460,7 @@ class Replayer:
             decoded = 0
         elif (n := self._steps_ahead()) > 1:
             resized = self._decode_ahead(n)
-            if resized is None:  # every step ran, each sampled
+            if resized is None:  # the steps it ran are done, each sampled
                 self.wall_seconds += _now() - wall
                 if self.progress is not None:
                     self.progress(self.done, len(self.requests))
