@@ -227,7 +227,8 @@ void KVCache::attach(Block* block, int layer_group, Page* page, std::int64_t num
   page->num_tokens = num_tokens;
   block->pages[layer_group] = page;
   stats.attached(layer_group);
-  if (KVCacheEventManager* events = context_.events()) events->stored(block, layer_group, page->priority, page->level);
+  if (KVCacheEventManager* events = context_.events())
+    events->stored(block, layer_group, page->priority, page->level, scope_.lora_id);
 }
 
 bool KVCache::snapshot_sources(Block*& block, std::vector<std::pair<int, Page*>>& sources) const {

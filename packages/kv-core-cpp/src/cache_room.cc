@@ -124,7 +124,7 @@ bool KVCache::can_make_room_after(const std::vector<Need>& needs, const std::vec
   std::vector<std::uint64_t> need(num_pool_groups, 0);
   for (const Need& n : needs) ++need[storage.config().pool_group_of(n.second)];
   std::vector<std::uint64_t> freed(num_pool_groups, 0);
-  for (const Page* page : scratch_freed) ++freed[page->pool_group];
+  for (const Page* page : scratch_freed) ++freed[storage.pool_group(page)];
   std::vector<Page*> pending;
   for (const Release& r : releases) {
     const CacheBlock& cache_block = blocks_[r.ordinal];
@@ -133,7 +133,7 @@ bool KVCache::can_make_room_after(const std::vector<Need>& needs, const std::vec
     const int locks = page->locks - (cache_block.locked[r.layer_group] ? 1 : 0);
     const int holders = page->holders - (r.keep ? 0 : 1);
     if (holders == 0 && !page->committed()) {
-      ++freed[page->pool_group];
+      ++freed[storage.pool_group(page)];
     } else if (!page->queued && !locks && (holders == 0 ? page->committed() : page->level < storage.last_level())) {
       pending.push_back(page);
     }
@@ -147,7 +147,7 @@ bool KVCache::make_room(int level, const std::vector<Page*>& pages, const std::v
   Borrowed<std::uint64_t> counts(work_.per_pool_group);
   std::vector<std::uint64_t>& need = *counts;
   need.assign(storage.pool_groups().size(), 0);
-  for (const Page* page : pages) ++need[page->pool_group];
+  for (const Page* page : pages) ++need[storage.pool_group(page)];
   for (const Need& n : needs) ++need[storage.config().pool_group_of(n.second)];
   // Nothing to make room for (a cached prompt resuming on the device): no list of the pages to
   // keep to sort.

@@ -22,9 +22,9 @@ bool same_key(const Digest& a, const Digest& b) noexcept {
 }  // namespace
 
 Block* ChildList::find(const Digest& key) const noexcept {
-  if (heap_ && many_->index) {
-    const auto it = many_->index->find(key);
-    return it == many_->index->end() ? nullptr : it->second.block;
+  if (const Many* m = many(); m != nullptr && m->index) {
+    const auto it = m->index->find(key);
+    return it == m->index->end() ? nullptr : it->second.block;
   }
   for (Block* c : *this) {
     if (same_key(c->key, key)) return c;
@@ -34,76 +34,78 @@ Block* ChildList::find(const Digest& key) const noexcept {
 
 void ChildList::add(Block* child, bool partial) {
   reserve_one_more();  // so that the push cannot throw once the index has the child
-  if (heap_) {
-    Many& many = *many_;
-    const auto position = static_cast<std::uint32_t>(many.items.size());
-    if (many.index) {
-      many.index->emplace(child->key, IndexedChild{child, position});
-    } else if (size_ == kChildScanLimit) {
-      auto made = std::make_unique<ChildIndex>();
-      for (std::uint32_t i = 0; i < position; ++i) {
-        if (Block* c = many.items[i]) made->emplace(c->key, IndexedChild{c, i});
-      }
-      made->emplace(child->key, IndexedChild{child, position});
-      many.index = std::move(made);
-    }
-    many.items.push_back(child);
-  } else {
+  Many* m = many();
+  if (m == nullptr) {
     one_ = child;  // the first: a second made the heap record above
+    return;
   }
-  ++size_;
-  partial_ += partial;
+  const auto position = static_cast<std::uint32_t>(m->items.size());
+  if (m->index) {
+    m->index->emplace(child->key, IndexedChild{child, position});
+  } else if (m->size == kChildScanLimit) {
+    auto made = std::make_unique<ChildIndex>();
+    for (std::uint32_t i = 0; i < position; ++i) {
+      if (Block* c = m->items[i]) made->emplace(c->key, IndexedChild{c, i});
+    }
+    made->emplace(child->key, IndexedChild{child, position});
+    m->index = std::move(made);
+  }
+  m->items.push_back(child);
+  ++m->size;
+  m->partial += partial;
 }
 
 void ChildList::remove(Block* child, bool partial) noexcept {
-  partial_ -= partial;
-  --size_;
-  if (!heap_) {
+  Many* m = many();
+  if (m == nullptr) {
     one_ = nullptr;
     return;
   }
-  Many& many = *many_;
+  Many& many = *m;
+  many.partial -= partial;
+  const std::uint32_t size = --many.size;
   std::vector<Block*>& items = many.items;
   std::size_t position;
   if (many.index) {
     const auto it = many.index->find(child->key);
     position = it->second.position;
     many.index->erase(it);
-    if (size_ <= kChildScanLimit) many.index.reset();
+    if (size <= kChildScanLimit) many.index.reset();
   } else {
     position = static_cast<std::size_t>(std::find(items.begin(), items.end(), child) - items.begin());
   }
   items[position] = nullptr;
   while (!items.empty() && items.back() == nullptr) items.pop_back();  // the list ends in a child (back())
-  if (items.size() - size_ > size_) close_gaps();                      // the gaps outnumber the children
+  if (items.size() - size > size) close_gaps();                        // the gaps outnumber the children
 }
 
 void ChildList::clear() noexcept {
-  if (heap_) {
-    many_->items.clear();
-    many_->index.reset();
+  if (Many* m = many()) {
+    m->items.clear();
+    m->index.reset();
+    m->size = 0;
+    m->partial = 0;
   } else {
     one_ = nullptr;
   }
-  size_ = 0;
-  partial_ = 0;
 }
 
 void ChildList::reserve_one_more() {
-  if (heap_) {
-    std::vector<Block*>& items = many_->items;
+  if (Many* m = many()) {
+    std::vector<Block*>& items = m->items;
     if (items.size() == items.capacity()) items.reserve(std::max<std::size_t>(2, 2 * items.size()));
-  } else if (size_ == 1) {
-    auto many = std::make_unique<Many>();
-    many->items.reserve(2);
-    many->items.push_back(one_);
-    many_ = many.release();
-    heap_ = 1;
+  } else if (one_ != nullptr) {
+    auto made = std::make_unique<Many>();
+    made->items.reserve(2);
+    made->items.push_back(one_);
+    made->size = 1;
+    made->partial = one_->partial();  // the tree marked it when it filled its tokens
+    one_ = reinterpret_cast<Block*>(reinterpret_cast<std::uintptr_t>(made.release()) | kHeap);
   }
 }
 
 void ChildList::close_gaps() noexcept {
-  Many& many = *many_;
+  Many& many = *this->many();
   std::vector<Block*>& items = many.items;
   std::size_t to = 0;
   for (std::size_t from = 0; from < items.size(); ++from) {

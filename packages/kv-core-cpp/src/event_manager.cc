@@ -105,17 +105,20 @@ void KVCacheEventManager::set_resync(std::function<void()> resync) {
 namespace {
 
 // Every block under `roots`, parent before child, roots and siblings in key order.
-std::vector<Block*> blocks_in_key_order(const std::vector<Root*>& roots) {
-  std::vector<Node*> stack(roots.begin(), roots.end());
-  const auto by_key_descending = [](const Node* a, const Node* b) { return b->key < a->key; };
+// Every block under `roots`, parent before child, roots and siblings in key order, with its
+// scope's LoRA adapter.
+std::vector<std::pair<Block*, std::optional<std::uint64_t>>> blocks_in_key_order(const std::vector<Root*>& roots) {
+  std::vector<std::pair<Node*, const Root*>> stack;
+  for (Root* root : roots) stack.emplace_back(root, root);
+  const auto by_key_descending = [](const auto& a, const auto& b) { return b.first->key < a.first->key; };
   std::sort(stack.begin(), stack.end(), by_key_descending);
-  std::vector<Block*> out;
+  std::vector<std::pair<Block*, std::optional<std::uint64_t>>> out;
   while (!stack.empty()) {
-    Node* node = stack.back();
+    const auto [node, root] = stack.back();
     stack.pop_back();
-    if (!node->is_root()) out.push_back(static_cast<Block*>(node));
+    if (!node->is_root()) out.emplace_back(static_cast<Block*>(node), root->scope.lora_id);
     const std::size_t first = stack.size();
-    for (Block* child : node->children()) stack.push_back(child);
+    for (Block* child : node->children()) stack.emplace_back(child, root);
     std::sort(stack.begin() + static_cast<std::ptrdiff_t>(first), stack.end(), by_key_descending);
   }
   return out;
@@ -125,7 +128,7 @@ std::vector<Block*> blocks_in_key_order(const std::vector<Root*>& roots) {
 
 void KVCacheEventManager::resync_to(std::vector<std::uint64_t> num_blocks_per_cache_level,
                                     const std::vector<Root*>& roots) {
-  const std::vector<Block*> blocks = blocks_in_key_order(roots);
+  const auto blocks = blocks_in_key_order(roots);
   std::lock_guard<std::mutex> lock(mutex_);
   flush_removed();
   dropped_ += ring_.size() + pending_.size();
@@ -136,10 +139,10 @@ void KVCacheEventManager::resync_to(std::vector<std::uint64_t> num_blocks_per_ca
   created.num_blocks_per_cache_level = std::move(num_blocks_per_cache_level);
   queue(std::move(created), std::nullopt);
   for (int group = 0; group < static_cast<int>(windows_.size()); ++group) {
-    for (Block* block : blocks) {
+    for (const auto& [block, lora] : blocks) {
       const Page* page = block->pages[group];
       if (page != nullptr && stored_.count({block->key, group}) != 0)
-        append_stored(block, group, page->priority, page->level);
+        append_stored(block, group, page->priority, page->level, lora);
     }
   }
   for (Event& e : pending_) ring_.push_back(std::move(e));
@@ -155,18 +158,20 @@ void KVCacheEventManager::created(std::vector<std::uint64_t> num_blocks_per_cach
   queue(std::move(e), std::nullopt);
 }
 
-void KVCacheEventManager::stored(Block* block, int layer_group, int priority, int cache_level) {
+void KVCacheEventManager::stored(Block* block, int layer_group, int priority, int cache_level,
+                                 std::optional<std::uint64_t> lora) {
   if (!stored_.insert({block->key, layer_group}).second) return;
   std::lock_guard<std::mutex> lock(mutex_);
   flush_removed();
-  append_stored(block, layer_group, priority, cache_level);
+  append_stored(block, layer_group, priority, cache_level, lora);
 }
 
-void KVCacheEventManager::append_stored(Block* block, int layer_group, int priority, int cache_level) {
+void KVCacheEventManager::append_stored(Block* block, int layer_group, int priority, int cache_level,
+                                        std::optional<std::uint64_t> lora) {
   // With mutex_ held: merged into the last queued event where it extends that event's chain.
   std::optional<BlockHash> parent_hash;
   if (!block->parent->is_root()) parent_hash = hash(static_cast<Block*>(block->parent));
-  StoredBlockEvent sb{hash(block), block->tokens.to_list(), cache_level, priority, block->lora_id()};
+  StoredBlockEvent sb{hash(block), block->tokens().to_list(), cache_level, priority, lora};
   if (!pending_.empty()) {
     Event& last = pending_.back();
     if (last.kind == Event::Kind::kStored && last.layer_group_id == layer_group && parent_hash &&
@@ -241,28 +246,31 @@ BlockHash KVCacheEventManager::hash(Block* block) {
 std::uint64_t KVCacheEventManager::v1(Block* block) {
   // Chained from the root; a block with a digest token, and every descendant, falls back to
   // v2_sha256_64. Iterative: chains may be thousands of blocks deep.
+  if (const auto it = v1_.find(block->key); it != v1_.end()) return it->second.first;
+  if (v1_.size() > 2 * stored_.size() + 1024) v1_.clear();  // the bound: recomputed below
   std::vector<Block*> chain;
   Node* node = block;
-  while (!node->is_root() && !static_cast<Block*>(node)->v1_hash()) {
+  auto known = v1_.end();
+  while (!node->is_root() && (known = v1_.find(node->key)) == v1_.end()) {
     chain.push_back(static_cast<Block*>(node));
     node = node->parent;
   }
   std::uint64_t parent_hash = 0;
   bool fell_back = false;
-  if (!node->is_root()) std::tie(parent_hash, fell_back) = *static_cast<Block*>(node)->v1_hash();
+  if (!node->is_root()) std::tie(parent_hash, fell_back) = known->second;
   while (!node->is_root()) node = node->parent;
   const ReuseScope& scope = static_cast<Root*>(node)->scope;
   for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
     Block* b = *it;
-    if (fell_back || b->tokens.has_digests()) {
+    if (fell_back || b->tokens().has_digests()) {
       parent_hash = block_hash_v2_sha256_64(b->key);
       fell_back = true;
     } else {
-      parent_hash = block_hash_v1(b->tokens.view(), parent_hash, scope);
+      parent_hash = block_hash_v1(b->tokens().view(), parent_hash, scope);
     }
-    b->set_v1_hash(parent_hash, fell_back);
+    v1_[b->key] = {parent_hash, fell_back};
   }
-  return block->v1_hash()->first;
+  return parent_hash;
 }
 
 }  // namespace kvcore

@@ -93,7 +93,7 @@ void KVCache::hold_matched(const MatchPath& path, const std::vector<const Block*
   blocks_.reserve(path.size());
   for (const auto& [block, matched] : path) {
     CacheBlock& cache_block = blocks_.emplace_back(num_layer_groups_);
-    if (matched == static_cast<std::int64_t>(block->tokens.size()) && matched == tokens_per_block_) {
+    if (matched == static_cast<std::int64_t>(block->tokens().size()) && matched == tokens_per_block_) {
       cache_block.tree_block = block;
       ++block->pins;
     } else {

@@ -76,8 +76,8 @@ std::vector<const Block*> KVCacheManager::fetch_remote(const Digest& root_key, c
     }
   }
   const PageSet keep(kept);
-  // The root is looked up (or made) once room is made, which may prune it; the parent block is
-  // pinned meanwhile, so that a page-less one is not pruned from under us.
+  // The root is looked up (or made) once room is made, which may prune it (fetch); the parent
+  // block is pinned meanwhile, so that a page-less one is not pruned from under us.
   struct Pin {
     Block* block;
     ~Pin() {
@@ -85,8 +85,8 @@ std::vector<const Block*> KVCacheManager::fetch_remote(const Digest& root_key, c
     }
   } pin{parent};
   if (parent != nullptr) ++parent->pins;
-  const std::vector<Block*> blocks = remote_->fetch(parent, parent_key, keys, static_cast<std::int64_t>(full), list,
-                                                    keep, [&] { return tree_.root(root_key, scope); });
+  const std::vector<Block*> blocks =
+      remote_->fetch(parent, parent_key, keys, static_cast<std::int64_t>(full), list, keep, scope);
   if (blocks.empty()) return {};
   path.resize(full);
   for (Block* block : blocks) path.emplace_back(block, tokens_per_block);

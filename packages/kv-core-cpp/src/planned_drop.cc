@@ -10,9 +10,15 @@ namespace kvcore {
 
 PlannedDropHandle::PlannedDropHandle(CacheContext& context, const std::vector<Page*>& pages) : context_(context) {
   pages_.reserve(pages.size());
-  for (Page* page : pages) {
-    ++page->planned_drops;
-    pages_.emplace_back(page, page->generation);
+  Storage& storage = context_.storage();
+  try {
+    for (Page* page : pages) {
+      storage.plan_drop(page);
+      pages_.emplace_back(page, page->generation);  // within the capacity: cannot throw
+    }
+  } catch (...) {
+    for (const auto& planned : pages_) storage.unplan_drop(planned.first);
+    throw;
   }
 }
 
@@ -45,8 +51,7 @@ void PlannedDropHandle::apply() {
   dropped_ = true;
   for (const auto& [page, generation] : pages_) {
     if (page->generation != generation) continue;
-    --page->planned_drops;
-    if (page->planned_drops == 0 && page->committed() && page->holders == 0 && page->queued) {
+    if (context_.storage().unplan_drop(page) && page->committed() && page->holders == 0 && page->queued) {
       context_.storage().drop_now(page);
     }
   }

@@ -10,40 +10,6 @@
 
 namespace kvcore {
 
-Node::~Node() {
-  // Take the descendants apart one by one: destroying a chain of blocks recursively would use a
-  // stack frame per block, and a long prompt is a chain of thousands.
-  std::vector<Block*> pending(order_.begin(), order_.end());
-  order_.clear();
-  while (!pending.empty()) {
-    Block* block = pending.back();
-    pending.pop_back();
-    pending.insert(pending.end(), block->order_.begin(), block->order_.end());
-    block->order_.clear();
-    delete block;  // childless now
-  }
-}
-
-Block* Node::add_child(std::unique_ptr<Block> block, bool partial) {
-  order_.add(block.get(), partial);
-  return block.release();
-}
-
-std::unique_ptr<Block> Node::take_child(Block* block, bool partial) {
-  order_.remove(block, partial);
-  return std::unique_ptr<Block>(block);
-}
-
-void Block::reuse(const Digest& new_key, Node* new_parent, std::int64_t new_ordinal) {
-  key = new_key;
-  parent = new_parent;
-  set_lora(new_parent);
-  ordinal = new_ordinal;
-  std::fill(pages.begin(), pages.end(), nullptr);
-  has_v1_ = false;
-  pins = 0;
-}
-
 bool Block::has_pages() const {
   return std::any_of(pages.begin(), pages.end(), [](const Page* p) { return p != nullptr; });
 }
@@ -74,10 +40,98 @@ std::int64_t common_prefix(const BlockTokens& a, const Tokens& b, std::size_t b_
   return static_cast<std::int64_t>(n);
 }
 
-RadixTree::RadixTree(std::size_t num_layer_groups, std::int64_t tokens_per_block)
-    : num_layer_groups_(num_layer_groups), tokens_per_block_(tokens_per_block) {}
+namespace {
 
-RadixTree::~RadixTree() = default;  // here, where GhostRecord and ScopeFreeIndex are complete
+// A block's token area holds a full block's 4-byte ids up to this many bytes; a longer block's
+// ids go to the heap (block_tokens.h), so that a tree of huge blocks does not reserve megabytes
+// for each partial one.
+constexpr std::size_t kMaxTokenArea = 1024;
+constexpr std::size_t kChunkBytes = std::size_t{64} << 10;
+
+}  // namespace
+
+RadixTree::RadixTree(std::size_t num_layer_groups, std::int64_t tokens_per_block)
+    : num_layer_groups_(num_layer_groups),
+      tokens_per_block_(tokens_per_block),
+      area_bytes_(std::max<std::size_t>(
+          8, (std::min(4 * static_cast<std::size_t>(tokens_per_block), kMaxTokenArea) + 7) / 8 * 8)),
+      slot_bytes_(sizeof(Block) + area_bytes_),
+      slots_per_chunk_(std::max<std::size_t>(1, kChunkBytes / slot_bytes_)) {}
+
+RadixTree::~RadixTree() {  // here, where GhostRecord and ScopeFreeIndex are complete
+  on_remove = nullptr;     // nobody to tell: the manager is going
+  destroy_blocks();
+}
+
+Block* RadixTree::new_block(const Digest& key, Node* parent, std::int64_t ordinal) {
+#if defined(__SANITIZE_ADDRESS__)
+  void* slot = ::operator new(slot_bytes_);
+  try {
+    return new (slot) Block(key, parent, ordinal, num_layer_groups_);
+  } catch (...) {
+    ::operator delete(slot);
+    throw;
+  }
+#else
+  if (spare_ != nullptr) {
+    Block* block = spare_;
+    spare_ = static_cast<Block*>(block->parent);
+    block->key = key;
+    block->parent = parent;
+    block->ordinal = ordinal;
+    block->pins = 0;
+    std::fill(block->pages.begin(), block->pages.end(), nullptr);
+    return block;
+  }
+  if (chunks_.empty() || used_in_chunk_ == slots_per_chunk_) {
+    chunks_.reserve(chunks_.size() + 1);  // so that the push below cannot throw
+    chunks_.emplace_back(new std::uint8_t[slots_per_chunk_ * slot_bytes_]);
+    used_in_chunk_ = 0;
+  }
+  void* slot = chunks_.back().get() + used_in_chunk_ * slot_bytes_;
+  Block* block = new (slot) Block(key, parent, ordinal, num_layer_groups_);  // may throw: the slot stays free
+  ++used_in_chunk_;
+  return block;
+#endif
+}
+
+void RadixTree::free_block(Block* block) noexcept {
+  if (on_remove) on_remove(block);
+  release_tokens(block->area(), block->header());
+  block->token_size_ = block->tokens_wide_ = block->tokens_digests_ = block->tokens_heap_ = 0;
+#if defined(__SANITIZE_ADDRESS__)
+  block->~Block();
+  ::operator delete(block);
+#else
+  block->parent = spare_;
+  spare_ = block;
+#endif
+}
+
+void RadixTree::destroy_blocks() noexcept {
+  // Every block is destroyed one by one (its child and page storage freed), then the arena
+  // goes: destroying a chain recursively would use a stack frame per block, and a long prompt
+  // is a chain of thousands.
+  std::vector<Block*> pending;
+  for (const auto& [key, root] : roots_) {
+    pending.insert(pending.end(), root->children().begin(), root->children().end());
+    root->order_.clear();
+    while (!pending.empty()) {
+      Block* block = pending.back();
+      pending.pop_back();
+      pending.insert(pending.end(), block->children().begin(), block->children().end());
+      block->order_.clear();
+      free_block(block);
+    }
+  }
+  while (spare_ != nullptr) {
+    Block* block = spare_;
+    spare_ = static_cast<Block*>(block->parent);
+    block->~Block();
+  }
+  chunks_.clear();
+  used_in_chunk_ = 0;
+}
 
 MatchPath RadixTree::walk(const Digest& root_key, const Tokens& tokens, std::int64_t tokens_per_block, KeyFormat format,
                           bool partial) const {
@@ -112,7 +166,7 @@ MatchPath RadixTree::walk(const Digest& root_key, const Tokens& tokens, std::int
       Block* best = nullptr;
       std::int64_t best_len = 0;
       for (Block* candidate : node->children()) {
-        const std::int64_t n = common_prefix(candidate->tokens, tokens, start, end);
+        const std::int64_t n = common_prefix(candidate->tokens(), tokens, start, end);
         if (n > best_len) {
           best = candidate;
           best_len = n;
@@ -141,18 +195,20 @@ Root* RadixTree::root(const Digest& root_key, const ReuseScope& scope) {
 
 Block* RadixTree::add(Node* parent, const Digest& key, const TokenList& source, std::size_t begin, std::size_t end,
                       std::int64_t ordinal) {
-  std::unique_ptr<Block> block;
-  if (spare_.empty()) {
-    block = std::make_unique<Block>(key, parent, ordinal, num_layer_groups_);
-  } else {
-    block = std::move(spare_.back());
-    spare_.pop_back();
-    spare_bytes_ -= block->tokens.capacity_bytes();
-    block->reuse(key, parent, ordinal);
+  Block* added = new_block(key, parent, ordinal);
+  const bool is_partial = static_cast<std::int64_t>(end - begin) < tokens_per_block_;
+  try {
+    const TokenHeader header = store_tokens(added->area(), area_bytes_, added->header(), source, begin, end);
+    added->token_size_ = header.size;
+    added->tokens_wide_ = header.wide;
+    added->tokens_digests_ = header.digests;
+    added->tokens_heap_ = header.heap;
+    added->partial_ = is_partial;
+    parent->order_.add(added, is_partial);
+  } catch (...) {
+    free_block(added);
+    throw;
   }
-  block->tokens.assign(source, begin, end);
-  const bool is_partial = partial(block.get());
-  Block* added = parent->add_child(std::move(block), is_partial);
   if (!is_partial) {
     if (ghost != nullptr) ghost->forget(added->key);
     if (scope_free != nullptr) {
@@ -167,46 +223,33 @@ Block* RadixTree::add(Node* parent, const Digest& key, const TokenList& source, 
   return added;
 }
 
-void RadixTree::keep_spare(std::unique_ptr<Block> block) noexcept {
-  if (on_remove) on_remove(block.get());
-  const std::size_t bytes = block->tokens.capacity_bytes();
-  if (spare_.size() >= kSpareBlocks || spare_bytes_ + bytes > kSpareTokenBytes) return;  // freed here
-  if (spare_.capacity() < kSpareBlocks) {
-    try {
-      spare_.reserve(kSpareBlocks);
-    } catch (const std::bad_alloc&) {
-      return;  // a spare only saves an allocation later
-    }
-  }
-  spare_.push_back(std::move(block));  // within the capacity: cannot throw
-  spare_bytes_ += bytes;
-}
-
-void RadixTree::recycle(std::unique_ptr<Block> block) noexcept {
+void RadixTree::recycle(Block* block) noexcept {
   if (block->children().empty()) {  // a leaf, the usual case: no list to build
-    keep_spare(std::move(block));
+    free_block(block);
     return;
   }
-  std::vector<std::unique_ptr<Block>> pending;
+  // Parents before children; each child taken out of its parent's list before the parent goes.
+  std::vector<Block*> pending;
   try {
-    pending.push_back(std::move(block));
+    pending.push_back(block);
     while (!pending.empty()) {
-      std::unique_ptr<Block> b = std::move(pending.back());
+      Block* b = pending.back();
       pending.pop_back();
       while (!b->children().empty()) {
         Block* child = b->children().back();
-        pending.push_back(b->take_child(child, partial(child)));
+        b->order_.remove(child, partial(child));
+        pending.push_back(child);
       }
-      keep_spare(std::move(b));
+      free_block(b);
     }
   } catch (const std::bad_alloc&) {
-    // Out of memory for the list: the blocks not kept are freed as they go out of scope.
+    // Out of memory for the list: the blocks not freed stay in the arena until it goes.
   }
 }
 
 Block* RadixTree::covering_sibling(const Node* parent, const TokenList& tokens) {
   for (Block* child : parent->children()) {
-    if (is_proper_prefix(tokens, child->tokens)) return child;
+    if (is_proper_prefix(tokens, child->tokens())) return child;
   }
   return nullptr;
 }
@@ -214,7 +257,7 @@ Block* RadixTree::covering_sibling(const Node* parent, const TokenList& tokens) 
 Block* RadixTree::covered_sibling(const Node* parent, const TokenList& tokens) {
   if (parent->children().partial() == 0) return nullptr;
   for (Block* child : parent->children()) {
-    if (is_proper_prefix(child->tokens, tokens)) return child;
+    if (is_proper_prefix(child->tokens(), tokens)) return child;
   }
   return nullptr;
 }
@@ -234,8 +277,8 @@ std::vector<Block*> RadixTree::subtree(Block* block) {
   return out;
 }
 
-std::unique_ptr<Block> RadixTree::detach(Block* block, std::optional<int> level) {
-  std::unique_ptr<Block> owned = block->parent->take_child(block, partial(block));
+Block* RadixTree::detach(Block* block, std::optional<int> level) {
+  block->parent->order_.remove(block, partial(block));
   if (block->children().empty()) {
     left(block, level);
   } else if ((ghost != nullptr && level) || scope_free != nullptr) {
@@ -248,7 +291,7 @@ std::unique_ptr<Block> RadixTree::detach(Block* block, std::optional<int> level)
       if (scope_free != nullptr) scope_free->clear();
     }
   }
-  return owned;
+  return block;
 }
 
 void RadixTree::left(const Block* block, std::optional<int> level) noexcept {
@@ -268,9 +311,9 @@ void RadixTree::prune(Node* node, std::optional<int> level) {
     Block* block = static_cast<Block*>(node);
     if (!block->children().empty() || block->has_pages() || block->pins) return;
     Node* parent = block->parent;
-    std::unique_ptr<Block> owned = parent->take_child(block, partial(block));
+    parent->order_.remove(block, partial(block));
     left(block, level);
-    recycle(std::move(owned));
+    free_block(block);
     node = parent;
   }
   if (node->children().empty()) {
@@ -281,6 +324,9 @@ void RadixTree::prune(Node* node, std::optional<int> level) {
 
 void RadixTree::clear() {
   if (on_remove) on_remove(nullptr);
+  const auto told = std::move(on_remove);  // told of all at once: not of each block again
+  destroy_blocks();
+  on_remove = told;
   roots_.clear();
   root_order_.clear();
   if (scope_free != nullptr) scope_free->clear();

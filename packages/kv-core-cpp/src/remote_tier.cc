@@ -107,7 +107,7 @@ std::int64_t RemoteTier::checked_count(std::int64_t answer, std::size_t n) {
 
 std::vector<Block*> RemoteTier::fetch(Node* parent, const Digest& parent_key, const std::vector<Digest>& keys,
                                       std::int64_t first, const TokenList& tokens, const PageSet& keep,
-                                      const std::function<Node*()>& new_root) {
+                                      const ReuseScope& scope) {
   context_.count(&CacheStats::remote_lookups, 1);
   const std::int64_t n = checked_count(store_.contains({namespace_, keys.data(), keys.size()}), keys.size());
   if (n == 0) return {};
@@ -130,10 +130,10 @@ std::vector<Block*> RemoteTier::fetch(Node* parent, const Digest& parent_key, co
   if (accepted == 0) return {};
   const std::vector<std::vector<Page*>> placed = place(buffer.data(), first, accepted, keep);
   if (placed.empty()) return {};
-  Node* node = parent == nullptr ? new_root() : parent;
+  Node* node = parent == nullptr ? tree_.root(parent_key, scope) : parent;
   std::vector<Block*> blocks;
   for (std::size_t i = 0; i < placed.size(); ++i) {
-    node = add(node, keys[i], tokens, first + static_cast<std::int64_t>(i), placed[i]);
+    node = add(node, keys[i], tokens, first + static_cast<std::int64_t>(i), placed[i], scope.lora_id);
     blocks.push_back(static_cast<Block*>(node));
   }
   context_.count(&CacheStats::remote_blocks, blocks.size());
@@ -261,7 +261,7 @@ std::vector<std::vector<Page*>> RemoteTier::fill(const std::uint8_t* buffer, con
 }
 
 Block* RemoteTier::add(Node* parent, const Digest& key, const TokenList& tokens, std::int64_t ordinal,
-                       const std::vector<Page*>& pages) {
+                       const std::vector<Page*>& pages, std::optional<std::uint64_t> lora) {
   // A partial sibling the block extends gives way to it.
   const auto begin = static_cast<std::size_t>(ordinal * tokens_per_block_);
   const std::size_t end = begin + static_cast<std::size_t>(tokens_per_block_);
@@ -276,7 +276,7 @@ Block* RemoteTier::add(Node* parent, const Digest& key, const TokenList& tokens,
     page->num_tokens = tokens_per_block_;
     block->pages[g] = page;
     storage_.settle(page);
-    if (events_ != nullptr) events_->stored(block, static_cast<int>(g), page->priority, page->level);
+    if (events_ != nullptr) events_->stored(block, static_cast<int>(g), page->priority, page->level, lora);
   }
   return block;
 }
@@ -327,7 +327,7 @@ void RemoteTier::flush() {
     for (std::size_t g = 0; g < page_sizes_.size(); ++g) {
       if (const Page* page = blocks[i]->pages[g])
         sources.push_back(
-            {static_cast<int>(page->level), page->pool_group, page->slot, i * value_size_ + page_offsets_[g]});
+            {static_cast<int>(page->level), storage_.pool_group(page), page->slot, i * value_size_ + page_offsets_[g]});
     }
   }
   // A page read from disk that failed its checksum: nothing written this call.

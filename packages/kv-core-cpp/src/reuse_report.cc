@@ -92,7 +92,7 @@ std::int64_t shared_below_boundary(const Node* node, const Tokens& tokens, std::
   const auto begin = static_cast<std::size_t>(ordinal * tokens_per_block);
   const auto end = static_cast<std::size_t>((ordinal + 1) * tokens_per_block);
   std::int64_t best = 0;
-  for (const Block* child : node->children()) best = std::max(best, common_prefix(child->tokens, tokens, begin, end));
+  for (const Block* child : node->children()) best = std::max(best, common_prefix(child->tokens(), tokens, begin, end));
   return best;
 }
 

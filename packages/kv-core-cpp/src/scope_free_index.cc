@@ -16,7 +16,7 @@ void ScopeFreeIndex::added(const Block* block) {
     if (it != keys_.end()) parent_key = &it->second;
   }
   std::uint8_t out[64];
-  chained_keys(*parent_key, block->tokens.view(), 0, 1, static_cast<std::size_t>(tokens_per_block_), format_, out);
+  chained_keys(*parent_key, block->tokens().view(), 0, 1, static_cast<std::size_t>(tokens_per_block_), format_, out);
   Digest key;
   std::memcpy(key.data(), out + 32, key.size());
   keys_[block] = key;

@@ -36,11 +36,29 @@ Page* Storage::new_record() {
 
 void Storage::retire(Page* page) {
   ++page->generation;
+  if (page->planned) {  // its handles know it by the old generation: they skip it
+    planned_.erase(page);
+    page->planned = 0;
+  }
   if (guards_) {
     retired_.push_back(page);
   } else {
     free_records_.push_back(page);
   }
+}
+
+void Storage::plan_drop(Page* page) {
+  ++planned_[page];
+  page->planned = 1;
+}
+
+bool Storage::unplan_drop(Page* page) noexcept {
+  const auto it = planned_.find(page);
+  if (it == planned_.end()) return false;  // not planned: nothing to count down
+  if (--it->second > 0) return false;
+  planned_.erase(it);
+  page->planned = 0;
+  return true;
 }
 
 void Storage::recycle() {
@@ -129,7 +147,6 @@ void Storage::new_pages(const std::vector<std::pair<int, int>>& requests, std::v
     Page* page = new_record();
     page->slot = (*slots)[(*first)[p]++];
     page->layer_group = layer_group;
-    page->pool_group = p;
     page->priority = priority;
     out.push_back(page);
   }
@@ -140,7 +157,6 @@ Page* Storage::new_page_at(int level, int layer_group, std::uint64_t slot, int p
   page->slot = slot;
   page->level = level;
   page->layer_group = layer_group;
-  page->pool_group = config_.pool_group_of(layer_group);
   page->priority = priority;
   return page;
 }
@@ -151,7 +167,7 @@ void Storage::free_new(Page* page) {
 }
 
 void Storage::copy(Page* src, const Page* dst) {
-  if (!transfer_.copy(level(src->level), level(dst->level), src->pool_group, {{src->slot, dst->slot}}).empty())
+  if (!transfer_.copy(level(src->level), level(dst->level), pool_group(src), {{src->slot, dst->slot}}).empty())
     forget_corrupt({src});
 }
 
@@ -173,7 +189,7 @@ void Storage::resize_level(int level, const SlotCounts& counts, const std::vecto
     if (n == group.num_slots()) continue;
     std::vector<Page*> mine;
     for (Page* p : live) {
-      if (!p->dead() && p->level == level && p->pool_group == group.index) mine.push_back(p);
+      if (!p->dead() && p->level == level && pool_group(p) == group.index) mine.push_back(p);
     }
     std::sort(mine.begin(), mine.end(), [](const Page* a, const Page* b) { return a->slot < b->slot; });
     std::vector<Page*> movers;

@@ -49,7 +49,7 @@ void Storage::plan(int level, const std::vector<std::uint64_t>& need, const Page
       if (lv == level) {
         if (!freed.empty()) free += static_cast<std::int64_t>(freed[pg]);
         for (Page* p : pending) {
-          if (p->pool_group == static_cast<int>(pg)) queued.push_back(p);
+          if (pool_group(p) == static_cast<int>(pg)) queued.push_back(p);
         }
       }
       const std::int64_t want = goal + static_cast<std::int64_t>(arrivals.size()) - free;
@@ -207,7 +207,7 @@ void Storage::move_down(const std::vector<Page*>& pages, int dst_level) {
   // droppable ones drop instead.
   if (pages.empty()) return;
   const int src_level = pages[0]->level;
-  PoolGroup& below = levels_[dst_level]->pool_groups[pages[0]->pool_group];
+  PoolGroup& below = levels_[dst_level]->pool_groups[pool_group(pages[0])];
   const auto surplus = static_cast<std::int64_t>(pages.size()) - static_cast<std::int64_t>(below.allocator.num_free());
   Borrowed<Page*> dropped_list(move_dropped_);
   std::vector<Page*>& dropped = *dropped_list;
@@ -235,7 +235,7 @@ void Storage::move(const std::vector<Page*>& pages, int dst_level) {
   // Bytes first (a failure leaves every page where it was), then slots, levels and queues.
   if (pages.empty()) return;
   const int src_level = pages[0]->level;
-  const int pg = pages[0]->pool_group;
+  const int pg = pool_group(pages[0]);
   PoolGroup& group = levels_[dst_level]->pool_groups[pg];
   Borrowed<std::uint64_t> slots_list(move_slots_);
   Borrowed<std::pair<std::uint64_t, std::uint64_t>> moves_list(move_pairs_);
@@ -269,7 +269,7 @@ void Storage::move_up(const std::vector<Page*>& pages, int dst_level) {
     for (int lv = dst_level + 1; lv < num_levels(); ++lv) {
       std::vector<Page*> batch;
       for (Page* p : pages) {
-        if (p->pool_group == static_cast<int>(pg) && p->level == lv) batch.push_back(p);
+        if (pool_group(p) == static_cast<int>(pg) && p->level == lv) batch.push_back(p);
       }
       move(batch, dst_level);
     }

@@ -221,14 +221,45 @@ def test_partial_reuse_of_ids_past_32_bits(backend: kv_api.Backend, query: list[
     for round_ in range(3):  # narrow and wide blocks evicted and made again, in turns
         committed(manager, toks(8, 100 * round_))
         committed(manager, WIDE)
+    check_reuse_and_announced(manager, events, query, expected, [WIDE[:4], WIDE[4:]])
+
+
+def check_reuse_and_announced(
+    manager: Any, events: Any, query: list[int], expected: int, last_stored: list[list[int]]
+) -> None:
+    """``query`` reuses ``expected`` tokens, probed and admitted; the last Stored event announced
+    blocks of ``last_stored``'s tokens."""
     assert manager.probe_reuse(None, query) == expected
     cache = manager.create_kv_cache(None, query)
     assert cache.num_committed_tokens == expected
     cache.close()
     events.flush_iteration_events()
     stored = [e.data for e in events.get_latest_events(0) if isinstance(e.data, Stored)]
-    assert stored[-1].blocks[0].tokens == tuple(UniqueToken(t) for t in WIDE[:4])
-    assert stored[-1].blocks[1].tokens == tuple(UniqueToken(t) for t in WIDE[4:])
+    assert [b.tokens for b in stored[-1].blocks] == [tuple(UniqueToken(t) for t in b) for b in last_stored]
+
+
+# Blocks longer than the native tree keeps beside each block record (256 4-byte ids): a full
+# one's ids live on the heap, a partial one's beside the record; both are matched, evicted, made
+# again and announced whole.
+BIG = 300
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ([*toks(BIG - 1, 7), 0], BIG - 1),  # diverges at the full block's last id
+        ([*toks(BIG + 50, 7), 0], BIG + 50),  # inside the partial tail
+        (toks(BIG + 100, 7), BIG + 100),
+    ],
+)
+def test_partial_reuse_of_blocks_past_the_token_area(backend: kv_api.Backend, query: list[int], expected: int) -> None:
+    events = backend.KVCacheEventManager(100, "v2_sha256")
+    manager = make_manager(backend, make_config(BIG, slots=4, enable_partial_reuse=True), event_manager=events)
+    prompt = toks(BIG + 100, 7)
+    for round_ in range(3):  # big blocks evicted and made again, in turns with others
+        committed(manager, toks(2 * BIG, 10_000 * (round_ + 1)))
+        committed(manager, prompt)
+    check_reuse_and_announced(manager, events, query, expected, [prompt[:BIG], prompt[BIG:]])
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@
 // cache miss on every step of a walk, every commit under the node and every removal of a child
 // (an eviction). From the second child on they live in a heap record (the list, and the key
 // index a node keeps past kChildScanLimit children), kept once made while the node lives (a
-// recycled block reuses it). 16 bytes in all: a tree holds millions of nodes. The list holds the
+// recycled block reuses it). 8 bytes in all: a tree holds millions of nodes. The list holds the
 // pointers only: its Node owns the children (add_child, take_child, ~Node). No lock of its own:
 // the tree's, under the manager's lock.
 //
@@ -81,19 +81,19 @@ class ChildList {
     Block* const* end_;
   };
 
-  ChildList() : size_(0), heap_(0) {}
+  ChildList() = default;
   ChildList(const ChildList&) = delete;
   ChildList& operator=(const ChildList&) = delete;
-  ~ChildList() {
-    if (heap_) delete many_;
-  }
+  ~ChildList() { delete many(); }
 
-  std::size_t size() const noexcept { return size_; }
-  std::size_t partial() const noexcept { return partial_; }
-  bool empty() const noexcept { return size_ == 0; }
+  std::size_t size() const noexcept { return is_heap() ? many()->size : (one_ != nullptr); }
+  // At most this many children are partial: exact from the second child on; a lone child
+  // counts as one (a caller scanning for a partial child scans that one).
+  std::size_t partial() const noexcept { return is_heap() ? many()->partial : (one_ != nullptr); }
+  bool empty() const noexcept { return size() == 0; }
   Iterator begin() const noexcept { return {first(), last()}; }
   Iterator end() const noexcept { return {last(), last()}; }
-  Block* back() const noexcept { return heap_ ? many_->items.back() : one_; }  // the list ends in a child
+  Block* back() const noexcept { return is_heap() ? many()->items.back() : one_; }  // the list ends in a child
 
   // The child with this key, or nullptr: a scan up to kChildScanLimit children, the index past.
   Block* find(const Digest& key) const noexcept;
@@ -106,22 +106,28 @@ class ChildList {
 
  private:
   struct Many {
-    std::vector<Block*> items;          // the children, nullptr where one was removed (size_ live)
+    std::vector<Block*> items;          // the children, nullptr where one was removed (size live)
     std::unique_ptr<ChildIndex> index;  // key -> child, only past kChildScanLimit children
+    std::uint32_t size = 0;
+    std::uint32_t partial = 0;  // the partial children among them
   };
+  // One word: the only child (or none) until a second came, then the owned heap record with
+  // its low bit set (blocks and records are at least 2-aligned). Always read as a Block*, the
+  // tag tested on its integer value: no type punning.
+  static constexpr std::uintptr_t kHeap = 1;
 
-  Block* const* first() const noexcept { return heap_ ? many_->items.data() : &one_; }
-  Block* const* last() const noexcept { return heap_ ? many_->items.data() + many_->items.size() : &one_ + size_; }
+  bool is_heap() const noexcept { return (reinterpret_cast<std::uintptr_t>(one_) & kHeap) != 0; }
+  Many* many() const noexcept {
+    return is_heap() ? reinterpret_cast<Many*>(reinterpret_cast<std::uintptr_t>(one_) & ~kHeap) : nullptr;
+  }
+  Block* const* first() const noexcept { return is_heap() ? many()->items.data() : &one_; }
+  Block* const* last() const noexcept {
+    return is_heap() ? many()->items.data() + many()->items.size() : &one_ + (one_ != nullptr);
+  }
   void reserve_one_more();
   void close_gaps() noexcept;
 
-  union {
-    Block* one_ = nullptr;  // the only child, until a second came
-    Many* many_;            // owned, from then on
-  };
-  std::uint32_t size_ : 31;
-  std::uint32_t heap_ : 1;
-  std::uint32_t partial_ = 0;  // the partial children among them
+  Block* one_ = nullptr;
 };
 
 }  // namespace kvcore

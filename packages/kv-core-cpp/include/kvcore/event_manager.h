@@ -24,6 +24,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -87,14 +88,15 @@ class KVCacheEventManager {
   // siblings in key order).
   void resync_to(std::vector<std::uint64_t> num_blocks_per_cache_level, const std::vector<Root*>& roots);
   void created(std::vector<std::uint64_t> num_blocks_per_cache_level);
-  void stored(Block* block, int layer_group, int priority, int cache_level = 0);
+  // `lora`: the block's scope's LoRA adapter (a block does not keep it: the caller knows it).
+  void stored(Block* block, int layer_group, int priority, int cache_level, std::optional<std::uint64_t> lora);
   void removed(Block* block, int layer_group);
   // A page of an announced block moved between cache levels.
   void updated(Block* block, int layer_group, int old_level, int new_level);
 
  private:
   void queue(Event event, std::optional<int> layer_group);
-  void append_stored(Block* block, int layer_group, int priority, int cache_level);
+  void append_stored(Block* block, int layer_group, int priority, int cache_level, std::optional<std::uint64_t> lora);
   void flush_removed();
   BlockHash hash(Block* block);
   std::uint64_t v1(Block* block);
@@ -107,6 +109,11 @@ class KVCacheEventManager {
   std::vector<Event> pending_;
   std::vector<std::pair<int, std::vector<BlockHash>>> removed_;  // per layer group, first-use order
   std::set<std::pair<Digest, int>> stored_;
+  // The v1 hashes computed (and whether each fell back), by block key: a v1 hash is a function
+  // of the key's chain and scope, so an entry never goes stale. Kept here, not in the blocks (a
+  // tree holds millions and v1_block_key is the legacy format); bounded: cleared when it grows
+  // past twice the announced blocks, and recomputed from the chain as needed.
+  std::unordered_map<Digest, std::pair<std::uint64_t, bool>, DigestHash> v1_;
   std::int64_t next_id_ = 0;
   std::vector<std::optional<std::int64_t>> windows_;
   bool bound_ = false;

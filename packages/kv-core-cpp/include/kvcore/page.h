@@ -15,11 +15,12 @@ namespace kvcore {
 
 class Block;
 
-// 64 bytes, the small fields packed (a tree holds millions of pages): a page's tokens are at
+// 56 bytes, the small fields packed (a tree holds millions of pages): a page's tokens are at
 // most tokens_per_block (<= 2**20, kv_api's TOKENS_PER_BLOCK_LIMIT), a level one of the three
-// page tiers, a priority within [kMinPriority, kMaxPriority] (0-100).
+// page tiers, a priority within [kMinPriority, kMaxPriority] (0-100); its pool group is its
+// layer group's (Storage::pool_group), not kept.
 struct Page {
-  Page() : num_tokens(0), level(0), priority(0), queued(0) {}
+  Page() : num_tokens(0), level(0), priority(0), queued(0), planned(0) {}
 
   std::uint64_t slot = 0;
   Block* block = nullptr;  // set once committed
@@ -33,16 +34,16 @@ struct Page {
   std::uint32_t num_tokens : 21;  // tokens of the block this page is valid for
   std::uint32_t level : 2;        // the cache level its slot is at
   std::uint32_t priority : 7;
-  std::uint32_t queued : 1;  // in its level's eviction queue
+  std::uint32_t queued : 1;   // in its level's eviction queue
+  std::uint32_t planned : 1;  // planned-drop handles cover it, not dropped yet (Storage counts them)
   int layer_group = 0;
-  int pool_group = 0;
-  int holders = 0;        // caches keeping the page (held or locked)
-  int locks = 0;          // caches locking it (active)
-  int planned_drops = 0;  // planned-drop handles covering it, not dropped yet (planned_drop.h)
+  int holders = 0;  // caches keeping the page (held or locked)
+  int locks = 0;    // caches locking it (active)
 
   bool committed() const { return block != nullptr; }
   // Freed while a make_room plan still points to it (Python's `block is None and holders == 0`).
   bool dead() const { return block == nullptr && holders == 0; }
 };
+static_assert(sizeof(void*) != 8 || sizeof(Page) == 56, "a page record's size is docs/performance.md's");
 
 }  // namespace kvcore

@@ -1,10 +1,9 @@
 // A fixed-size array with one entry per layer group, stored inline for the usual few layer groups:
 // a cache keeps one per block for its pages and another for their locks, so a heap vector each
 // would cost two allocations per block on every admission of a long prompt. The inline entries
-// and the heap pointer share their bytes (a tree block keeps one for its pages, and a tree holds
-// millions: one inline entry and the size take 16 bytes). A value (copied and moved whole) with
-// no lock of its own: its owner's, the manager's lock for a cache's blocks and a tree block's
-// pages.
+// and the heap pointer share their bytes. (A tree block keeps its pages in one word instead:
+// block_pages.h.) A value (copied and moved whole) with no lock of its own: its owner's, the
+// manager's lock for a cache's blocks.
 #pragma once
 
 #include <algorithm>

@@ -3,7 +3,7 @@
 // sibling's; children keep insertion order, which decides ties when a partial match scans
 // siblings, so every backend picks the same block.
 //
-// The tree owns its roots and blocks (each node its children). A block's pages are Storage's
+// The tree owns its roots and blocks (the blocks in its arena). A block's pages are Storage's
 // records: the tree points to them and never frees one. Storage takes the pages out of a block
 // before it leaves the tree (drop, adopt, clear), and prune() removes only blocks without page,
 // child or pin. A block's address is stable while it is in the tree; a removed block may be
@@ -22,10 +22,10 @@
 #include <vector>
 
 #include "kvcore/block_keys.h"
+#include "kvcore/block_pages.h"
 #include "kvcore/block_tokens.h"
 #include "kvcore/child_list.h"
 #include "kvcore/page.h"
-#include "kvcore/per_layer_group.h"
 #include "kvcore/tokens.h"
 
 namespace kvcore {
@@ -36,52 +36,50 @@ constexpr std::size_t kPartialScanLimit = 32;
 // nodes of a long prompt have one child, and a scan touches only the child itself, where a hash
 // map costs a bucket array and a map node per lookup (the walk's cache misses).
 constexpr std::size_t kChildScanLimit = 8;
-// Blocks a tree keeps for reuse (RadixTree::recycle), and the token storage they may hold in
-// all (1 MiB, whatever the block size). None under AddressSanitizer, so that a
-// use after removal is still reported.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr std::size_t kSpareBlocks = 0;
-#else
-constexpr std::size_t kSpareBlocks = 4096;
-#endif
-constexpr std::size_t kSpareTokenBytes = std::size_t{1} << 20;
 
 class Block;
 class GhostRecord;
 class ScopeFreeIndex;
 
-// A root or a block. Not polymorphic (no virtual table: a tree holds millions of blocks): a
-// node is deleted as what it is, a Root by the tree's root map, a Block by its parent or a
-// unique_ptr<Block>.
+// A root or a block. Not polymorphic (no virtual table: a tree holds millions of blocks): the
+// tree destroys a node as what it is.
 class Node {
  public:
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
   bool is_root() const noexcept { return root_; }
+  // A block holding fewer tokens than a full one (the tree marks it as it fills the tokens).
+  bool partial() const noexcept { return partial_; }
 
   Block* child(const Digest& key) const { return order_.find(key); }
   const ChildList& children() const { return order_; }
-  // `partial`: the block holds fewer tokens than a full one (the tree knows the block size).
-  Block* add_child(std::unique_ptr<Block> block, bool partial);
-  std::unique_ptr<Block> take_child(Block* block, bool partial);
 
   Digest key;
   Node* parent;
 
  protected:
-  Node(const Digest& key, Node* parent, bool root) : key(key), parent(parent), root_(root) {}
-  ~Node();
+  Node(const Digest& key, Node* parent, bool root)
+      : key(key),
+        parent(parent),
+        root_(root),
+        partial_(0),
+        token_size_(0),
+        tokens_wide_(0),
+        tokens_digests_(0),
+        tokens_heap_(0) {}
+  ~Node() = default;
 
- private:
-  ChildList order_;  // the children, owned, in insertion order (and their key index)
-  bool root_;
+  ChildList order_;  // the children (the tree owns them), in insertion order, and their key index
+  // One word: the node's flags and a block's token header (block_tokens.h), in what Node leaves
+  // of its last 8 bytes.
+  std::uint32_t root_ : 1;
+  std::uint32_t partial_ : 1;
+  std::uint32_t token_size_ : 21;  // <= 2**20 (kv_api's TOKENS_PER_BLOCK_LIMIT)
+  std::uint32_t tokens_wide_ : 1;
+  std::uint32_t tokens_digests_ : 1;
+  std::uint32_t tokens_heap_ : 1;
 
- protected:
-  // A block's small fields, here where they fill what Node leaves of its last word: whether
-  // lora_ and v1_ hold a value, and v1_'s fallback flag.
-  bool has_lora_ = false;
-  bool has_v1_ = false;
-  bool v1_fell_back_ = false;
+  friend class RadixTree;  // links children, marks partial_
 };
 
 class Root : public Node {
@@ -90,47 +88,31 @@ class Root : public Node {
   ReuseScope scope;
 };
 
+// A tree block: 72 bytes, then its token area (block_tokens.h), in one slot of the tree's block
+// arena (RadixTree::new_block). The scope (salt, LoRA adapter) is its root's: a caller that
+// needs it knows the scope it works in.
 class Block : public Node {
  public:
   Block(const Digest& key, Node* parent, std::int64_t ordinal, std::size_t num_layer_groups)
-      : Node(key, parent, false), ordinal(ordinal), pages(num_layer_groups, nullptr) {
-    set_lora(parent);
-  }
+      : Node(key, parent, false), ordinal(ordinal), pages(num_layer_groups) {}
+  ~Block() { release_tokens(area(), header()); }
   bool has_pages() const;
-  // A spare block (childless, out of the tree) made new under `parent`; its token and child
-  // storage is kept for reuse, the tokens are the caller's to fill.
-  void reuse(const Digest& new_key, Node* new_parent, std::int64_t new_ordinal);
-
-  // The scope's LoRA adapter, for events (the root knows the scope; blocks copy it down).
-  std::optional<std::uint64_t> lora_id() const {
-    return has_lora_ ? std::optional<std::uint64_t>(lora_) : std::nullopt;
-  }
-  // The event manager's cached v1 hash and whether it fell back (event_manager.h).
-  std::optional<std::pair<std::uint64_t, bool>> v1_hash() const {
-    return has_v1_ ? std::optional<std::pair<std::uint64_t, bool>>(std::make_pair(v1_, v1_fell_back_)) : std::nullopt;
-  }
-  void set_v1_hash(std::uint64_t hash, bool fell_back) noexcept {
-    v1_ = hash;
-    v1_fell_back_ = fell_back;
-    has_v1_ = true;
-  }
+  BlockTokens tokens() const noexcept { return tokens_in(area(), header()); }
 
   int pins = 0;  // open caches whose next commits hang under this block: never pruned
   std::int64_t ordinal;
-  BlockTokens tokens;
-  PerLayerGroup<Page*, 1> pages;  // one per layer group (inline for one: the usual layout)
+  BlockPages pages;  // one per layer group
 
  private:
-  std::uint64_t lora_ = 0;
-  std::uint64_t v1_ = 0;
-
-  void set_lora(const Node* parent) {
-    const std::optional<std::uint64_t> lora = parent->is_root() ? static_cast<const Root*>(parent)->scope.lora_id
-                                                                : static_cast<const Block*>(parent)->lora_id();
-    has_lora_ = lora.has_value();
-    lora_ = lora.value_or(0);
+  TokenHeader header() const noexcept {
+    return {token_size_, tokens_wide_ != 0, tokens_digests_ != 0, tokens_heap_ != 0};
   }
+  std::uint8_t* area() noexcept { return reinterpret_cast<std::uint8_t*>(this) + sizeof(Block); }
+  const std::uint8_t* area() const noexcept { return reinterpret_cast<const std::uint8_t*>(this) + sizeof(Block); }
+
+  friend class RadixTree;  // fills the tokens (with the area's size) and reuses blocks
 };
+static_assert(sizeof(void*) != 8 || sizeof(Block) == 72, "a tree block's size is docs/performance.md's");
 
 using MatchPath = std::vector<std::pair<Block*, std::int64_t>>;
 
@@ -173,12 +155,9 @@ class RadixTree {
   // Takes `block` and its subtree out of the tree. `level`: the cache level an eviction dropped it
   // from (nullopt: not an eviction, the ghost record is not told). The blocks are valid until
   // recycled.
-  std::unique_ptr<Block> detach(Block* block, std::optional<int> level = std::nullopt);
-  // Takes back a detached block and its subtree: up to kSpareBlocks are kept for add() to reuse
-  // with their token and child storage, since a prefill commits and an eviction drops hundreds
-  // of blocks, and the heap allocations of each (block, token list, child list) cost more than
-  // the rest of its work.
-  void recycle(std::unique_ptr<Block> block) noexcept;
+  Block* detach(Block* block, std::optional<int> level = std::nullopt);
+  // Takes back a detached block and its subtree: add() reuses them, with their child storage.
+  void recycle(Block* block) noexcept;
   // Remove `node` and its ancestors while childless, page-less and unpinned; drop a childless
   // root. `level` as for detach().
   void prune(Node* node, std::optional<int> level = std::nullopt);
@@ -196,14 +175,27 @@ class RadixTree {
   std::int64_t tokens_per_block_;
   std::unordered_map<Digest, std::unique_ptr<Root>, DigestHash> roots_;
   std::vector<Root*> root_order_;
-  std::vector<std::unique_ptr<Block>> spare_;
-  std::size_t spare_bytes_ = 0;  // the token storage of the spare blocks
+  // The block arena: blocks live in slots of slot_bytes_ (a Block and its token area of
+  // area_bytes_) carved from chunks, with no allocator header and no separate token allocation
+  // (docs/performance.md, "Cost as the cache grows"); a block leaving the tree goes to the spare
+  // list (linked through `parent`, still constructed, its child storage kept) for add() to reuse.
+  // A tree keeps the memory of the most blocks it held until it is cleared. Under
+  // AddressSanitizer every block is its own allocation and none is reused, so that a use after
+  // removal is still reported.
+  std::size_t area_bytes_;
+  std::size_t slot_bytes_;
+  std::size_t slots_per_chunk_;
+  std::vector<std::unique_ptr<std::uint8_t[]>> chunks_;
+  std::size_t used_in_chunk_ = 0;  // slots handed out of the last chunk
+  Block* spare_ = nullptr;
 
-  void keep_spare(std::unique_ptr<Block> block) noexcept;  // or let it go, past the limits
+  Block* new_block(const Digest& key, Node* parent, std::int64_t ordinal);
+  void free_block(Block* block) noexcept;  // childless, out of the tree
+  void destroy_blocks() noexcept;          // every block, in the tree and spare; the arena emptied
   // `block` left the tree (of a subtree, descendants before ancestors): the ghost record (for an
   // eviction) and the scope-free index hear of a full one.
   void left(const Block* block, std::optional<int> level) noexcept;
-  bool partial(const Block* block) const { return static_cast<std::int64_t>(block->tokens.size()) < tokens_per_block_; }
+  static bool partial(const Block* block) { return block->partial(); }
 };
 
 }  // namespace kvcore

@@ -34,10 +34,11 @@ class RemoteTier {
 
   // Blocks first, first + 1, ... (`keys` theirs; `tokens` holds at least their tokens, from the
   // chain's start) from the store, placed on the last local level and added under `parent`
-  // (new_root() when nullptr): the consecutive ones the store has and whose values pass every
-  // check. `keep`: pages making room must not evict (the local match).
+  // (under the scope's root, parent_key, when nullptr: looked up or made once room is made):
+  // the consecutive ones the store has and whose values pass every check. `keep`: pages making
+  // room must not evict (the local match).
   std::vector<Block*> fetch(Node* parent, const Digest& parent_key, const std::vector<Digest>& keys, std::int64_t first,
-                            const TokenList& tokens, const PageSet& keep, const std::function<Node*()>& new_root);
+                            const TokenList& tokens, const PageSet& keep, const ReuseScope& scope);
   // A full block that entered the tree in this call, to write at flush().
   void add_pending(Block* block) { pending_.push_back(block); }
   // Hands the store this call's new full blocks (one put), their bytes copied now; between
@@ -60,7 +61,7 @@ class RemoteTier {
   std::vector<std::vector<Page*>> fill(const std::uint8_t* buffer, const std::vector<std::vector<bool>>& kept,
                                        const std::vector<std::uint64_t>& need);
   Block* add(Node* parent, const Digest& key, const TokenList& tokens, std::int64_t ordinal,
-             const std::vector<Page*>& pages);
+             const std::vector<Page*>& pages, std::optional<std::uint64_t> lora);
   bool writable(const Block* block) const;
   void encode(const Block* block, std::uint8_t* value) const;  // the header, the payload being there
   std::uint64_t length(const std::uint8_t* value, std::size_t layer_group) const;

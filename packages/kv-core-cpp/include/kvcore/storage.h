@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -52,7 +53,9 @@ class Storage {
   CacheLevel& level(int index) { return *levels_[index]; }
   const CacheLevel& level(int index) const { return *levels_[index]; }
   std::deque<PoolGroup>& pool_groups() { return levels_[0]->pool_groups; }  // the device level's
-  PoolGroup& pool_group_of(const Page* page) { return levels_[page->level]->pool_groups[page->pool_group]; }
+  PoolGroup& pool_group_of(const Page* page) { return levels_[page->level]->pool_groups[pool_group(page)]; }
+  // The index of the pool group holding `page` (its layer group's).
+  int pool_group(const Page* page) const { return config_.pool_group_of(page->layer_group); }
   const StorageConfig& config() const { return config_; }
   std::vector<StorageStatistics> statistics(int level = 0) const;
   PageTransfer& transfer() { return transfer_; }
@@ -80,6 +83,12 @@ class Storage {
   void lock(Page* page);    // Error(kCorrupted), poisoning the core, below the device level
   void unlock(Page* page);
   void free(Page* page);  // releases its slot (the record stays: see retire)
+  // Planned-drop handles covering a page (planned_drop.h): counted here, not in every record (a
+  // tree holds millions of pages, few of them planned); the page's `planned` bit says it has
+  // some. plan_drop may throw std::bad_alloc (nothing changed); unplan_drop says whether it was
+  // the last.
+  void plan_drop(Page* page);
+  bool unplan_drop(Page* page) noexcept;
 
   // -- new pages and copies --
   // One device page per (layer group, priority), all or none (Error kOutOfPages, nothing changed).
@@ -189,7 +198,8 @@ class Storage {
   KeptList<Page*> move_movers_;
   KeptList<std::uint64_t> move_slots_;
   KeptList<std::pair<std::uint64_t, std::uint64_t>> move_pairs_;
-  std::vector<Page*> retired_;  // freed while a RecordGuard lives
+  std::vector<Page*> retired_;                    // freed while a RecordGuard lives
+  std::unordered_map<const Page*, int> planned_;  // plan_drop's counts, for pages whose bit is set
   int guards_ = 0;
 };
 
