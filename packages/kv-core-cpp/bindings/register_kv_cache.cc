@@ -1,8 +1,9 @@
 // KVCache: state checks first, then arguments (arguments.h; as kv_core_py), then kvcore::KVCache
-// without the GIL.
+// without the GIL (but a decode step's: keeps_gil).
 #include <nanobind/stl/string.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "arguments.h"
 #include "kvcore/cache_context.h"
@@ -72,12 +73,27 @@ int group_arg(PyKVCache& self, nb::handle layer_group, nb::handle beam) {
   return static_cast<int>(group);
 }
 
+// Tokens a resize or commit may add and still run holding the GIL (keeps_gil).
+constexpr std::int64_t kGilHeldTokens = 64;
+
+// Whether a resize or commit adding `new_tokens` runs holding the GIL: a decode step's (a few
+// tokens) on a manager whose pages never move (one cache level, no page copier, no remote tier)
+// is bookkeeping of well under a microsecond, less than handing the GIL over and taking it back
+// (docs/manager.md, "Threads and the GIL"); anything that may hash many tokens or move page bytes
+// lets other threads run.
+bool keeps_gil(const PyKVCache& self, std::int64_t new_tokens) {
+  const PyManager& owner = nb::cast<const PyManager&>(self.manager);
+  return new_tokens <= kGilHeldTokens && owner.manager->config().cache_tiers.size() == 1 && owner.copier == nullptr &&
+         owner.block_store == nullptr;
+}
+
 bool resize(PyKVCache& self, nb::handle capacity_arg, nb::handle history_length_arg) {
   const ManagerLock lock(self.cache->context());
   self.cache->require(CacheStatus::kActive, "resize");
   const auto capacity = arg::optional_count("capacity", capacity_arg, kTokenLimit);
   const auto history = arg::optional_count("history_length", history_length_arg, kTokenLimit);
-  nb::gil_scoped_release release;
+  std::optional<nb::gil_scoped_release> release;
+  if (!keeps_gil(self, capacity.value_or(0) - self.cache->capacity())) release.emplace();
   return self.cache->resize(capacity, history);
 }
 
@@ -102,7 +118,8 @@ void commit(PyKVCache& self, nb::handle tokens, nb::handle is_end) {
   // cache's own token list is the one copy. The view is released after the GIL is taken back.
   const TokenInput input(tokens, nb::cast<PyManager&>(self.manager).manager->config().key_format);
   const bool end = arg::truthy(is_end);
-  nb::gil_scoped_release release;
+  std::optional<nb::gil_scoped_release> release;
+  if (!keeps_gil(self, static_cast<std::int64_t>(input.tokens().count))) release.emplace();
   self.cache->commit(input.tokens(), 0, input.tokens().count, end);
 }
 

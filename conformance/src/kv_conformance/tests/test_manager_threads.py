@@ -95,6 +95,31 @@ def test_concurrent_requests(backend: kv_api.Backend) -> None:
 
 
 @pytest.mark.requires("native_buffers")
+def longest_stall(work: Any) -> float:
+    """The longest this thread went without the GIL while another thread ran ``work()``, with a
+    short switch interval (handing the GIL back and forth around a call of a few milliseconds at
+    the default 5 ms would be a stall of that order by itself)."""
+    done = threading.Event()
+
+    def run() -> None:
+        work()
+        done.set()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.0002)
+    try:
+        thread = threading.Thread(target=run)
+        last, longest = time.perf_counter(), 0.0
+        thread.start()
+        while not done.is_set():
+            now = time.perf_counter()
+            longest, last = max(longest, now - last), now
+        thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    return longest
+
+
 def test_matching_releases_the_gil(backend: kv_api.Backend) -> None:
     """A long probe (hashing and matching 8M cached tokens) leaves other Python threads running."""
     # Long enough (tens of milliseconds) that being descheduled for a time slice on a loaded
@@ -108,34 +133,32 @@ def test_matching_releases_the_gil(backend: kv_api.Backend) -> None:
     start = time.perf_counter()
     manager.probe_reuse(None, tokens)
     alone = time.perf_counter() - start
-
-    def longest_stall() -> float:
-        done = threading.Event()
-
-        def work() -> None:
-            manager.probe_reuse(None, tokens)
-            done.set()
-
-        worker = threading.Thread(target=work)
-        last, longest = time.perf_counter(), 0.0
-        worker.start()
-        while not done.is_set():
-            now = time.perf_counter()
-            longest, last = max(longest, now - last), now
-        worker.join()
-        return longest
-
     # A probe holding the GIL stalls this thread for all of it, every time; a busy machine can
-    # deschedule it once in a while, so the best of three attempts is judged. The probe takes a
-    # few milliseconds now: with the default 5 ms switch interval, handing the GIL back and forth
-    # around the call would be a stall of that order by itself, so the interval is shortened.
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(0.0002)
-    try:
-        longest = min(longest_stall() for _ in range(3))
-    finally:
-        sys.setswitchinterval(interval)
+    # deschedule it once in a while, so the best of three attempts is judged.
+    longest = min(longest_stall(lambda: manager.probe_reuse(None, tokens)) for _ in range(3))
     assert longest < alone / 2, f"main thread stalled {longest:.4f}s of a {alone:.4f}s probe"
+
+
+def test_a_long_commit_releases_the_gil(backend: kv_api.Backend) -> None:
+    """A long commit (hashing 1M tokens into the tree) leaves other Python threads running, on a
+    manager whose pages never move (where a decode step's short commit may keep the GIL)."""
+    tokens = np.arange(1 << 20, dtype=np.int32)
+    manager = backend.KVCacheManager(make_config(tokens_per_block=32, slots=2 * ((1 << 20) // 32) + 64))
+    salts = iter(range(1_000_000))
+    seconds: list[float] = []  # of each commit call
+
+    def commit() -> None:
+        cache = manager.create_kv_cache(kv_api.ReuseScope(salt=next(salts)), [])
+        assert cache.resume() and cache.resize(len(tokens))
+        start = time.perf_counter()
+        cache.commit(tokens)
+        seconds.append(time.perf_counter() - start)
+        cache.close()
+
+    # Each try's stall against that try's commit (the same call in the same state of the
+    # machine): a commit holding the GIL stalls this thread for all of it; the best of three.
+    ratios = [longest_stall(commit) / seconds[-1] for _ in range(3)]
+    assert min(ratios) < 0.5, f"main thread stalled {min(ratios):.0%} of a commit"
 
 
 def test_index_buffers_race_resize_and_close(backend: kv_api.Backend) -> None:
