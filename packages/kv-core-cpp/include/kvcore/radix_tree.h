@@ -176,22 +176,23 @@ class RadixTree {
   std::unordered_map<Digest, std::unique_ptr<Root>, DigestHash> roots_;
   std::vector<Root*> root_order_;
   // The block arena: blocks live in slots of slot_bytes_ (a Block and its token area of
-  // area_bytes_) carved from chunks, with no allocator header and no separate token allocation
-  // (docs/performance.md, "Cost as the cache grows"); a block leaving the tree goes to the spare
-  // list (linked through `parent`, still constructed, its child storage kept) for add() to reuse.
-  // A tree keeps the memory of the most blocks it held until it is cleared. Under
-  // AddressSanitizer every block is its own allocation and none is reused, so that a use after
-  // removal is still reported.
+  // area_bytes_) carved from chunks (64 KiB doubling to 2 MiB, those huge pages: add_chunk), with
+  // no allocator header and no separate token allocation (docs/performance.md, "Cost as the cache
+  // grows"); a block leaving the tree goes to the spare list (linked through `parent`, still
+  // constructed, its child storage kept) for add() to reuse. A tree keeps the memory of the most
+  // blocks it held until it is cleared. Under AddressSanitizer every block is its own allocation
+  // and none is reused, so that a use after removal is still reported.
   std::size_t area_bytes_;
   std::size_t slot_bytes_;
-  std::size_t slots_per_chunk_;
-  std::vector<std::unique_ptr<std::uint8_t[]>> chunks_;
-  std::size_t used_in_chunk_ = 0;  // slots handed out of the last chunk
+  std::vector<std::pair<std::uint8_t*, std::size_t>> chunks_;  // (address, bytes), owned
+  std::size_t used_in_chunk_ = 0;                              // slots handed out of the last chunk
+  std::size_t slots_in_chunk_ = 0;                             // the last chunk's
   Block* spare_ = nullptr;
 
   Block* new_block(const Digest& key, Node* parent, std::int64_t ordinal);
   void free_block(Block* block) noexcept;  // childless, out of the tree
   void destroy_blocks() noexcept;          // every block, in the tree and spare; the arena emptied
+  void add_chunk();                        // std::bad_alloc: nothing changed
   // `block` left the tree (of a subtree, descendants before ancestors): the ghost record (for an
   // eviction) and the scope-free index hear of a full one.
   void left(const Block* block, std::optional<int> level) noexcept;
