@@ -78,9 +78,10 @@ constexpr std::int64_t kGilHeldTokens = 64;
 
 // Whether a resize or commit adding `new_tokens` runs holding the GIL: a decode step's (a few
 // tokens) on a manager whose pages never move (one cache level, no page copier, no remote tier)
-// is bookkeeping of well under a microsecond, less than handing the GIL over and taking it back
-// (docs/manager.md, "Threads and the GIL"); anything that may hash many tokens or move page bytes
-// lets other threads run.
+// is bookkeeping of about a microsecond or less (an SSM layer's state snapshot copied within the
+// level at most), where handing the GIL over and taking it back costs ~40 ns a call, a sixth of a
+// step (docs/manager.md, "Threads and the GIL"); anything that may hash many tokens or move page
+// bytes between levels lets other threads run.
 bool keeps_gil(const PyKVCache& self, std::int64_t new_tokens) {
   const PyManager& owner = nb::cast<const PyManager&>(self.manager);
   return new_tokens <= kGilHeldTokens && owner.manager->config().cache_tiers.size() == 1 && owner.copier == nullptr &&

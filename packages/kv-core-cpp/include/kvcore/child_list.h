@@ -4,8 +4,8 @@
 // (an eviction). From the second child on they live in a heap record (the list, and the key
 // index a node keeps past kChildScanLimit children), kept once made while the node lives (a
 // recycled block reuses it). 8 bytes in all: a tree holds millions of nodes. The list holds the
-// pointers only: its Node owns the children (add_child, take_child, ~Node). No lock of its own:
-// the tree's, under the manager's lock.
+// pointers only: the tree owns the blocks (its arena, radix_tree.h). No lock of its own: the
+// tree's, under the manager's lock.
 //
 // A removed child leaves a gap in the heap list rather than shifting the rest down: a scope's
 // root holds one child per distinct prompt (tens of thousands in a large cache), and every
