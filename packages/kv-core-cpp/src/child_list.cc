@@ -32,7 +32,7 @@ Block* ChildList::find(const Digest& key) const noexcept {
   return nullptr;
 }
 
-void ChildList::add(Block* child, bool partial) {
+void ChildList::add(Block* child) {
   reserve_one_more();  // so that the push cannot throw once the index has the child
   Many* m = many();
   if (m == nullptr) {
@@ -52,17 +52,17 @@ void ChildList::add(Block* child, bool partial) {
   }
   m->items.push_back(child);
   ++m->size;
-  m->partial += partial;
+  m->partial += child->partial();
 }
 
-void ChildList::remove(Block* child, bool partial) noexcept {
+void ChildList::remove(Block* child) noexcept {
   Many* m = many();
   if (m == nullptr) {
     one_ = nullptr;
     return;
   }
   Many& many = *m;
-  many.partial -= partial;
+  many.partial -= child->partial();
   const std::uint32_t size = --many.size;
   std::vector<Block*>& items = many.items;
   std::size_t position;

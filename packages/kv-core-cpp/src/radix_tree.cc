@@ -126,19 +126,13 @@ void RadixTree::free_block(Block* block) noexcept {
 }
 
 void RadixTree::destroy_blocks() noexcept {
-  // Every block is destroyed one by one (its child and page storage freed), then the arena
-  // goes: destroying a chain recursively would use a stack frame per block, and a long prompt
-  // is a chain of thousands.
-  std::vector<Block*> pending;
+  // Every block to the spare list (recycle(): no recursion, a long prompt is a chain of
+  // thousands), then every spare destroyed (its child and page storage freed) and the arena freed.
   for (const auto& [key, root] : roots_) {
-    pending.insert(pending.end(), root->children().begin(), root->children().end());
-    root->order_.clear();
-    while (!pending.empty()) {
-      Block* block = pending.back();
-      pending.pop_back();
-      pending.insert(pending.end(), block->children().begin(), block->children().end());
-      block->order_.clear();
-      free_block(block);
+    while (!root->children().empty()) {
+      Block* block = root->children().back();
+      root->order_.remove(block);
+      recycle(block);
     }
   }
   while (spare_ != nullptr) {
@@ -238,7 +232,7 @@ Block* RadixTree::add(Node* parent, const Digest& key, const TokenList& source, 
     added->tokens_digests_ = header.digests;
     added->tokens_heap_ = header.heap;
     added->partial_ = is_partial;
-    parent->order_.add(added, is_partial);
+    parent->order_.add(added);
   } catch (...) {
     free_block(added);
     throw;
@@ -271,7 +265,7 @@ void RadixTree::recycle(Block* block) noexcept {
       pending.pop_back();
       while (!b->children().empty()) {
         Block* child = b->children().back();
-        b->order_.remove(child, partial(child));
+        b->order_.remove(child);
         pending.push_back(child);
       }
       free_block(b);
@@ -312,7 +306,7 @@ std::vector<Block*> RadixTree::subtree(Block* block) {
 }
 
 Block* RadixTree::detach(Block* block, std::optional<int> level) {
-  block->parent->order_.remove(block, partial(block));
+  block->parent->order_.remove(block);
   if (block->children().empty()) {
     left(block, level);
   } else if ((ghost != nullptr && level) || scope_free != nullptr) {
@@ -329,7 +323,7 @@ Block* RadixTree::detach(Block* block, std::optional<int> level) {
 }
 
 void RadixTree::left(const Block* block, std::optional<int> level) noexcept {
-  if (partial(block)) return;
+  if (block->partial()) return;
   if (ghost != nullptr && level) {
     try {
       ghost->record(block->key, *level);
@@ -345,7 +339,7 @@ void RadixTree::prune(Node* node, std::optional<int> level) {
     Block* block = static_cast<Block*>(node);
     if (!block->children().empty() || block->has_pages() || block->pins) return;
     Node* parent = block->parent;
-    parent->order_.remove(block, partial(block));
+    parent->order_.remove(block);
     left(block, level);
     free_block(block);
     node = parent;

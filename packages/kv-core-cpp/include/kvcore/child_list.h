@@ -13,7 +13,7 @@
 // keeps each child's position, so a removal finds its gap without a scan; the gaps are closed
 // once they outnumber the children (amortised O(1)); iteration skips them.
 //
-// It also counts its partial children (fewer tokens than a block holds; the tree says which): a
+// It also counts its partial children (fewer tokens than a block holds; each says so): a
 // commit looks for a partial sibling its block extends, and a node with thousands of full
 // children (a scope's root) has none.
 #pragma once
@@ -97,11 +97,11 @@ class ChildList {
 
   // The child with this key, or nullptr: a scan up to kChildScanLimit children, the index past.
   Block* find(const Digest& key) const noexcept;
-  // `child` (not yet a child; `partial`: it holds fewer tokens than a full block) appended. On
-  // std::bad_alloc nothing changed.
-  void add(Block* child, bool partial);
+  // `child` (not yet a child, its partial flag set: Node::partial) appended. On std::bad_alloc
+  // nothing changed.
+  void add(Block* child);
   // `child` (a present child) removed, its position left a gap.
-  void remove(Block* child, bool partial) noexcept;
+  void remove(Block* child) noexcept;
   void clear() noexcept;  // the heap record stays
 
  private:

@@ -196,7 +196,6 @@ class RadixTree {
   // `block` left the tree (of a subtree, descendants before ancestors): the ghost record (for an
   // eviction) and the scope-free index hear of a full one.
   void left(const Block* block, std::optional<int> level) noexcept;
-  static bool partial(const Block* block) { return block->partial(); }
 };
 
 }  // namespace kvcore

@@ -54,7 +54,6 @@ from kv_api import (
     KVCache,
     KVCacheEventManager,
     KVCacheManagerConfig,
-    StorageStatistics,
     create_manager,
 )
 from kv_api.stats import EvictedBlock
@@ -497,10 +496,10 @@ class Replayer:
         if self.tiered:
             self.result.onboarded_pages = stats.onboarded_pages
             self.result.bytes_moved = dict(self.manager.get_bytes_moved())
-        self.result.level_utilization = [
-            _occupancy(self.manager.get_storage_statistics(level) if level else self.manager.get_storage_statistics())
-            for level in range(len(self.config.local_tiers))
-        ]
+        self.result.level_utilization = []
+        for level in range(len(self.config.local_tiers)):
+            pools = self.manager.get_storage_statistics(level) if level else self.manager.get_storage_statistics()
+            self.result.level_utilization.append(_occupancy([p.total for p in pools], [p.free for p in pools]))
         if self.config.remote_tier is not None:
             self.result.remote = {name: getattr(stats, field) for name, field in REMOTE_COUNTERS.items()}
         self.result.peak_resident_bytes = resident.peak_bytes()
@@ -523,8 +522,7 @@ class Replayer:
             for step, free_slots, evictable_slots in zip(count(first), frees, evictables):
                 held = [t - f - e for t, f, e in zip(totals, free_slots, evictable_slots, strict=True)]
                 utilization = max(u / t for u, t in zip(held, totals, strict=True))
-                occupancy = max((t - f) / t for t, f in zip(totals, free_slots, strict=True))
-                samples.append(Sample(step, done, prompt, reused, utilization, occupancy))
+                samples.append(Sample(step, done, prompt, reused, utilization, _occupancy(totals, free_slots)))
         if frees:
             self._room = [f + e for f, e in zip(frees[-1], evictables[-1], strict=True)]
 
@@ -542,6 +540,7 @@ class _DecodeView:
         self.ones = [1] * len(running)  # commit_many's counts
 
 
-def _occupancy(stats: list[StorageStatistics]) -> float:
-    """The fullest pool group's share of slots holding pages (in use or cached)."""
-    return max((s.total - s.free) / s.total for s in stats)
+def _occupancy(totals: list[int], frees: list[int]) -> float:
+    """The fullest pool group's share of slots holding pages (in use or cached), of ``totals``
+    with ``frees`` free."""
+    return max((t - f) / t for t, f in zip(totals, frees, strict=True))
