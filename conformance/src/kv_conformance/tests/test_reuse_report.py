@@ -282,16 +282,20 @@ def committed_in_turn(
     return got
 
 
-def test_a_long_run_agrees(backends: list[kv_api.Backend]) -> None:
-    """Thousands of evictions into a small ghost record, blocks committed again and evicted
-    again: what the record keeps (a native log compacts itself every thousand or so entries
-    left behind) gives the same reports on every backend."""
+@pytest.mark.parametrize(("ghost", "values", "distinct"), [(64, 4, None), (8192, 64, 600)])
+def test_a_long_run_agrees(backends: list[kv_api.Backend], ghost: int, values: int, distinct: int | None) -> None:
+    """Thousands of evictions into a ghost record, blocks committed again and evicted again: what
+    the record keeps gives the same reports on every backend. A small record is full; a large
+    one (prompts drawn again from ``distinct`` ones, so that blocks come back) grows its native
+    index many times and compacts its log (every thousand or so entries left behind) with
+    thousands of entries live."""
     rng = random.Random(11)
-    prompts = [[rng.randrange(4) for _ in range(rng.randrange(2, 15))] for _ in range(2500)]
+    pool = [[rng.randrange(values) for _ in range(rng.randrange(2, 15))] for _ in range(distinct or 2500)]
+    prompts = pool if distinct is None else [rng.choice(pool) for _ in range(2500)]
     seen = []
     for b in backends:
         seen.append(
-            committed_in_turn(b.KVCacheManager(make_config(2, slots=8, ghost_record_blocks=64)), prompts, [None])
+            committed_in_turn(b.KVCacheManager(make_config(2, slots=8, ghost_record_blocks=ghost)), prompts, [None])
         )
     reports = [r for r in seen[0] if isinstance(r, ReuseReport)]
     assert sum(len(r.evicted_blocks) for r in reports) > 1000  # the record was used
