@@ -221,6 +221,29 @@ def test_a_mooncake_line_expands_only_the_blocks_it_keeps(monkeypatch: pytest.Mo
     ]
 
 
+def test_a_gathered_prompt_is_made_when_read(tmp_path: Path) -> None:
+    # A prompt whose blocks are not consecutive rows of the trace's table is gathered on every
+    # read (kv_replay.request): a fresh array each time, the same tokens; its length and head
+    # come without a gather, and agree with it wherever the head ends.
+    path = tmp_path / "gathered.jsonl"
+    lines = [
+        {"hash_ids": [0, 1, 2], "input_length": 1500, "output_length": 1},
+        {"hash_ids": [2, 0, 1, 3], "input_length": 1800, "output_length": 1},
+        {"hash_ids": [1], "input_length": 20, "output_length": 1},
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    requests = load_trace(path)
+    gathered = requests[1]
+    once, again = gathered.prompt, gathered.prompt
+    assert once is not again and (once == again).all()
+    assert not np.shares_memory(once, requests[0].prompt)  # not a view of the table
+    for request in requests:
+        prompt = request.prompt
+        assert request.prompt_length == len(prompt)
+        for n in (0, 1, 32, 511, 512, 513, 1024, 1700, 5000):
+            assert (request.prompt_head(n) == prompt[:n]).all() and len(request.prompt_head(n)) == min(n, len(prompt))
+
+
 def test_bad_options_fail_cleanly(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "replay", "--layers", "4x", "--quiet")
     assert code == 2 and "--layers" in err and out == ""

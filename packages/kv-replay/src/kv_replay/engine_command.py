@@ -175,15 +175,15 @@ def _generate(
         without = "reuse" if run.engine.reuse else "the no-reuse check"
         host = "a larger --host-quota" if args.host_quota is not None else "a --host-quota"
         raise EngineError(
-            f"--device-quota {format_size(args.device_quota)}: {request.name} ({plural(len(request.prompt), 'token')}"
+            f"--device-quota {format_size(args.device_quota)}: {request.name} ({plural(request.prompt_length, 'token')}"
             f", in the run with {without}): {m.group(2)} (give a larger --device-quota, {host}, or a smaller "
             "--max-running)"
         ) from None
     except IndexError as exc:  # a checkpoint's learned positions, shorter than a prompt
-        longest = max(wave, key=lambda r: len(r.prompt))
+        longest = max(wave, key=lambda r: r.prompt_length)
         raise EngineError(
             f"--model {args.model}: a forward failed ({_first_line(exc)}) in a wave whose longest prompt, "
-            f"{longest.name}, has {plural(len(longest.prompt), 'token')}: more positions than the model has?"
+            f"{longest.name}, has {plural(longest.prompt_length, 'token')}: more positions than the model has?"
         ) from None
     run.wall_s += time.perf_counter() - start
 

@@ -42,7 +42,7 @@ def _numbers(run: Run, requests: list[Request]) -> dict[str, Any]:
     decode = sum(len(o.tokens) - 1 for o in run.outputs)  # the last token is never forwarded
     p50, p99 = _ttft(run.outputs)
     return {
-        "prompt_tokens": sum(len(r.prompt) for r in requests),
+        "prompt_tokens": sum(r.prompt_length for r in requests),
         "reused_tokens": stats.reused_tokens,
         "prefill_tokens_computed": stats.computed_tokens - decode,
         "decode_tokens_computed": decode,
@@ -103,7 +103,7 @@ def _per_request(requests: list[Request], outputs: list[Output]) -> list[dict[st
     return [
         {
             "name": r.name,
-            "prompt_tokens": len(r.prompt),
+            "prompt_tokens": r.prompt_length,
             "reused_tokens": o.reused_tokens,
             "generated_tokens": len(o.tokens),
             "preemptions": o.preemptions,

@@ -43,9 +43,9 @@ PREFIXES_SCHEMA: dict[str, Any] = {
 def first_block(request: Request, tokens_per_block: int) -> int | None:
     """What names a request's prefix: a hash of its scope and first block's tokens (None when
     the prompt is shorter than a block: it shares no whole block)."""
-    if len(request.prompt) < tokens_per_block:
+    if request.prompt_length < tokens_per_block:
         return None
-    return hash((request.scope, request.prompt[:tokens_per_block].tobytes()))
+    return hash((request.scope, request.prompt_head(tokens_per_block).tobytes()))
 
 
 @dataclass

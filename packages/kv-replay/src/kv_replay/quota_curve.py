@@ -70,7 +70,7 @@ CURVE_SCHEMA: dict[str, Any] = {
 
 def sample_rate(requests: Sequence[Request], tokens_per_block: int) -> float:
     """The share of blocks to follow: all of them up to ``SAMPLED_BLOCKS``."""
-    blocks = sum((len(r.prompt) + len(r.output)) // tokens_per_block for r in requests)
+    blocks = sum((r.prompt_length + len(r.output)) // tokens_per_block for r in requests)
     return min(1.0, SAMPLED_BLOCKS / blocks) if blocks else 1.0
 
 

@@ -163,7 +163,7 @@ def _unbounded(
     options: ReplayOptions, backend: Backend, requests: list[Request], recorder: StackRecorder | None = None
 ) -> ReplayResult:
     """The same replay where nothing is ever evicted: every pool group can hold the whole trace."""
-    tokens = sum(len(r.prompt) + len(r.output) for r in requests)
+    tokens = sum(r.prompt_length + len(r.output) for r in requests)
     smallest = _config(options, 1)
     groups = create_manager(smallest, backend=backend).pool_group_descs  # how the layers group
     quota = unbounded_quota(tokens, len(requests), smallest) * len(groups)

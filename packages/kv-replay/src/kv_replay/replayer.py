@@ -72,7 +72,8 @@ _now = time.perf_counter
 _STORE_SETTLE_S = 10.0
 #: The most steps one ``decode_steps`` call runs (its tokens are built in one list).
 _AHEAD_LIMIT = 1024
-_Queued = tuple[int, "np.ndarray[Any, np.dtype[np.int32]]", int, bool]  # index, tokens, generated, first
+# index, tokens (None: the request's prompt, read when admitted), generated, first
+_Queued = tuple[int, "np.ndarray[Any, np.dtype[np.int32]] | None", int, bool]
 
 
 @dataclass(eq=False)  # compared by identity: ``live in running`` must not compare every field
@@ -152,8 +153,9 @@ class Replayer:
     # -- request life -------------------------------------------------------------------------------
 
     def _admit(self, entry: _Queued) -> _Live:
-        index, tokens, generated, first = entry
+        index, queued, generated, first = entry
         request = self.requests[index]
+        tokens = request.prompt if queued is None else queued  # a trace's prompt may be gathered now
         if self._settle_store is not None:
             self._settle_store(_STORE_SETTLE_S)
         self._created.append(request.seconds)
@@ -188,7 +190,7 @@ class Replayer:
             if report is not None:
                 record.misses = misses_of(report)
                 self._count_evicted(report.evicted_blocks)
-            self.admitted_prompt += len(live.request.prompt)
+            self.admitted_prompt += live.request.prompt_length
             self.reused += cache.num_committed_tokens
         rest = live.tokens[cache.num_committed_tokens :]
         if len(rest):
@@ -335,8 +337,9 @@ class Replayer:
         live.open = False
         generated = live.generated_by(self.steps)
         tokens = live.tokens
-        if len(tokens) < len(live.request.prompt) + generated:
-            tokens = np.concatenate([live.request.prompt, live.request.output[:generated]]).astype(np.int32)
+        if len(tokens) < live.request.prompt_length + generated:
+            prompt = tokens[: live.request.prompt_length]  # a prefix of what it ran with: no gather
+            tokens = np.concatenate([prompt, live.request.output[:generated]]).astype(np.int32)
         self.pending.appendleft((live.index, tokens, generated, live.first))
 
     def _finish(self, live: _Live, rejected: bool = False) -> None:
@@ -344,7 +347,7 @@ class Replayer:
         live.open = False
         self.result.records[live.index].rejected = rejected
         if live.first:  # rejected before it started: its prompt counts, all of it missed
-            self.admitted_prompt += len(live.request.prompt)
+            self.admitted_prompt += live.request.prompt_length
             self.result.records[live.index].step = self.steps
         self.done += 1
 
@@ -396,11 +399,12 @@ class Replayer:
         for request in requests:
             self.submit(request)
 
-    def submit(self, request: Request) -> None:
-        """Queue ``request`` last."""
-        self.pending.append((len(self.requests), request.prompt, 0, True))
+    def submit(self, request: Request, prompt: np.ndarray[Any, np.dtype[np.int32]] | None = None) -> None:
+        """Queue ``request`` last; its ``prompt`` where the caller read it already (else it is
+        read when the request is admitted: a trace's may be gathered then)."""
+        self.pending.append((len(self.requests), prompt, 0, True))
         self.requests.append(request)
-        record = RequestRecord(len(request.prompt), len(request.output), name=request.name)
+        record = RequestRecord(request.prompt_length, len(request.output), name=request.name)
         record.prefix = first_block(request, self.config.tokens_per_block)
         self.result.records.append(record)
 

@@ -14,7 +14,6 @@ import sys
 import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ import numpy as np
 from kv_api import ReuseScope
 from kv_api.keys import cache_salt_to_id
 from kv_replay.plural import plural
-from kv_replay.populated import populated
+from kv_replay.request import Request, TableRows
 from kv_replay.synthetic import synthetic_runs, synthetic_tokens
 
 __all__ = ["BUILTIN_TRACES", "MAX_TOKENS", "MOONCAKE_BLOCK", "Request", "TraceError", "load_trace", "synthetic_tokens"]
@@ -43,23 +42,11 @@ class TraceError(ValueError):
     """A malformed trace line; the message names the file and the line."""
 
 
-@dataclass
-class Request:
-    """One request: its prompt, the tokens the "model" answers, and its reuse scope."""
-
-    prompt: np.ndarray[Any, np.dtype[np.int32]]
-    output: np.ndarray[Any, np.dtype[np.int32]]
-    scope: ReuseScope | None = None
-    arrival: float = 0.0
-    name: str = field(default="")
-    seconds: float | None = None  # the arrival in seconds, where the trace gives a timestamp
-
-
 class _Expansion:
     """The tokens a trace's lines name but do not list, made after the last line is parsed, in
     two vectorised passes: each distinct Mooncake hash id's 512-token block once (a prompt is a
-    slice of that table where its blocks are consecutive rows, a gather where it reuses earlier
-    ids), and every generated output."""
+    slice of that table where its blocks are consecutive rows, else those rows, gathered when
+    its tokens are asked for), and every generated output."""
 
     def __init__(self) -> None:
         self.rows: dict[int, int] = {}
@@ -80,20 +67,13 @@ class _Expansion:
             np.fromiter(self.rows, dtype=np.uint64, count=len(self.rows)),
             np.full(len(self.rows), MOONCAKE_BLOCK, dtype=np.int64),
             stream=1,
-        )
-        # The prompts that reuse earlier ids are gathered in one pass into one array ("clip": the
-        # rows are valid, and numpy buffers the whole output of a take that checks them).
-        gathered = [(r, rows, n) for r, rows, n in self.prompts if rows != list(range(rows[0], rows[0] + len(rows)))]
-        index = np.fromiter(itertools.chain.from_iterable(rows for _, rows, _ in gathered), dtype=np.int64)
-        copies = populated(len(index) * MOONCAKE_BLOCK, np.int32)
-        np.take(table.reshape(-1, MOONCAKE_BLOCK), index, axis=0, out=copies.reshape(-1, MOONCAKE_BLOCK), mode="clip")
-        first = 0
-        for request, rows, length in gathered:
-            request.prompt = copies[first : first + length]
-            first += len(rows) * MOONCAKE_BLOCK
+        ).reshape(-1, MOONCAKE_BLOCK)
         for request, rows, length in self.prompts:
-            if request.prompt is _EMPTY:  # its blocks are consecutive rows of the table
-                request.prompt = table[rows[0] * MOONCAKE_BLOCK : rows[0] * MOONCAKE_BLOCK + length]
+            first = rows[0]
+            if rows == list(range(first, first + len(rows))):  # consecutive rows: a view
+                request.prompt = table.reshape(-1)[first * MOONCAKE_BLOCK : first * MOONCAKE_BLOCK + length]
+            else:  # gathered when asked for (kv_replay.request)
+                request.prompt = TableRows(table, np.array(rows, dtype=np.int64), length)
         if not self.outputs:
             return
         lengths = np.fromiter((n for _, _, n in self.outputs), dtype=np.int64, count=len(self.outputs))
