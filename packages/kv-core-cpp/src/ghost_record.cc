@@ -67,8 +67,8 @@ void GhostRecord::reindex() noexcept {
 
 void GhostRecord::grow() {
   // Swept in the old index's order: an entry's home in the doubled index is its old home or that
-  // plus the old size, so the writes run in two streams (placing each entry afresh from the log
-  // was a random write each; with the compactions' 2.9 million in a replay of the Mooncake trace).
+  // plus the old size, so the writes run in two streams. Placing each entry afresh from the log
+  // was a random write each (2.9 million, doublings and compactions, in a Mooncake replay).
   std::vector<Slot> grown(std::max<std::size_t>(64, 2 * slots_.size()), Slot{0, 0});
   for (const Slot& slot : slots_) {
     if (slot.pos != 0) put(grown, slot);

@@ -3,11 +3,10 @@
 A Mooncake trace names each prompt's 512-token blocks by hash id, and the trace's expansion
 makes each distinct block once, as a row of one table (kv_replay.trace). A prompt whose blocks
 are consecutive rows is a view of the table; any other was gathered into an array of its own
-when the trace was loaded: on the shipped trace 245 MB of fresh memory, faulted in and then
-read back from main memory when the request ran. Now such a prompt is gathered each time its
-tokens are asked for (``Request.prompt``): a replay asks once per admission, just before the
-manager hashes them, so they are written and read while in the caches, and the memory is
-malloc's, reused from one request to the next.
+when the trace was loaded: on the shipped trace 245 MB of fresh memory, all of it resident for
+the whole run. Now such a prompt is gathered each time its tokens are asked for
+(``Request.prompt``): a replay asks once per admission (again after a preemption), so only the
+running requests' prompts are in memory, in malloc's memory reused from one to the next.
 """
 
 from __future__ import annotations
