@@ -5,6 +5,7 @@ reason holds most of the missed tokens."""
 from __future__ import annotations
 
 from collections import Counter
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kv_api.stats import ReuseReport
@@ -38,8 +39,13 @@ MISSES_SCHEMA: dict[str, Any] = {
 ROWS = [(f"miss_{reason}", f"missed: {reason.replace('_', ' ')}", "{:,}") for reason in REPLAY_REASONS]
 
 
+_MISSES = attrgetter(*(f"miss_{reason}_tokens" for reason in REASONS))
+
+
 def misses_of(report: ReuseReport) -> tuple[int, ...]:
-    return tuple(getattr(report, f"miss_{reason}_tokens") for reason in REASONS)
+    """The report's missed tokens per reason, in ``REASONS``' order."""
+    misses: tuple[int, ...] = _MISSES(report)
+    return misses
 
 
 def miss_summary(result: ReplayResult) -> dict[str, Any]:

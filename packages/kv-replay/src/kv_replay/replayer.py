@@ -41,7 +41,7 @@ map, a disk tier's files), are a ``kv_replay.tier_errors.TierError`` naming the 
 from __future__ import annotations
 
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, count, groupby, islice
@@ -311,19 +311,17 @@ class Replayer:
 
     def _count_evicted(self, blocks: Sequence[EvictedBlock]) -> None:
         """The ages of the evicted blocks of the request created last, in caches and seconds."""
-        counts: Counter[int] = Counter()
-        # A chain evicted at once is one run of a shared record (an identity test each).
-        for block, run in groupby(blocks):
-            counts[block.age] += len(list(run))
-        self.result.evicted_ages.update(counts)
-        created = self._created
+        # A chain evicted at once is one run of a shared record (an identity test each); the
+        # counters are updated item by item (a Counter built and added per request cost more).
+        ages, seconds, created = self.result.evicted_ages, self.result.evicted_seconds, self._created
         now = created[-1]
-        if now is None:
-            return
-        for age, n in counts.items():  # ``age`` caches were created between the eviction and this one
-            then = created[max(len(created) - 2 - age, 0)]  # the one the eviction made room for
-            if then is not None:
-                self.result.evicted_seconds[round(now - then, 3)] += n
+        for block, run in groupby(blocks):
+            age, n = block.age, len(list(run))
+            ages[age] += n
+            if now is not None:  # ``age`` caches were created between the eviction and this one
+                then = created[max(len(created) - 2 - age, 0)]  # the one the eviction made room for
+                if then is not None:
+                    seconds[round(now - then, 3)] += n
 
     def _close(self, live: _Live) -> None:
         if self.recorder is not None:  # what it committed past its tokens: output decoded
