@@ -77,15 +77,16 @@ int group_arg(PyKVCache& self, nb::handle layer_group, nb::handle beam) {
 constexpr std::int64_t kGilHeldTokens = 64;
 
 // Whether a resize or commit adding `new_tokens` runs holding the GIL: a decode step's (a few
-// tokens) on a manager whose pages never move (one cache level, no page copier, no remote tier)
-// is bookkeeping of about a microsecond or less (an SSM layer's state snapshot copied within the
-// level at most), where handing the GIL over and taking it back costs ~40 ns a call, a sixth of a
-// step (docs/manager.md, "Threads and the GIL"); anything that may hash many tokens or move page
-// bytes between levels lets other threads run.
-bool keeps_gil(const PyKVCache& self, std::int64_t new_tokens) {
+// tokens) on a manager whose pages never move (one cache level, no page copier) is bookkeeping of
+// about a microsecond or less (an SSM layer's state snapshot copied within the level at most),
+// where handing the GIL over and taking it back costs ~40 ns a call, a sixth of a step
+// (docs/manager.md, "Threads and the GIL"); anything that may hash many tokens or move page bytes
+// lets other threads run. With a remote tier a commit that `fills_block` writes it through (its
+// pages copied and checksummed, megabytes for a large model), so only the others keep it.
+bool keeps_gil(const PyKVCache& self, std::int64_t new_tokens, bool fills_block = false) {
   const PyManager& owner = nb::cast<const PyManager&>(self.manager);
   return new_tokens <= kGilHeldTokens && owner.manager->config().cache_tiers.size() == 1 && owner.copier == nullptr &&
-         owner.block_store == nullptr;
+         (owner.block_store == nullptr || !fills_block);
 }
 
 bool resize(PyKVCache& self, nb::handle capacity_arg, nb::handle history_length_arg) {
@@ -119,8 +120,11 @@ void commit(PyKVCache& self, nb::handle tokens, nb::handle is_end) {
   // cache's own token list is the one copy. The view is released after the GIL is taken back.
   const TokenInput input(tokens, nb::cast<PyManager&>(self.manager).manager->config().key_format);
   const bool end = arg::truthy(is_end);
+  const auto count = static_cast<std::int64_t>(input.tokens().count);
+  const std::int64_t tpb = self.cache->tokens_per_block();
+  const bool fills_block = end || self.cache->num_committed_tokens() % tpb + count >= tpb;
   std::optional<nb::gil_scoped_release> release;
-  if (!keeps_gil(self, static_cast<std::int64_t>(input.tokens().count))) release.emplace();
+  if (!keeps_gil(self, count, fills_block)) release.emplace();
   self.cache->commit(input.tokens(), 0, input.tokens().count, end);
 }
 

@@ -161,6 +161,37 @@ def test_a_long_commit_releases_the_gil(backend: kv_api.Backend) -> None:
     assert min(ratios) < 0.5, f"main thread stalled {min(ratios):.0%} of a commit"
 
 
+@pytest.mark.requires("remote_tier")
+def test_a_write_through_releases_the_gil(backend: kv_api.Backend) -> None:
+    """A decode step's one-token commit that fills a block, on a manager with a remote tier,
+    writes the block through (its 16 MiB of pages copied and checksummed): other Python threads
+    keep running. (The steps that fill none may keep the GIL: docs/manager.md, "Threads and the
+    GIL".)"""
+    tpb, page = 16, 8 << 20  # each buffer's page: a 16 MiB value per block
+    layers = [kv_api.AttentionLayerConfig(0, [kv_api.BufferConfig("key", page), kv_api.BufferConfig("value", page)])]
+    store = kv_api.MemoryBlockStore()
+    tiers = [kv_api.GpuCacheTierConfig(8 * 2 * page), kv_api.RemoteCacheTierConfig(store, "m")]
+    manager = backend.KVCacheManager(kv_api.KVCacheManagerConfig(tpb, tiers, layers))
+    seconds: list[float] = []  # of each block-filling commit
+    first = iter(range(0, 1 << 30, tpb))
+
+    def fill() -> None:
+        cache = manager.create_kv_cache(None, [])
+        assert cache.resume() and cache.resize(tpb)
+        base = next(first)
+        cache.commit(list(range(base, base + tpb - 1)))
+        start = time.perf_counter()
+        cache.commit([base + tpb - 1])  # the block is full: written through
+        seconds.append(time.perf_counter() - start)
+        cache.close()
+
+    # Without the GIL the stall is the store's Python call (its copy of the value): about a third
+    # of the commit here; holding it, all of the commit (99% when the binding was made to).
+    ratios = [longest_stall(fill) / seconds[-1] for _ in range(3)]
+    assert len(store.values) == 3  # each try wrote its block
+    assert min(ratios) < 0.75, f"main thread stalled {min(ratios):.0%} of a write-through"
+
+
 def test_index_buffers_race_resize_and_close(backend: kv_api.Backend) -> None:
     """Threads attach, detach and read index buffers while others resize and close the same caches
     (a regression: attaching changed the buffers a resize or close was writing through, without the
