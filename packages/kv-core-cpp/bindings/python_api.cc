@@ -25,7 +25,9 @@ void init_kv_api() {
                     api.attr("KVCacheManagerConfig"),
                     nb::module_::import_("kv_api.errors"),
                     nb::module_::import_("collections.abc").attr("Iterable"),
-                    api.attr("StorageStatistics")};
+                    api.attr("StorageStatistics"),
+                    api.attr("stats").attr("ReuseReport"),
+                    api.attr("stats").attr("EvictedBlock")};
 }
 
 void raise(PyObject* type, const std::string& message) {

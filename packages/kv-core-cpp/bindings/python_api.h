@@ -23,6 +23,8 @@ struct KvApi {
   nb::object errors;              // kv_api.errors
   nb::object iterable;            // collections.abc.Iterable, kv_api.keys.token_list's test
   nb::object storage_statistics;  // kv_api.StorageStatistics (read once per engine step)
+  nb::object reuse_report;        // kv_api.stats.ReuseReport (read once per admission)
+  nb::object evicted_block;       // kv_api.stats.EvictedBlock
 };
 
 const KvApi& kv_api();

@@ -41,22 +41,24 @@ nb::object reuse_report_object(const std::optional<ReuseReport>& report) {
   if (!report) return nb::none();
   nb::list levels;
   for (std::int64_t n : report->reused_tokens_by_level) levels.append(n);
-  nb::object evicted_block = api("stats.EvictedBlock");
-  nb::list evicted;
   // Blocks evicted together share one (frozen, equal) record: a long prompt has thousands, and a
-  // dataclass made each costs a microsecond.
+  // dataclass made each costs a microsecond. Filled in place: the replay reads one per admission.
+  const std::size_t n = report->evicted_blocks.size();
+  nb::object evicted = nb::steal(PyTuple_New(static_cast<Py_ssize_t>(n)));
+  if (!evicted.is_valid()) throw nb::python_error();
   nb::object last;
   const EvictedBlock* last_block = nullptr;
-  for (const EvictedBlock& b : report->evicted_blocks) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const EvictedBlock& b = report->evicted_blocks[i];
     if (last_block == nullptr || b.level != last_block->level || b.age != last_block->age) {
-      last = evicted_block(b.level, b.age);
+      last = kv_api().evicted_block(b.level, b.age);
       last_block = &b;
     }
-    evicted.append(last);
+    PyTuple_SET_ITEM(evicted.ptr(), static_cast<Py_ssize_t>(i), last.inc_ref().ptr());  // steals the reference
   }
-  return api("stats.ReuseReport")(report->num_prompt_tokens, nb::tuple(levels), report->miss_stale_tokens,
-                                  report->miss_capped_tokens, report->miss_evicted_tokens, report->miss_partial_tokens,
-                                  report->miss_never_seen_tokens, report->miss_other_scope_tokens, nb::tuple(evicted));
+  return kv_api().reuse_report(report->num_prompt_tokens, nb::tuple(levels), report->miss_stale_tokens,
+                               report->miss_capped_tokens, report->miss_evicted_tokens, report->miss_partial_tokens,
+                               report->miss_never_seen_tokens, report->miss_other_scope_tokens, evicted);
 }
 
 nb::object int_array(const std::vector<std::int32_t>& values) {
