@@ -170,7 +170,10 @@ def test_a_write_through_releases_the_gil(backend: kv_api.Backend) -> None:
     tpb, page = 16, 8 << 20  # each buffer's page: a 16 MiB value per block
     layers = [kv_api.AttentionLayerConfig(0, [kv_api.BufferConfig("key", page), kv_api.BufferConfig("value", page)])]
     store = kv_api.MemoryBlockStore()
-    tiers = [kv_api.GpuCacheTierConfig(8 * 2 * page), kv_api.RemoteCacheTierConfig(store, "m")]
+    tiers: list[kv_api.CacheTierConfig] = [
+        kv_api.GpuCacheTierConfig(8 * 2 * page),
+        kv_api.RemoteCacheTierConfig(store, "m"),
+    ]
     manager = backend.KVCacheManager(kv_api.KVCacheManagerConfig(tpb, tiers, layers))
     seconds: list[float] = []  # of each block-filling commit
     first = iter(range(0, 1 << 30, tpb))
