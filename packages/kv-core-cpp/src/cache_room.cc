@@ -80,7 +80,8 @@ void KVCache::missing(std::int64_t first, std::int64_t num_blocks, std::int64_t 
       }
     }
   }
-  std::sort(out.begin(), out.end());
+  // One layer group's list is in order already (a prefill's hundreds of blocks): checked, not sorted.
+  if (!std::is_sorted(out.begin(), out.end())) std::sort(out.begin(), out.end());
 }
 
 std::vector<KVCache::Need> KVCache::scratch_needs(std::int64_t capacity, std::int64_t history) const {
