@@ -189,7 +189,7 @@ def test_a_write_through_releases_the_gil(backend: kv_api.Backend) -> None:
         cache.close()
 
     # Without the GIL the stall is the store's Python call (its copy of the value): about a third
-    # of the commit here; holding it, all of the commit (99% when the binding was made to).
+    # of the commit here; holding it, all of the commit (99% with the binding made to keep it).
     ratios = [longest_stall(fill) / seconds[-1] for _ in range(3)]
     assert len(store.values) == 3  # each try wrote its block
     assert min(ratios) < 0.75, f"main thread stalled {min(ratios):.0%} of a write-through"
