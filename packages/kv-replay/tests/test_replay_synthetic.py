@@ -46,6 +46,25 @@ def test_runs_are_the_reference_tokens(runs: list[tuple[int, int]], stream: int,
     assert got.tolist() == [t for s, n in runs for t in reference(s, n, stream)]
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, MASK), max_size=12),
+    st.integers(1, 40),
+    st.integers(0, 2**20),
+    st.sampled_from([40, 64, 100, 1 << 16]),
+)
+def test_equal_runs_are_the_reference_tokens(seeds: list[int], width: int, stream: int, chunk: int) -> None:
+    # Runs of one length (a Mooncake table's) take a path of their own: a chunk of whole runs.
+    original = synthetic.CHUNK
+    synthetic.CHUNK = chunk
+    try:
+        got = synthetic_runs(np.array(seeds, dtype=np.uint64), np.full(len(seeds), width, dtype=np.int64), stream)
+    finally:
+        synthetic.CHUNK = original
+    assert got.dtype == np.int32
+    assert got.tolist() == [t for s in seeds for t in reference(s, width, stream)]
+
+
 def test_a_long_run_crosses_chunks() -> None:
     n = synthetic.CHUNK * 2 + 5
     tokens = synthetic_tokens(7, n, stream=2)
