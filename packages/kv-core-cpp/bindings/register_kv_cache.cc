@@ -122,11 +122,9 @@ void commit(PyKVCache& self, nb::handle tokens, nb::handle is_end) {
   // cache's own token list is the one copy. The view is released after the GIL is taken back.
   const TokenInput input(tokens, nb::cast<PyManager&>(self.manager).manager->config().key_format);
   const bool end = arg::truthy(is_end);
-  const auto count = static_cast<std::int64_t>(input.tokens().count);
-  const std::int64_t tpb = self.cache->tokens_per_block();
-  const bool fills_block = end || self.cache->num_committed_tokens() % tpb + count >= tpb;
+  const std::size_t count = input.tokens().count;
   std::optional<nb::gil_scoped_release> release;
-  if (!keeps_gil(self, count, fills_block)) release.emplace();
+  if (!keeps_gil(self, static_cast<std::int64_t>(count), end || self.cache->fills_block(count))) release.emplace();
   self.cache->commit(input.tokens(), 0, input.tokens().count, end);
 }
 

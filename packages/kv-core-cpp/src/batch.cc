@@ -61,10 +61,7 @@ std::vector<HashedAhead> hash_ahead(const std::vector<KVCache*>& caches, const T
   std::vector<HashedAhead> out;
   std::vector<std::size_t> filling;  // the caches whose commit fills a block
   for (std::size_t i = 0; i < caches.size(); ++i) {
-    const KVCache* c = caches[i];
-    const auto tokens_per_block = static_cast<std::size_t>(c->tokens_per_block());
-    const std::size_t committed = c->committed_tokens().size(), added = starts[i + 1] - starts[i];
-    if ((committed + added) / tokens_per_block > committed / tokens_per_block) filling.push_back(i);
+    if (caches[i]->fills_block(starts[i + 1] - starts[i])) filling.push_back(i);
   }
   if (filling.size() < 2) return out;  // one chain: the commit hashes it itself, as fast
   std::vector<KVCache*> sorted(caches);

@@ -64,6 +64,11 @@ class KVCache {
   std::int64_t num_blocks() const { return static_cast<std::int64_t>(blocks_.size()); }
   std::int64_t num_reused_tokens() const { return num_reused_; }
   std::int64_t tokens_per_block() const { return tokens_per_block_; }
+  // Whether committing `added` more tokens fills a block (one to hash; a remote tier's write).
+  bool fills_block(std::size_t added) const noexcept {
+    const auto tokens_per_block = static_cast<std::size_t>(tokens_per_block_);
+    return tokens_.size() % tokens_per_block + added >= tokens_per_block;
+  }
   const CacheContext& context() const { return context_; }
   CacheContext& context() { return context_; }
   int num_layer_groups() const;

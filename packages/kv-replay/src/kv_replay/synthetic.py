@@ -52,8 +52,6 @@ def synthetic_runs(seeds: U64, lengths: np.ndarray[Any, np.dtype[np.int64]], str
     out = populated(int(ends[-1]) if len(ends) else 0, np.int32)
     with np.errstate(over="ignore"):
         starts = _mix(seeds + np.uint64(stream * GOLDEN % 2**64))  # wraps modulo 2**64
-        # The counter at output position p of run r is starts[r] + (p - offsets[r]): one base per run.
-        bases = starts - offsets.astype(np.uint64)
     # Scratch reused by every chunk: fresh large arrays would fault their pages in each time.
     steps = np.arange(CHUNK, dtype=np.uint64)
     counters, scratch = np.empty(CHUNK, dtype=np.uint64), np.empty(CHUNK, dtype=np.uint64)
@@ -61,6 +59,9 @@ def synthetic_runs(seeds: U64, lengths: np.ndarray[Any, np.dtype[np.int64]], str
     if 0 < width <= CHUNK and bool((lengths == width).all()):
         _equal_runs(starts, width, steps, counters, scratch, out)
         return out
+    with np.errstate(over="ignore"):
+        # The counter at output position p of run r is starts[r] + (p - offsets[r]): one base per run.
+        bases = starts - offsets.astype(np.uint64)
     r = 0
     while r < len(lengths):
         # Runs r..s-1 fill at most a chunk, or run r alone is cut into chunks.
