@@ -3,7 +3,8 @@ layout has one length, and that the fingerprint and namespace tell layouts and m
 
 from __future__ import annotations
 
-import hashlib
+import struct
+import zlib
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -14,6 +15,7 @@ from kv_api.block_value import (
     encode_value,
     header_size,
     layout_fingerprint,
+    payload_ok,
     read_header,
     read_place,
     store_namespace,
@@ -49,7 +51,23 @@ def test_a_value_round_trips(pages: list[bytes | None], prefix: int) -> None:
     assert header.lengths == tuple(0 if p is None else len(p) for p in pages)
     body = value[header.size :]
     assert body == b"".join(bytes(s) if p is None else p for p, s in zip(pages, sizes, strict=True))
-    assert header.checksum == hashlib.sha256(value[: header.size - 32] + body).digest()
+    # the header's CRC-32 (zlib's) of what precedes it, then the payload's, as little-endian u32s
+    assert struct.unpack_from("<II", value, header.size - 8) == (zlib.crc32(value[: header.size - 8]), zlib.crc32(body))
+    assert header.payload_crc == zlib.crc32(body) and payload_ok(value, header)
+
+
+def test_a_damaged_value_fails_its_checks() -> None:
+    value = bytearray(encode_value(PRINT, KEY, PARENT, 8, 4, [bytes(range(64)), None], [64, 16]))
+    header = read_header(value)
+    assert header is not None and payload_ok(value, header)
+    for at in (8, 40, 72, 104, 112, 120, header.size - 8):  # each field of the header, its own checksum too
+        damaged = bytearray(value)
+        damaged[at] ^= 1
+        assert read_header(damaged) is None, at
+    for at in (header.size, header.size + 63, len(value) - 1):  # the payload: the header still reads
+        damaged = bytearray(value)
+        damaged[at] ^= 0x80
+        assert read_header(damaged) == header and not payload_ok(damaged, header), at
 
 
 def test_read_header_refuses_what_is_not_a_value() -> None:
@@ -58,7 +76,7 @@ def test_read_header_refuses_what_is_not_a_value() -> None:
     assert read_header(b"") is None
     assert read_header(value[: header_size(1) - 1]) is None  # cut inside the header
     assert read_header(b"XXXX" + value[4:]) is None
-    assert read_header(value[:4] + b"\x02\x00" + value[6:]) is None  # another version
+    assert read_header(value[:4] + b"\x01\x00" + value[6:]) is None  # another version (format 1)
     assert read_header(value[:6] + b"\x00\x00" + value[8:]) is None  # a header size that lies
 
 
@@ -68,7 +86,7 @@ def test_read_place_is_the_headers_fixed_part() -> None:
     assert read_place(memoryview(value)) == (KEY, PARENT, 40, 8)
     assert read_place(value[:100]) is None  # cut inside the fixed part (120 bytes)
     assert read_place(b"XXXX" + value[4:]) is None
-    assert read_place(value[:4] + b"\x02\x00" + value[6:]) is None  # another version
+    assert read_place(value[:4] + b"\x01\x00" + value[6:]) is None  # another version (format 1)
 
 
 def test_the_fingerprint_names_the_layout() -> None:

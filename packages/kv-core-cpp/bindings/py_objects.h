@@ -55,7 +55,7 @@ class PyBlockStore : public BlockStore {
   explicit PyBlockStore(nb::handle store) : store_(store.ptr()) {}  // borrowed: PyManager owns it
   std::int64_t contains(const StoreKeys& keys) override;
   std::int64_t get_into(const StoreKeys& keys, const std::vector<ValueBuffer>& buffers) override;
-  double put(const std::vector<std::string>& keys, std::vector<std::string> values) override;
+  double put(const std::vector<std::string>& keys, const std::uint8_t* values, std::size_t value_size) override;
 
  private:
   PyObject* store_;

@@ -3,6 +3,8 @@
 #include <array>
 #include <cstring>
 
+#include "crc_table.h"
+
 #if defined(__x86_64__)
 #include <cpuid.h>
 #include <nmmintrin.h>
@@ -16,23 +18,10 @@ namespace kvcore {
 
 namespace {
 
-constexpr std::uint32_t kPolynomial = 0x82F63B78u;  // reflected
-
-std::array<std::uint32_t, 256> make_table() {
-  std::array<std::uint32_t, 256> table{};
-  for (std::uint32_t i = 0; i < 256; ++i) {
-    std::uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ ((c & 1u) ? kPolynomial : 0u);
-    table[i] = c;
-  }
-  return table;
-}
-
 // The raw register update (no inversions).
 std::uint32_t update_portable(std::uint32_t crc, const std::uint8_t* p, std::uint64_t n) {
-  static const std::array<std::uint32_t, 256> table = make_table();
-  while (n--) crc = table[(crc ^ *p++) & 0xFFu] ^ (crc >> 8);
-  return crc;
+  static const crc_table::Table table = crc_table::make(0x82F63B78u);  // Castagnoli, reflected
+  return crc_table::update(table, crc, p, n);
 }
 
 std::uint64_t load64(const std::uint8_t* p) {

@@ -7,17 +7,18 @@
 #include <cstring>
 
 #include "kvcore/constants.h"
+#include "kvcore/crc32.h"
 #include "kvcore/error.h"
-#include "kvcore/sha256.h"
 
 namespace kvcore {
 
 namespace {
 
 // kv_api.block_value's header: magic, version, header size, fingerprint, key, parent key,
-// prefix tokens, block tokens, layer groups; then one length per layer group and the SHA-256.
+// prefix tokens, block tokens, layer groups; then one length per layer group, the CRC-32 of the
+// header before it and the CRC-32 of the payload.
 constexpr char kMagic[4] = {'K', 'V', 'C', 'B'};
-constexpr std::uint64_t kVersion = 1;
+constexpr std::uint64_t kVersion = 2;
 constexpr std::size_t kFingerprintAt = 8;
 constexpr std::size_t kKeyAt = 40;
 constexpr std::size_t kParentAt = 72;
@@ -25,9 +26,10 @@ constexpr std::size_t kPrefixAt = 104;
 constexpr std::size_t kTokensAt = 112;
 constexpr std::size_t kGroupsAt = 116;
 constexpr std::size_t kFixed = 120;  // everything before the lengths
-constexpr std::size_t kDigest = 32;
+constexpr std::size_t kDigest = 32;  // the fingerprint's and the keys' size
+constexpr std::size_t kChecksums = 8;
 
-std::uint64_t header_size(std::uint64_t num_layer_groups) { return kFixed + 8 * num_layer_groups + kDigest; }
+std::uint64_t header_size(std::uint64_t num_layer_groups) { return kFixed + 8 * num_layer_groups + kChecksums; }
 
 // Little-endian fields whatever the host's order: values cross machines.
 std::uint64_t read_le(const std::uint8_t* at, int bytes) {
@@ -40,11 +42,12 @@ void write_le(std::uint8_t* at, std::uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i, v >>= 8) at[i] = static_cast<std::uint8_t>(v & 0xFF);
 }
 
-Digest payload_digest(const std::uint8_t* value, std::uint64_t header, std::uint64_t size) {
-  Sha256 hash;
-  hash.write(value, header - kDigest);
-  hash.write(value + header, size - header);
-  return hash.finish();
+std::uint32_t header_crc(const std::uint8_t* value, std::uint64_t header) {
+  return crc32(0, value, header - kChecksums);
+}
+
+std::uint32_t payload_crc(const std::uint8_t* value, std::uint64_t header, std::uint64_t size) {
+  return crc32(0, value + header, size - header);
 }
 
 double monotonic_seconds() {
@@ -152,6 +155,7 @@ bool RemoteTier::valid(const std::uint8_t* value, const Digest& key, const Diges
     return false;
   }
   if (groups != page_sizes_.size()) return false;
+  if (read_le(value + header_ - kChecksums, 4) != header_crc(value, header_)) return false;
   if (std::memcmp(value + kFingerprintAt, fingerprint_.data(), kDigest) != 0 ||
       std::memcmp(value + kKeyAt, key.data(), kDigest) != 0 ||
       std::memcmp(value + kParentAt, parent.data(), kDigest) != 0) {
@@ -165,8 +169,7 @@ bool RemoteTier::valid(const std::uint8_t* value, const Digest& key, const Diges
     const std::uint64_t n = length(value, g);
     if (n != 0 && n != page_sizes_[g]) return false;
   }
-  const Digest digest = payload_digest(value, header_, value_size_);
-  return std::memcmp(digest.data(), value + header_ - kDigest, kDigest) == 0;
+  return read_le(value + header_ - kChecksums + 4, 4) == payload_crc(value, header_, value_size_);
 }
 
 bool RemoteTier::complete(const std::uint8_t* value, std::int64_t ordinal) const {
@@ -306,8 +309,8 @@ void RemoteTier::encode(const Block* block, std::uint8_t* value) const {
   for (std::size_t g = 0; g < page_sizes_.size(); ++g) {
     write_le(value + kFixed + 8 * g, block->pages[g] == nullptr ? 0 : page_sizes_[g], 8);
   }
-  const Digest digest = payload_digest(value, header_, value_size_);
-  std::memcpy(value + header_ - kDigest, digest.data(), kDigest);
+  write_le(value + header_ - kChecksums, header_crc(value, header_), 4);
+  write_le(value + header_ - kChecksums + 4, payload_crc(value, header_, value_size_), 4);
 }
 
 void RemoteTier::flush() {
@@ -333,14 +336,11 @@ void RemoteTier::flush() {
   // A page read from disk that failed its checksum: nothing written this call.
   if (!storage_.transfer().export_pages(sources, buffer.data()).empty()) return;
   std::vector<std::string> keys;
-  std::vector<std::string> values;
   for (std::size_t i = 0; i < blocks.size(); ++i) {
-    std::uint8_t* value = buffer.data() + i * value_size_;
-    encode(blocks[i], value);
+    encode(blocks[i], buffer.data() + i * value_size_);
     keys.push_back(store_key(blocks[i]->key));
-    values.emplace_back(reinterpret_cast<const char*>(value), value_size_);
   }
-  const double pause = store_.put(keys, std::move(values));
+  const double pause = store_.put(keys, buffer.data(), value_size_);
   if (pause < 0) {  // a write not made, never the commit's error
     context_.count(&CacheStats::remote_errors, 1);
     return;

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import redis
 
-from kv_api.block_value import encode_value, header_size, read_header
+from kv_api.block_value import encode_value, header_size, read_place
 from kv_store.redis_block_store import RedisBlockStore
 from kv_store.valkey_server import ValkeyServer
 
@@ -146,19 +146,19 @@ def _drive(workload: Workload, stores: list[RedisBlockStore]) -> tuple[int, int]
 
 def measure_stored(client: redis.Redis, namespace: bytes = NAMESPACE) -> tuple[float, int]:
     """(fraction of stored value bytes reachable from their chain's first block, blocks stored),
-    from the headers on the server (``read_header``: each value names its parent)."""
+    from the headers on the server (``read_place``: each value names its parent)."""
     keys = [k for k in client.scan_iter(match=namespace + b"*", count=1000)]
     pipe = client.pipeline(transaction=False)
     for key in keys:
-        pipe.getrange(key, 0, 119)  # the fixed fields: key, parent, depth, groups
+        pipe.getrange(key, 0, 119)  # the fixed fields: key, parent, depth, tokens, groups
         pipe.strlen(key)
     replies = pipe.execute()
     sizes: dict[bytes, int] = {}
     parents: dict[bytes, bytes] = {}
     for head, size in zip(replies[0::2], replies[1::2], strict=True):
-        header = read_header(head + bytes(1024))  # zeros for the lengths it does not need
-        if header is not None:
-            sizes[header.key], parents[header.key] = size, header.parent
+        place = read_place(head)
+        if place is not None:
+            sizes[place[0]], parents[place[0]] = size, place[1]
     reachable: dict[bytes, bool] = {ROOT: True}
 
     def is_reachable(key: bytes) -> bool:

@@ -15,16 +15,24 @@ Header (little-endian)::
     112     4     tokens in this block (a full block: ``tokens_per_block``)
     116     4     number of layer groups, G
     120     8*G   per layer group, the bytes of its page in the payload (0: no page, zeros)
-    120+8G  32    SHA-256 of every header byte before it and of the payload
+    120+8G  4     CRC-32 (zlib's) of every header byte before it
+    124+8G  4     CRC-32 (zlib's) of the payload
 
 The payload follows: per layer group in order, its page's bytes pool by pool (the slot layout
 of ``pool_group_descs``); a layer group without a page has zeros of its page size there, so
-every value of a layout has the same length (``value_size``)."""
+every value of a layout has the same length (``value_size``).
+
+The checksums catch a torn, truncated or corrupted value (CRC-32 finds every error of up to 32
+bits in a row, and misses random damage once in 2^32); like any unkeyed checksum they are no
+defence against a writer who means harm: the store is trusted like the engine's own memory
+(docs/store.md). Format 1 carried a SHA-256 there: at ~1 GB/s it was most of what a write-through
+cost the engine's thread, where CRC-32 runs at memory speed (carry-less multiply, ARMv8 CRC)."""
 
 from __future__ import annotations
 
 import hashlib
 import struct
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,6 +45,7 @@ __all__ = [
     "encode_value",
     "header_size",
     "layout_fingerprint",
+    "payload_ok",
     "read_header",
     "read_place",
     "store_namespace",
@@ -44,13 +53,13 @@ __all__ = [
 ]
 
 VALUE_MAGIC = b"KVCB"
-VALUE_VERSION = 1
+VALUE_VERSION = 2
 _FIXED = struct.Struct("<4sHH32s32s32sQII")  # everything before the lengths
-_DIGEST = 32
+_CRC = struct.Struct("<II")  # the header's CRC-32, the payload's
 
 
 def header_size(num_layer_groups: int) -> int:
-    return _FIXED.size + 8 * num_layer_groups + _DIGEST
+    return _FIXED.size + 8 * num_layer_groups + _CRC.size
 
 
 def value_size(page_sizes: Sequence[int]) -> int:
@@ -87,7 +96,7 @@ class ValueHeader:
     prefix_tokens: int
     num_tokens: int
     lengths: tuple[int, ...]
-    checksum: bytes
+    payload_crc: int  # CRC-32 of the payload (``payload_ok``)
 
     @property
     def size(self) -> int:
@@ -95,17 +104,26 @@ class ValueHeader:
 
 
 def read_header(value: bytes | bytearray | memoryview) -> ValueHeader | None:
-    """The header of ``value``, or None where its magic, version or sizes are wrong. Stores may
-    read it (a block's parent and depth order their eviction); the manager checks the rest."""
+    """The header of ``value``, or None where its magic, version, sizes or checksum are wrong.
+    Stores may read it (a block's parent and depth order their eviction); the manager checks the
+    rest, the payload too (``payload_ok``)."""
     view = memoryview(value).cast("B")
     if len(view) < _FIXED.size:
         return None
     magic, version, size, fingerprint, key, parent, prefix, tokens, groups = _FIXED.unpack_from(view)
     if magic != VALUE_MAGIC or version != VALUE_VERSION or size != header_size(groups) or len(view) < size:
         return None
+    header_crc, payload_crc = _CRC.unpack_from(view, size - _CRC.size)
+    if zlib.crc32(view[: size - _CRC.size]) != header_crc:
+        return None
     lengths = struct.unpack_from(f"<{groups}Q", view, _FIXED.size)
-    checksum = bytes(view[size - _DIGEST : size])
-    return ValueHeader(version, fingerprint, key, parent, prefix, tokens, lengths, checksum)
+    return ValueHeader(version, fingerprint, key, parent, prefix, tokens, lengths, payload_crc)
+
+
+def payload_ok(value: bytes | bytearray | memoryview, header: ValueHeader) -> bool:
+    """Whether the payload of ``value`` (its bytes past ``header``, ``read_header``'s) is the one
+    its checksum names."""
+    return zlib.crc32(memoryview(value).cast("B")[header.size :]) == header.payload_crc
 
 
 def read_place(value: bytes | bytearray | memoryview) -> tuple[bytes, bytes, int, int] | None:
@@ -144,4 +162,4 @@ def encode_value(
         len(pages),
     ) + struct.pack(f"<{len(pages)}Q", *lengths)
     payload = b"".join(bytes(size) if p is None else p for p, size in zip(pages, page_sizes, strict=True))
-    return head + hashlib.sha256(head + payload).digest() + payload
+    return head + _CRC.pack(zlib.crc32(head), zlib.crc32(payload)) + payload

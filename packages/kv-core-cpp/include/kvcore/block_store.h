@@ -40,10 +40,11 @@ class BlockStore {
   virtual std::int64_t contains(const StoreKeys& keys) = 0;
   // Copies the value of keys[i] into buffers[i] for each i < n; n as contains() answers it.
   virtual std::int64_t get_into(const StoreKeys& keys, const std::vector<ValueBuffer>& buffers) = 0;
-  // Hands the store `values` (the store's from now on).
+  // Hands the store the value of each of `keys`: keys.size() values of `value_size` bytes, back to
+  // back at `values` (the caller's, valid for the call: the store copies what it keeps).
   // Returns -1 where it raised, else the pause it answered: the seconds (0: none, infinity: for
   // ever) to hand it nothing, a store that drops every put for now (kv_core_py's pause_of).
-  virtual double put(const std::vector<std::string>& keys, std::vector<std::string> values) = 0;
+  virtual double put(const std::vector<std::string>& keys, const std::uint8_t* values, std::size_t value_size) = 0;
 };
 
 }  // namespace kvcore

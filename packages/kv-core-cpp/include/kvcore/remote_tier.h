@@ -3,9 +3,9 @@
 // blocks are written through. Every value is checked before it is used; every store fault is a
 // miss, counted.
 //
-// Values (kv_api.block_value): a little-endian header naming the block and the layout, its
-// SHA-256, then each layer group's page (zeros where it has none), so both backends write and
-// check the same bytes.
+// Values (kv_api.block_value): a little-endian header naming the block and the layout, with the
+// CRC-32s of itself and of the payload (crc32.h), then each layer group's page (zeros where it
+// has none), so both backends write and check the same bytes.
 //
 // The manager owns it and builds it after its CacheContext; it borrows the store (the binding's,
 // which outlives the manager), the storage, the tree, the registry, the event manager and the

@@ -1,7 +1,9 @@
 // Known-answer and cross-check tests of the disk pages' checksum (kvcore/checksum.h): CRC-32C
 // test vectors, and page_checksum (CRC instructions where the CPU has them) against the table
-// version on pages of many sizes. With KVCORE_CHECKSUM_HARDWARE=1, also asserts that the CRC
-// instructions are the ones in use, so CI proves which code path ran.
+// version on pages of many sizes; and of the store values' CRC-32 (kvcore/crc32.h), zlib's test
+// vector and the instructions' path against the table at every length to 300 and some larger,
+// from unaligned starts and continuing a CRC. With KVCORE_CHECKSUM_HARDWARE=1, also asserts that
+// the CPU's instructions are the ones in use, so CI proves which code path ran.
 
 #include <cstdint>
 #include <cstdio>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "kvcore/checksum.h"
+#include "kvcore/crc32.h"
 
 namespace {
 
@@ -23,6 +26,42 @@ void check(bool ok, const std::string& what) {
 }
 
 std::uint32_t crc_of(const std::vector<std::uint8_t>& bytes) { return kvcore::crc32c(0, bytes.data(), bytes.size()); }
+
+std::vector<std::uint8_t> noise(std::size_t n, std::uint64_t& state) {
+  std::vector<std::uint8_t> out(n);
+  for (auto& b : out) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    b = static_cast<std::uint8_t>(state >> 56);
+  }
+  return out;
+}
+
+void crc32_tests() {
+  const auto* digits = reinterpret_cast<const std::uint8_t*>("123456789");
+  check(kvcore::crc32(0, digits, 9) == 0xCBF43926u, "crc32(\"123456789\")");
+  check(kvcore::crc32_portable(0, digits, 9) == 0xCBF43926u, "crc32_portable(\"123456789\")");
+  std::uint64_t state = 0x243F6A8885A308D3ull;
+  const std::vector<std::uint8_t> bytes = noise(262144 + 64, state);
+  int mismatched = 0;
+  for (std::size_t n = 0; n <= 300; ++n) {
+    for (std::size_t start : {0, 1, 7}) {  // unaligned loads too
+      const std::uint32_t seed = static_cast<std::uint32_t>(n * 2654435761u);
+      if (kvcore::crc32(seed, bytes.data() + start, n) != kvcore::crc32_portable(seed, bytes.data() + start, n))
+        ++mismatched;
+    }
+  }
+  check(mismatched == 0, "crc32 = table, every length 0-300 from three starts");
+  for (std::size_t n : {2048, 2048 + 120 + 8, 65536 + 13, 262144}) {
+    const std::uint32_t whole = kvcore::crc32(0, bytes.data() + 3, n);
+    check(whole == kvcore::crc32_portable(0, bytes.data() + 3, n), "crc32 = table, " + std::to_string(n));
+    const std::size_t cut = n / 3;
+    check(kvcore::crc32(kvcore::crc32(0, bytes.data() + 3, cut), bytes.data() + 3 + cut, n - cut) == whole,
+          "crc32 continued, " + std::to_string(n));
+    std::vector<std::uint8_t> flipped(bytes.begin() + 3, bytes.begin() + 3 + static_cast<std::ptrdiff_t>(n));
+    flipped[n - 1] ^= 0x80;  // the last bit, past every fold
+    check(kvcore::crc32(0, flipped.data(), n) != whole, "crc32, one flipped bit, " + std::to_string(n));
+  }
+}
 
 }  // namespace
 
@@ -50,10 +89,14 @@ int main() {
     page[size / 2] ^= 1;  // one bit anywhere changes it
     check(kvcore::page_checksum(page.data(), size) != sum, "one flipped bit, " + std::to_string(size));
   }
-  std::printf("CRC instructions: %s\n", kvcore::crc32c_hardware() ? "yes" : "no");
+  crc32_tests();
+  std::printf("CRC instructions: %s; CRC-32 by the CPU's instructions: %s\n", kvcore::crc32c_hardware() ? "yes" : "no",
+              kvcore::crc32_hardware() ? "yes" : "no");
   const char* want = std::getenv("KVCORE_CHECKSUM_HARDWARE");
-  if (want != nullptr && std::strcmp(want, "1") == 0)
+  if (want != nullptr && std::strcmp(want, "1") == 0) {
     check(kvcore::crc32c_hardware(), "the CRC instructions are in use");
+    check(kvcore::crc32_hardware(), "the CRC-32 instructions are in use");
+  }
   std::printf("%d passed, %d failed\n", g_passed, g_failed);
   return g_failed == 0 ? 0 : 1;
 }

@@ -4,14 +4,20 @@ through. Every value is checked before it is used; every store fault is a miss, 
 
 from __future__ import annotations
 
-import hashlib
 import math
 import operator
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kv_api.block_value import encode_value, header_size, layout_fingerprint, read_header, store_namespace
+from kv_api.block_value import (
+    encode_value,
+    header_size,
+    layout_fingerprint,
+    payload_ok,
+    read_header,
+    store_namespace,
+)
 from kv_api.config import KVCacheManagerConfig, RemoteCacheTierConfig
 from kv_api.constants import DEFAULT_PRIORITY
 from kv_api.errors import DiskOOMError, OutOfPagesError
@@ -125,9 +131,7 @@ class RemoteTier:
             return False
         if any(n not in (0, size) for n, size in zip(header.lengths, self.page_sizes, strict=True)):
             return False
-        digest = hashlib.sha256(value[: self.header - 32])
-        digest.update(value[self.header :])
-        return digest.digest() == header.checksum
+        return payload_ok(value, header)
 
     def _complete(self, value: memoryview, ordinal: int) -> bool:
         """Whether the value has a page in every layer group whose loss would cut the chain there."""

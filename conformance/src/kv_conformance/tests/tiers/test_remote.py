@@ -167,6 +167,9 @@ def _tamper(value: bytes, how: str, other: bytes) -> bytes:
         return bytes((i * 37 + 11) & 0xFF for i in range(len(value)))
     if how == "payload":  # one byte of the pages flipped: the checksum fails
         return value[:-1] + bytes([value[-1] ^ 1])
+    if how == "header checksum":  # the header as written, its own CRC-32 damaged
+        at = read_header(value).size - 8  # type: ignore[union-attr]
+        return value[:at] + bytes([value[at] ^ 1]) + value[at + 1 :]
     if how == "key":  # another block's value (a valid value, under the wrong key)
         return other
     if how == "truncated":
@@ -174,7 +177,7 @@ def _tamper(value: bytes, how: str, other: bytes) -> bytes:
     raise AssertionError(how)
 
 
-@pytest.mark.parametrize("how", ["garbage", "payload", "key", "truncated"])
+@pytest.mark.parametrize("how", ["garbage", "payload", "header checksum", "key", "truncated"])
 def test_a_bad_value_is_a_miss_never_data(backend: kv_api.Backend, how: str) -> None:
     store = MemoryBlockStore()
     write_prompt(backend.KVCacheManager(config(store)), toks(16), 1)
