@@ -6,10 +6,18 @@ from __future__ import annotations
 import struct
 import zlib
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kv_api import AttentionLayerConfig, BufferConfig, GpuCacheTierConfig, KVCacheManagerConfig, SsmLayerConfig
+from kv_api import (
+    AttentionLayerConfig,
+    BufferConfig,
+    GpuCacheTierConfig,
+    KVCacheManagerConfig,
+    SsmLayerConfig,
+    block_value,
+)
 from kv_api.block_value import (
     VALUE_MAGIC,
     encode_value,
@@ -89,7 +97,7 @@ def test_read_place_is_the_headers_fixed_part() -> None:
     assert read_place(value[:4] + b"\x01\x00" + value[6:]) is None  # another version (format 1)
 
 
-def test_the_fingerprint_names_the_layout() -> None:
+def test_the_fingerprint_names_the_layout(monkeypatch: pytest.MonkeyPatch) -> None:
     base = layout_fingerprint(config())
     assert layout_fingerprint(config()) == base
     for other in (config(size=128), config(window=8), config(tpb=8), config(key_format="sha256-u64")):
@@ -98,6 +106,8 @@ def test_the_fingerprint_names_the_layout() -> None:
         4, [GpuCacheTierConfig(1 << 20)], [SsmLayerConfig(0, [BufferConfig("key", 64)])], commit_min_snapshot=True
     )
     assert layout_fingerprint(ssm) != base
+    monkeypatch.setattr(block_value, "VALUE_VERSION", block_value.VALUE_VERSION - 1)
+    assert layout_fingerprint(config()) != base  # another value format: another namespace
 
 
 def test_the_namespace_names_model_revision_and_layout() -> None:

@@ -68,9 +68,11 @@ def value_size(page_sizes: Sequence[int]) -> int:
 
 
 def layout_fingerprint(config: KVCacheManagerConfig) -> bytes:
-    """SHA-256 of what decides a value's bytes: key format, tokens per block, and each layer's
-    kind, id, window, sinks and buffers (role, size, block-size override), in config order."""
-    parts = [f"kvcore-layout-1;{config.key_format};{config.tokens_per_block}"]
+    """SHA-256 of what decides a value's bytes: the value format, key format, tokens per block,
+    and each layer's kind, id, window, sinks and buffers (role, size, block-size override), in
+    config order. With the format in it, values of another format live under another namespace: a
+    fleet that upgrades never reads them, and its ``SET NX`` never finds their keys taken."""
+    parts = [f"kvcore-layout-1;value-format-{VALUE_VERSION};{config.key_format};{config.tokens_per_block}"]
     for layer in config.layers:
         if isinstance(layer, AttentionLayerConfig):
             kind = f"attention,{layer.sliding_window_size},{layer.num_sink_tokens}"
