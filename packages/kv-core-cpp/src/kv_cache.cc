@@ -9,6 +9,7 @@
 #include "kvcore/error.h"
 #include "kvcore/poison.h"
 #include "kvcore/prefetch.h"
+#include "kvcore/remote_tier.h"
 
 namespace kvcore {
 
@@ -266,6 +267,10 @@ void KVCache::close() {
 void KVCache::close_locked() {
   if (status_ == CacheStatus::kClosed) return;
   stop_committing_locked();
+  if (context_.remote != nullptr) {  // a request's blocks are in the store once it closes
+    context_.remote->flush();
+    context_.remote->hand();
+  }
   // A long request's early pages and blocks were last touched at its prefill: the loops below
   // ask for those of the block some ordinals ahead.
   for (std::int64_t ordinal = num_blocks() - 1; ordinal >= 0; --ordinal) {

@@ -31,6 +31,10 @@ constexpr std::size_t kChecksums = 8;
 
 std::uint64_t header_size(std::uint64_t num_layer_groups) { return kFixed + 8 * num_layer_groups + kChecksums; }
 
+// What flush() stages before it hands the store a put (remote_tier.py's twins).
+constexpr std::size_t kHandBlocks = 16;
+constexpr std::size_t kHandBytes = std::size_t{1} << 20;
+
 // Little-endian fields whatever the host's order: values cross machines.
 std::uint64_t read_le(const std::uint8_t* at, int bytes) {
   std::uint64_t v = 0;
@@ -111,6 +115,7 @@ std::int64_t RemoteTier::checked_count(std::int64_t answer, std::size_t n) {
 std::vector<Block*> RemoteTier::fetch(Node* parent, const Digest& parent_key, const std::vector<Digest>& keys,
                                       std::int64_t first, const TokenList& tokens, const PageSet& keep,
                                       const ReuseScope& scope) {
+  hand();  // what is staged is in the store before the store is read
   context_.count(&CacheStats::remote_lookups, 1);
   const std::int64_t n = checked_count(store_.contains({namespace_, keys.data(), keys.size()}), keys.size());
   if (n == 0) return {};
@@ -324,28 +329,40 @@ void RemoteTier::flush() {
     context_.count(&CacheStats::remote_skipped, blocks.size());  // the store would drop them: none encoded
     return;
   }
-  std::vector<std::uint8_t> buffer(blocks.size() * value_size_, 0);  // zeros where a layer group has no page
+  const std::size_t at = staged_.size();
+  staged_.resize(at + blocks.size() * value_size_, 0);  // zeros where a layer group has no page
   std::vector<ExportPage> sources;
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     for (std::size_t g = 0; g < page_sizes_.size(); ++g) {
       if (const Page* page = blocks[i]->pages[g])
-        sources.push_back(
-            {static_cast<int>(page->level), storage_.pool_group(page), page->slot, i * value_size_ + page_offsets_[g]});
+        sources.push_back({static_cast<int>(page->level), storage_.pool_group(page), page->slot,
+                           at + i * value_size_ + page_offsets_[g]});
     }
   }
   // A page read from disk that failed its checksum: nothing written this call.
-  if (!storage_.transfer().export_pages(sources, buffer.data()).empty()) return;
-  std::vector<std::string> keys;
-  for (std::size_t i = 0; i < blocks.size(); ++i) {
-    encode(blocks[i], buffer.data() + i * value_size_);
-    keys.push_back(store_key(blocks[i]->key));
+  if (!storage_.transfer().export_pages(sources, staged_.data()).empty()) {
+    staged_.resize(at);
+    return;
   }
-  const double pause = store_.put(keys, buffer.data(), value_size_);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    encode(blocks[i], staged_.data() + at + i * value_size_);
+    staged_keys_.push_back(store_key(blocks[i]->key));
+  }
+  if (staged_keys_.size() >= kHandBlocks || staged_.size() >= kHandBytes) hand();
+}
+
+void RemoteTier::hand() {
+  if (staged_keys_.empty()) return;
+  const std::size_t n = staged_keys_.size();
+  const double pause = store_.put(staged_keys_, staged_.data(), value_size_);
+  staged_keys_.clear();
+  staged_.clear();
+  if (staged_.capacity() > 2 * kHandBytes) std::vector<std::uint8_t>().swap(staged_);  // a prefill's: not kept
   if (pause < 0) {  // a write not made, never the commit's error
     context_.count(&CacheStats::remote_errors, 1);
     return;
   }
-  context_.count(&CacheStats::remote_written, blocks.size());
+  context_.count(&CacheStats::remote_written, n);
   paused_until_ = pause > 0 ? monotonic_seconds() + pause : 0;
 }
 

@@ -41,9 +41,13 @@ class RemoteTier {
                             const TokenList& tokens, const PageSet& keep, const ReuseScope& scope);
   // A full block that entered the tree in this call, to write at flush().
   void add_pending(Block* block) { pending_.push_back(block); }
-  // Hands the store this call's new full blocks (one put), their bytes copied now; between
-  // begin_batch() and end_batch() (a batched call's caches) it waits for end_batch().
+  // Stages this call's new full blocks, their bytes copied and encoded now, and hands the store
+  // what is staged (one put) once that is kHandBlocks blocks or kHandBytes bytes (a decode's
+  // one block a put cost the engine's thread a store call each); between begin_batch() and
+  // end_batch() (a batched call's caches) it waits for end_batch().
   void flush();
+  // Hands the store every staged block (one put): at a cache's close, before the store is read.
+  void hand();
   void begin_batch() { ++batches_; }
   void end_batch() {
     --batches_;
@@ -81,9 +85,11 @@ class RemoteTier {
   std::vector<std::uint64_t> page_offsets_;  // per layer group, where its page starts in a value
   std::uint64_t header_;
   std::uint64_t value_size_;
-  std::vector<Block*> pending_;  // in the order they entered the tree; a block leaving it leaves this
-  int batches_ = 0;              // begin_batch() calls not ended: flush() waits
-  double paused_until_ = 0;      // the store's pause (put's answer), in steady-clock seconds
+  std::vector<Block*> pending_;           // in the order they entered the tree; a block leaving it leaves this
+  std::vector<std::uint8_t> staged_;      // values staged for the next put, back to back
+  std::vector<std::string> staged_keys_;  // their store keys
+  int batches_ = 0;                       // begin_batch() calls not ended: flush() waits
+  double paused_until_ = 0;               // the store's pause (put's answer), in steady-clock seconds
 };
 
 }  // namespace kvcore

@@ -356,6 +356,10 @@ class KVCache(CacheResize, CacheCommit, kv_api.KVCache):
             if self._status == KVCacheStatus.CLOSED:
                 return
             self._stop_committing_locked()
+            remote = self._context.remote
+            if remote is not None:  # a request's blocks are in the store once it closes
+                remote.flush()
+                remote.hand()
             for ordinal in reversed(range(len(self._blocks))):
                 for group in range(len(self._life_cycles)):
                     self._release_page(ordinal, group)

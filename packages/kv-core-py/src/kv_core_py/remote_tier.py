@@ -30,6 +30,10 @@ from kv_core_py.storage import Storage
 
 AddStats = Callable[..., None]
 
+#: What ``flush`` stages before it hands the store a put (remote_tier.cc's twins).
+HAND_BLOCKS = 16
+HAND_BYTES = 1 << 20
+
 
 class RemoteTier:
     def __init__(
@@ -59,6 +63,8 @@ class RemoteTier:
         self.header = header_size(len(self.page_sizes))
         self.value_size = self.header + sum(self.page_sizes)
         self.pending: list[Block] = []  # full blocks that entered the tree in this call, to write
+        self.staged_keys: list[bytes] = []  # store keys and values staged for the next put
+        self.staged_values: list[bytes] = []
         self.batches = 0  # begin_batch() calls not ended: flush() waits
         self.paused_until = 0.0  # the store's pause (put's answer), on the monotonic clock
 
@@ -78,6 +84,7 @@ class RemoteTier:
         block) from the store, placed on the last local level and added under ``parent``
         (``new_root()`` when None): the consecutive ones the store has and whose values pass
         every check. ``keep``: ids of pages making room must not evict (the local match)."""
+        self.hand()  # what is staged is in the store before the store is read
         self.add_stats(remote_lookups=1)
         digests = b"".join(keys)
         n = self._call_count("contains", StoreKeys(self.namespace, digests))
@@ -244,9 +251,10 @@ class RemoteTier:
         self.flush()
 
     def flush(self) -> None:
-        """Hand the store this call's new full blocks (one ``put``), their bytes copied now;
-        between ``begin_batch`` and ``end_batch`` (a batched call's caches) it waits for
-        ``end_batch``."""
+        """Stage this call's new full blocks, their bytes copied and encoded now, and hand the
+        store what is staged (one ``put``) once that is ``HAND_BLOCKS`` blocks or ``HAND_BYTES``
+        bytes (a decode's one block a put cost the engine's thread a store call each); between
+        ``begin_batch`` and ``end_batch`` (a batched call's caches) it waits for ``end_batch``."""
         if self.batches:
             return
         blocks, self.pending = self.pending, []
@@ -268,7 +276,7 @@ class RemoteTier:
         if self.storage.transfer.export(sources, buffer):
             return  # a page read from disk failed its checksum: nothing written this call
         payload = memoryview(buffer)
-        values = [
+        self.staged_values += [
             encode_value(
                 self.fingerprint,
                 block.key,
@@ -283,12 +291,23 @@ class RemoteTier:
             )
             for i, block in enumerate(blocks)
         ]
+        self.staged_keys += [self.namespace + b.key for b in blocks]
+        if len(self.staged_keys) >= HAND_BLOCKS or len(self.staged_keys) * size >= HAND_BYTES:
+            self.hand()
+
+    def hand(self) -> None:
+        """Hand the store every staged block (one ``put``): at a cache's close, before the
+        store is read."""
+        if not self.staged_keys:
+            return
+        keys, values = self.staged_keys, self.staged_values
+        self.staged_keys, self.staged_values = [], []
         try:
-            pause = self.store.put([self.namespace + b.key for b in blocks], values)
+            pause = self.store.put(keys, values)
         except Exception:  # noqa: BLE001 - a write not made, never the commit's error
             self.add_stats(remote_errors=1)
             return
-        self.add_stats(remote_written=len(blocks))
+        self.add_stats(remote_written=len(keys))
         self.paused_until = 0.0
         seconds = pause_of(pause)
         if seconds > 0:

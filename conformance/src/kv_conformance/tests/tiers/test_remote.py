@@ -362,26 +362,47 @@ def test_probes_stay_local(backend: kv_api.Backend) -> None:
 
 
 @pytest.mark.requires("batched_calls")
-def test_a_batched_commit_writes_its_blocks_in_one_put(backend: kv_api.Backend) -> None:
-    """``commit_many``: the blocks its commits complete go to the store in one put, in batch
-    order, after the last commit (a decode iteration's blocks, one network hand-off)."""
+def test_a_batched_commit_stages_its_blocks_in_batch_order(backend: kv_api.Backend) -> None:
+    """``commit_many``: the blocks its commits complete are staged after the last commit, in
+    batch order, and the next close hands them over in one put (a decode iteration's blocks)."""
     store = RecordingStore()
     manager = backend.KVCacheManager(config(store))
     caches = [active(manager, 8) for _ in range(3)]
     store.calls.clear()
     manager.commit_many(caches, toks(8) + toks(2, 100) + toks(8, 200), [8, 2, 8])
-    puts = [(keys, values) for method, keys, values in store.calls if method == "put"]
-    assert len(puts) == 1 and len(puts[0][0]) == 4  # two full blocks each of the first and third
-    headers = [read_header(v) for v in puts[0][1]]
-    assert [h.prefix_tokens for h in headers if h is not None] == [4, 8, 4, 8]
-    assert manager.get_committed_stats().remote_written == 4
-    # A commit that raises: the blocks of the ones before it still go, in the batch's one put.
-    store.calls.clear()
+    assert puts(store) == 0  # 4 blocks staged: fewer than a put's 16
+    # A commit that raises: the blocks of the ones before it are still staged.
     with pytest.raises(ValueError):
         manager.commit_many(caches[1:], toks(6, 300) + toks(1, 500), [6, 1])  # the third cache is full
-    assert [len(keys) for method, keys, _ in store.calls if method == "put"] == [2]
+    caches[0].close()
+    put = [(keys, values) for method, keys, values in store.calls if method == "put"]
+    assert len(put) == 1 and len(put[0][0]) == 6  # two full blocks each of the first and third, then the second's two
+    headers = [read_header(v) for v in put[0][1]]
+    assert [h.prefix_tokens for h in headers if h is not None] == [4, 8, 4, 8, 4, 8]
+    assert manager.get_committed_stats().remote_written == 6
     for cache in caches:
         cache.close()
+    assert puts(store) == 1  # nothing was left staged
+
+
+def test_a_decode_stages_its_blocks(backend: kv_api.Backend) -> None:
+    """A decode's blocks, one a step in a while, are staged and go in puts of 16; a close hands
+    the rest over, and so does a read of the store (what is staged is there before it is read)."""
+    store = RecordingStore()
+    manager = backend.KVCacheManager(config(store, layers=LAYERS[:1]))
+    cache = active(manager, 4 * 40)
+    for step in range(4 * 40):
+        cache.commit([1000 + step])
+        assert [len(keys) for method, keys, _ in store.calls if method == "put"] == [16] * ((step + 1) // 64)
+    assert manager.get_committed_stats().remote_written == 32
+    other = manager.create_kv_cache(None, toks(8, 5000))  # no local match: the store is asked
+    assert [m for m, _, _ in store.calls][-3:] == ["put", "put", "contains"]
+    assert [len(keys) for method, keys, _ in store.calls if method == "put"] == [16, 16, 8]
+    other.close()
+    cache.close()
+    assert manager.get_committed_stats().remote_written == 40 and puts(store) == 3
+    reader = backend.KVCacheManager(config(store, layers=LAYERS[:1]))
+    assert reader.create_kv_cache(None, [1000 + i for i in range(160)]).num_committed_tokens == 160
 
 
 def test_backends_make_the_same_store_calls(backends: list[kv_api.Backend]) -> None:
