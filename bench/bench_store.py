@@ -13,8 +13,8 @@ one run, on a real ``valkey-server`` started for the run (``kv_store.ValkeyServe
   cold and cached admission, per backend, with a remote tier attached against without: on
   ``NullStore`` (the manager's own side: values encoded and handed over, lookups asked) and on
   the server through ``RedisBlockStore`` (its client, writer thread and, on one machine, the
-  server's own work). A decode writes a block through every ``tokens_per_block`` tokens; a cold
-  admission asks the store once.
+  server's own work). A decode writes a block through every ``tokens_per_block`` tokens (staged,
+  handed to the store 16 at a time); a cold admission asks the store once.
 - A fleet: ``kvcore replay`` of the first ``--limit`` requests of the Mooncake synthetic trace on
   ``--instances`` managers, the cluster hit rate with the shared store (``--remote valkey``)
   against without it, and one instance whose pool holds the whole trace (the most reuse there is).
