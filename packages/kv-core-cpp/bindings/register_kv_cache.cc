@@ -24,7 +24,7 @@ PyKVCache::~PyKVCache() {
   if (cache && cache->status() != CacheStatus::kClosed && !cache->context().is_shut_down && !poison::reason()) {
     nb::gil_scoped_release release;
     try {
-      cache->close();
+      cache->close_dropped();
     } catch (...) {  // poisoned meanwhile (or on the way): never throw from a destructor
     }
   }

@@ -261,16 +261,22 @@ void KVCache::suspend() {
 
 void KVCache::close() {
   const auto lock = context_.lock();
+  if (status_ == CacheStatus::kClosed) return;
+  close_locked();
+  if (context_.remote != nullptr) {  // a request's blocks are in the store once it closes
+    context_.remote->flush();
+    context_.remote->hand();
+  }
+}
+
+void KVCache::close_dropped() {
+  const auto lock = context_.lock();
   close_locked();
 }
 
 void KVCache::close_locked() {
   if (status_ == CacheStatus::kClosed) return;
   stop_committing_locked();
-  if (context_.remote != nullptr) {  // a request's blocks are in the store once it closes
-    context_.remote->flush();
-    context_.remote->hand();
-  }
   // A long request's early pages and blocks were last touched at its prefill: the loops below
   // ask for those of the block some ordinals ahead.
   for (std::int64_t ordinal = num_blocks() - 1; ordinal >= 0; --ordinal) {

@@ -87,6 +87,9 @@ class KVCache {
   bool prefetch(int target_level);
   void suspend();  // ACTIVE -> SUSPENDED: pages stay held but are unlocked
   void close();    // commits the partial tail, gives every page back, unregisters; idempotent
+  // close() for a cache its owner dropped (a finaliser): the store is not handed what is staged
+  // (a finaliser may run inside the store's own code, its lock held); the next close does it.
+  void close_dropped();
 
   // -- cache_resize.cc --
   // ACTIVE: new lengths; Error(kValue) for lengths the rules refuse, false (nothing changed) when

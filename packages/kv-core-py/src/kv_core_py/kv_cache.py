@@ -351,15 +351,16 @@ class KVCache(CacheResize, CacheCommit, kv_api.KVCache):
     def close(self) -> None:
         """Commit the partial tail, release every page (last block first; committed pages become
         evictable, the others are freed) and unregister. Idempotent."""
+        self._close(hand=True)
+
+    def _close(self, hand: bool) -> None:
+        """``close``; ``hand``: then hand the store what is staged (not from the finaliser: it
+        may run inside the store's own code, its lock held; the next close does it)."""
         poison.check()
         with self._context.lock:
             if self._status == KVCacheStatus.CLOSED:
                 return
             self._stop_committing_locked()
-            remote = self._context.remote
-            if remote is not None:  # a request's blocks are in the store once it closes
-                remote.flush()
-                remote.hand()
             for ordinal in reversed(range(len(self._blocks))):
                 for group in range(len(self._life_cycles)):
                     self._release_page(ordinal, group)
@@ -384,12 +385,16 @@ class KVCache(CacheResize, CacheCommit, kv_api.KVCache):
             self._context.unregister_cache(self)
             if not self.stats.excluded:  # mark_stats_excluded: feeds the auto-tuner nothing
                 self._context.rebalancer.sample(self._num_reused_tokens, self._capacity, self._history)
+            remote = self._context.remote
+            if hand and remote is not None:  # a request's blocks are in the store once it closes
+                remote.flush()
+                remote.hand()
 
     def __del__(self) -> None:
         try:
             # Poisoned, the pages' bookkeeping cannot be trusted: the cache is dropped as it is,
             # its pages go with the manager.
             if self._status != KVCacheStatus.CLOSED and not self._context.is_shut_down and poison.reason() is None:
-                self.close()
+                self._close(hand=False)
         except Exception:  # noqa: BLE001 - never raise from a finaliser
             pass

@@ -5,6 +5,7 @@ can be held to the same calls with the same keys and bytes (``_store.py``)."""
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from collections.abc import Sequence
@@ -403,6 +404,22 @@ def test_a_decode_stages_its_blocks(backend: kv_api.Backend) -> None:
     assert manager.get_committed_stats().remote_written == 40 and puts(store) == 3
     reader = backend.KVCacheManager(config(store, layers=LAYERS[:1]))
     assert reader.create_kv_cache(None, [1000 + i for i in range(160)]).num_committed_tokens == 160
+
+
+def test_a_dropped_cache_never_calls_the_store(backend: kv_api.Backend) -> None:
+    """A cache its owner drops is closed by its finaliser without a store call (a finaliser may
+    run inside the store's own code); what it staged goes at the next close."""
+    store = RecordingStore()
+    manager = backend.KVCacheManager(config(store))
+    cache = active(manager, 8)
+    cache.commit(toks(8))
+    store.calls.clear()
+    del cache
+    gc.collect()
+    assert store.calls == []
+    manager.create_kv_cache(None, toks(4, 100)).close()  # a local miss: staged first, then the read
+    assert [(m, len(keys)) for m, keys, _ in store.calls] == [("put", 2), ("contains", 1)]
+    assert manager.get_committed_stats().remote_written == 2
 
 
 def test_backends_make_the_same_store_calls(backends: list[kv_api.Backend]) -> None:
