@@ -33,6 +33,9 @@ std::int64_t sum_tokens(const MatchPath& path) {
 MatchPath KVCacheManager::match_fetching(const Digest& root_key, const ReuseScope& scope, const Tokens& tokens,
                                          std::optional<std::int64_t> max_reused, std::vector<const Block*>& fetched,
                                          std::optional<Misses>& misses) {
+  // What is staged goes first, so the match may find it in the store; here, before the walk: the
+  // store's code may run finalisers that close caches, which must not change a walk under way.
+  if (remote_ != nullptr) remote_->hand();
   MatchPath path =
       tree_.walk(root_key, tokens, config_.tokens_per_block, config_.key_format, config_.enable_partial_reuse);
   if (remote_ != nullptr) fetched = fetch_remote(root_key, scope, tokens, path, max_reused);

@@ -115,7 +115,6 @@ std::int64_t RemoteTier::checked_count(std::int64_t answer, std::size_t n) {
 std::vector<Block*> RemoteTier::fetch(Node* parent, const Digest& parent_key, const std::vector<Digest>& keys,
                                       std::int64_t first, const TokenList& tokens, const PageSet& keep,
                                       const ReuseScope& scope) {
-  hand();  // what is staged is in the store before the store is read
   context_.count(&CacheStats::remote_lookups, 1);
   const std::int64_t n = checked_count(store_.contains({namespace_, keys.data(), keys.size()}), keys.size());
   if (n == 0) return {};

@@ -46,7 +46,8 @@ class RemoteTier {
   // one block a put cost the engine's thread a store call each); between begin_batch() and
   // end_batch() (a batched call's caches) it waits for end_batch().
   void flush();
-  // Hands the store every staged block (one put): at a cache's close, before the store is read.
+  // Hands the store every staged block (one put): at a cache's close, when a cache is created
+  // (before its match, which may read the store).
   void hand();
   void begin_batch() { ++batches_; }
   void end_batch() {

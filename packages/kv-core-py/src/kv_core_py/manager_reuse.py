@@ -60,6 +60,10 @@ class ManagerReuse(kv_api.KVCacheManager):
         backing off; the ids of the blocks the remote tier brought; why the rest missed (None
         with ``reuse_report`` off)."""
         config = self._config
+        # What is staged goes first, so the match may find it in the store; here, before the walk:
+        # the store's code may run finalisers that close caches, which must not change a walk under way.
+        if self._context.remote is not None:
+            self._context.remote.hand()
         path = self._tree.walk(root_key, tokens, config.tokens_per_block, config.enable_partial_reuse)
         fetched = self._fetch_remote(root_key, scope, tokens, path, max_reused) if self._context.remote else set()
         if not config.reuse_report:

@@ -84,7 +84,6 @@ class RemoteTier:
         block) from the store, placed on the last local level and added under ``parent``
         (``new_root()`` when None): the consecutive ones the store has and whose values pass
         every check. ``keep``: ids of pages making room must not evict (the local match)."""
-        self.hand()  # what is staged is in the store before the store is read
         self.add_stats(remote_lookups=1)
         digests = b"".join(keys)
         n = self._call_count("contains", StoreKeys(self.namespace, digests))
@@ -296,8 +295,8 @@ class RemoteTier:
             self.hand()
 
     def hand(self) -> None:
-        """Hand the store every staged block (one ``put``): at a cache's close, before the
-        store is read."""
+        """Hand the store every staged block (one ``put``): at a cache's close, when a cache is
+        created (before its match, which may read the store)."""
         if not self.staged_keys:
             return
         keys, values = self.staged_keys, self.staged_values

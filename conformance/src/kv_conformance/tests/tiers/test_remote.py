@@ -388,7 +388,7 @@ def test_a_batched_commit_stages_its_blocks_in_batch_order(backend: kv_api.Backe
 
 def test_a_decode_stages_its_blocks(backend: kv_api.Backend) -> None:
     """A decode's blocks, one a step in a while, are staged and go in puts of 16; a close hands
-    the rest over, and so does a read of the store (what is staged is there before it is read)."""
+    the rest over, and so does a cache's creation (what is staged is there before it is read)."""
     store = RecordingStore()
     manager = backend.KVCacheManager(config(store, layers=LAYERS[:1]))
     cache = active(manager, 4 * 40)
@@ -417,7 +417,7 @@ def test_a_dropped_cache_never_calls_the_store(backend: kv_api.Backend) -> None:
     del cache
     gc.collect()
     assert store.calls == []
-    manager.create_kv_cache(None, toks(4, 100)).close()  # a local miss: staged first, then the read
+    manager.create_kv_cache(None, toks(4, 100)).close()  # a creation: what is staged first, then the read
     assert [(m, len(keys)) for m, keys, _ in store.calls] == [("put", 2), ("contains", 1)]
     assert manager.get_committed_stats().remote_written == 2
 
