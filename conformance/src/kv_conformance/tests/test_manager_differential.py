@@ -13,6 +13,7 @@ calls."""
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import tempfile
@@ -677,6 +678,9 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
                                 )
 
         def teardown(self) -> None:
+            if any(b.poison_reason() is not None for b in backends):
+                self._drop_poisoned()
+                return
             self.handles.clear()  # released (dropped) while their managers live
             for per_backend in self.caches:
                 for c in per_backend:
@@ -685,6 +689,21 @@ def make_machine(backends: list[kv_api.Backend], ran: list[int]) -> type[RuleBas
                 m.shutdown()
             for d in getattr(self, "dirs", []):
                 assert os.listdir(d) == [], "shutdown leaves no disk file"
+                shutil.rmtree(d, ignore_errors=True)
+
+        def _drop_poisoned(self) -> None:
+            """The step that broke a rule failed the example; drop everything and take the latch
+            back, so that the examples hypothesis runs next (shrinking it to its shortest
+            sequence) start on clean backends instead of all failing at ``build``."""
+            self.handles.clear()
+            self.caches.clear()
+            self.managers = []
+            self.events = []
+            gc.collect()
+            for b in backends:
+                if b.poison_reason() is not None:
+                    b.take_poison()
+            for d in getattr(self, "dirs", []):
                 shutil.rmtree(d, ignore_errors=True)
 
     return Differential
