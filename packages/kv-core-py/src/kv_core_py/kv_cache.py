@@ -351,50 +351,58 @@ class KVCache(CacheResize, CacheCommit, kv_api.KVCache):
     def close(self) -> None:
         """Commit the partial tail, release every page (last block first; committed pages become
         evictable, the others are freed) and unregister. Idempotent."""
-        self._close(hand=True)
-
-    def _close(self, hand: bool) -> None:
-        """``close``; ``hand``: then hand the store what is staged (not from the finaliser: it
-        may run inside the store's own code, its lock held; the next close does it)."""
         poison.check()
         with self._context.lock:
             if self._status == KVCacheStatus.CLOSED:
                 return
-            self._stop_committing_locked()
-            for ordinal in reversed(range(len(self._blocks))):
-                for group in range(len(self._life_cycles)):
-                    self._release_page(ordinal, group)
-            self._unlock_states()
-            for group in self._block_layer_groups:
-                self._free_scratch(group, 0)
-            for group in self._ssm_layer_groups:
-                for held in (self._ssm_state, self._ssm_snapshot):
-                    page = held[group]
-                    if page is not None:
-                        held[group] = None
-                        self._context.storage.unhold(page)
-            for page in reversed(self._tree_holds):
-                self._context.storage.unhold(page)
-            self._tree_holds.clear()
-            for cache_block in reversed(self._blocks):  # blocks left without pages go now
-                if cache_block.tree_block is not None:
-                    cache_block.tree_block.pins -= 1
-                    self._context.tree.prune(cache_block.tree_block)
-                    cache_block.tree_block = None
-            self._status = KVCacheStatus.CLOSED
-            self._context.unregister_cache(self)
-            if not self.stats.excluded:  # mark_stats_excluded: feeds the auto-tuner nothing
-                self._context.rebalancer.sample(self._num_reused_tokens, self._capacity, self._history)
+            self._close_locked()
             remote = self._context.remote
-            if hand and remote is not None:  # a request's blocks are in the store once it closes
+            if remote is not None:  # a request's blocks are in the store once it closes
                 remote.flush()
                 remote.hand()
+
+    def _close_dropped(self) -> None:
+        """``close`` for a cache its owner dropped (the finaliser): the store is not handed what
+        is staged (a finaliser may run inside the store's own code, its lock held); the next
+        close does it."""
+        poison.check()
+        with self._context.lock:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        if self._status == KVCacheStatus.CLOSED:
+            return
+        self._stop_committing_locked()
+        for ordinal in reversed(range(len(self._blocks))):
+            for group in range(len(self._life_cycles)):
+                self._release_page(ordinal, group)
+        self._unlock_states()
+        for group in self._block_layer_groups:
+            self._free_scratch(group, 0)
+        for group in self._ssm_layer_groups:
+            for held in (self._ssm_state, self._ssm_snapshot):
+                page = held[group]
+                if page is not None:
+                    held[group] = None
+                    self._context.storage.unhold(page)
+        for page in reversed(self._tree_holds):
+            self._context.storage.unhold(page)
+        self._tree_holds.clear()
+        for cache_block in reversed(self._blocks):  # blocks left without pages go now
+            if cache_block.tree_block is not None:
+                cache_block.tree_block.pins -= 1
+                self._context.tree.prune(cache_block.tree_block)
+                cache_block.tree_block = None
+        self._status = KVCacheStatus.CLOSED
+        self._context.unregister_cache(self)
+        if not self.stats.excluded:  # mark_stats_excluded: feeds the auto-tuner nothing
+            self._context.rebalancer.sample(self._num_reused_tokens, self._capacity, self._history)
 
     def __del__(self) -> None:
         try:
             # Poisoned, the pages' bookkeeping cannot be trusted: the cache is dropped as it is,
             # its pages go with the manager.
             if self._status != KVCacheStatus.CLOSED and not self._context.is_shut_down and poison.reason() is None:
-                self._close(hand=False)
+                self._close_dropped()
         except Exception:  # noqa: BLE001 - never raise from a finaliser
             pass
