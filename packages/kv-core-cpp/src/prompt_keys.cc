@@ -45,9 +45,14 @@ std::size_t PromptKeys::usable(const Digest& parent_key, const TokenList& commit
   return n;
 }
 
+void PromptKeys::reserve(std::size_t blocks, std::size_t tokens_per_block) {
+  keys.reserve(keys.size() + 32 * blocks);
+  ids.reserve(ids.size() + tokens_per_block * blocks);
+}
+
 void PromptKeys::clear() noexcept {
   std::vector<std::uint8_t>().swap(keys);
-  std::vector<std::uint64_t>().swap(ids);
+  decltype(ids)().swap(ids);
 }
 
 }  // namespace kvcore

@@ -27,6 +27,7 @@ class KeyCursor {
             std::int64_t tokens_per_block, KeyFormat format, const GhostRecord* ghost = nullptr,
             PromptKeys* kept = nullptr)
       : tokens_(tokens),
+        first_(static_cast<std::size_t>(first)),
         next_(static_cast<std::size_t>(first)),
         end_(static_cast<std::size_t>(end)),
         tokens_per_block_(static_cast<std::size_t>(tokens_per_block)),
@@ -44,6 +45,9 @@ class KeyCursor {
       size_ = std::min(2 * size_, kKeyRun);
       chained_keys(last, tokens_, next_, batch_, tokens_per_block_, format_, keys_.data());
       if (kept_ != nullptr) {
+        // Keys kept, and the cursor past its first batch (most prompts stop there): it is likely
+        // to go on, so room for the rest of the prompt at once.
+        if (kept_->size() != 0 && kept_->size() == next_ - first_) kept_->reserve(end_ - next_, tokens_per_block_);
         kept_->keep(tokens_, last, static_cast<std::int64_t>(next_), batch_, tokens_per_block_, keys_.data());
       }
       if (ghost_ != nullptr) {
@@ -59,7 +63,8 @@ class KeyCursor {
 
  private:
   const Tokens& tokens_;
-  std::size_t next_;  // the block next() hashes or hands out next
+  std::size_t first_;  // the first block hashed
+  std::size_t next_;   // the block next() hashes or hands out next
   std::size_t end_;
   std::size_t tokens_per_block_;
   KeyFormat format_;
