@@ -58,12 +58,16 @@ class GhostRecord {
   };
   static constexpr std::size_t kNone = ~std::size_t{0};
   static constexpr std::size_t kForgetAhead = 8;  // entries: how far ahead a full record prefetches
+  // Entries the log's first growth makes room for at most (below that, all it can hold: the
+  // capacity, half as many dead, and the slack before a compaction).
+  static constexpr std::size_t kFirstRoom = std::size_t{6} << 20;
 
   std::size_t locate(const Digest& key) const noexcept;           // the slot holding key, or kNone
   static void put(std::vector<Slot>& slots, Slot slot) noexcept;  // at its home or the next free slot
   void place(std::size_t pos) noexcept;                           // indexes entry pos (a slot is free)
   void erase_slot(std::size_t slot) noexcept;
   void grow();              // the index doubled (what may throw)
+  void grow_log();          // room for more entries (what may throw)
   void reindex() noexcept;  // every live entry placed afresh
   void compact() noexcept;  // dead and popped entries dropped
 
