@@ -422,6 +422,56 @@ def test_a_dropped_cache_never_calls_the_store(backend: kv_api.Backend) -> None:
     assert manager.get_committed_stats().remote_written == 2
 
 
+class DroppingStore(MemoryBlockStore):
+    """Runs ``drop`` (once) at the start of its ``method``: a finaliser run inside the store's
+    own code, as a garbage collection there may run one."""
+
+    def __init__(self, method: str) -> None:
+        super().__init__()
+        self.method = method
+        self.drop: Any = None
+
+    def _maybe_drop(self, method: str) -> None:
+        if method == self.method and self.drop is not None:
+            drop, self.drop = self.drop, None
+            drop()
+
+    def contains(self, keys: Sequence[bytes]) -> int:
+        self._maybe_drop("contains")
+        return super().contains(keys)
+
+    def get_into(self, keys: Sequence[bytes], buffers: Sequence[memoryview]) -> int:
+        self._maybe_drop("get_into")
+        return super().get_into(keys, buffers)
+
+
+@pytest.mark.parametrize("method", ["contains", "get_into"])
+def test_a_cache_finalised_inside_the_store_leaves_the_match_whole(backend: kv_api.Backend, method: str) -> None:
+    """The only other holder of a match's local blocks is dropped (finalised) inside the store's
+    call that continues the match, in a pool with no other page to evict: the match keeps its
+    blocks' pages (their release mid-call makes no room for the store's blocks), nothing breaks."""
+    layers = [AttentionLayerConfig(0, [BufferConfig("key", 128 << 10)])]  # 16 slots in a grain
+    store = DroppingStore(method)
+    write_prompt(backend.KVCacheManager(config(store, layers=layers)), toks(40), 1)
+    manager = backend.KVCacheManager(config(store, layers=layers))
+    holder = [manager.create_kv_cache(None, toks(16))]  # its 4 blocks from the store
+    assert holder[0].resume() and holder[0].num_committed_tokens == 16
+    path = list(holder[0].get_base_page_indices(0))
+    other = active(manager, 4 * (manager.get_storage_statistics(0)[0].total - 6))  # 2 slots left free
+    assert manager.get_storage_statistics(0)[0].free == 2
+    store.drop = holder.clear
+    cache = manager.create_kv_cache(None, toks(40))
+    assert not holder and store.drop is None, "the cache was finalised inside the store's call"
+    assert backend.poison_reason() is None
+    assert cache.cached_tokens_by_level[0] == 16 and cache.num_committed_tokens > 16
+    assert cache.resume()
+    assert list(cache.get_base_page_indices(0))[:4] == path
+    check_accounting(manager, open_caches=True)
+    cache.close()
+    other.close()
+    check_accounting(manager, open_caches=False)
+
+
 def test_backends_make_the_same_store_calls(backends: list[kv_api.Backend]) -> None:
     """Same config, same calls, two backends: the same store calls with the same keys and bytes."""
     recorded = []
