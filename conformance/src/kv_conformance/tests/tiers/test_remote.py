@@ -445,20 +445,28 @@ class DroppingStore(MemoryBlockStore):
         return super().get_into(keys, buffers)
 
 
+@pytest.mark.parametrize("window", [None, 8], ids=["attention", "window"])
 @pytest.mark.parametrize("method", ["contains", "get_into"])
-def test_a_cache_finalised_inside_the_store_leaves_the_match_whole(backend: kv_api.Backend, method: str) -> None:
+def test_a_cache_finalised_inside_the_store_leaves_the_match_whole(
+    backend: kv_api.Backend, method: str, window: int | None
+) -> None:
     """The only other holder of a match's local blocks is dropped (finalised) inside the store's
     call that continues the match, in a pool with no other page to evict: the match keeps its
     blocks' pages (their release mid-call makes no room for the store's blocks), nothing breaks."""
-    layers = [AttentionLayerConfig(0, [BufferConfig("key", 128 << 10)])]  # 16 slots in a grain
+    layers = [AttentionLayerConfig(0, [BufferConfig("key", 64 << 10)])]  # 32 slots in a grain
+    if window is not None:
+        layers.append(AttentionLayerConfig(1, [BufferConfig("key", 64 << 10)], sliding_window_size=window))
     store = DroppingStore(method)
     write_prompt(backend.KVCacheManager(config(store, layers=layers)), toks(40), 1)
     manager = backend.KVCacheManager(config(store, layers=layers))
     holder = [manager.create_kv_cache(None, toks(16))]  # its 4 blocks from the store
     assert holder[0].resume() and holder[0].num_committed_tokens == 16
     path = list(holder[0].get_base_page_indices(0))
-    other = active(manager, 4 * (manager.get_storage_statistics(0)[0].total - 6))  # 2 slots left free
-    assert manager.get_storage_statistics(0)[0].free == 2
+    other = active(manager, 0)  # takes all but 2 free slots, a token at a time
+    capacity = 0
+    while manager.get_storage_statistics(0)[0].free > 2:
+        capacity += 1
+        assert other.resize(capacity)
     store.drop = holder.clear
     cache = manager.create_kv_cache(None, toks(40))
     assert not holder and store.drop is None, "the cache was finalised inside the store's call"
