@@ -1,13 +1,12 @@
 #include "kvcore/radix_tree.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstring>
 #include <new>
 
 #include "kvcore/constants.h"
 #include "kvcore/ghost_record.h"
+#include "kvcore/huge_pages.h"
 #include "kvcore/scope_free_index.h"
 
 namespace kvcore {
@@ -52,23 +51,7 @@ constexpr std::size_t kMaxTokenArea = 1024;
 // on their own and advised as huge pages: a tree of millions of blocks is walked at random, and
 // with 4 KiB pages nearly every step was a TLB miss.
 constexpr std::size_t kFirstChunkBytes = std::size_t{64} << 10;
-constexpr std::size_t kHugeChunkBytes = std::size_t{2} << 20;
-
-std::uint8_t* map_huge_chunk() {
-  // Twice the size mapped, the aligned half kept: a huge page needs a 2 MiB-aligned range.
-  void* mapped = mmap(nullptr, 2 * kHugeChunkBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (mapped == MAP_FAILED) throw std::bad_alloc();
-  const auto start = reinterpret_cast<std::uintptr_t>(mapped);
-  const std::uintptr_t aligned = (start + kHugeChunkBytes - 1) & ~(kHugeChunkBytes - 1);
-  if (aligned > start) munmap(mapped, aligned - start);
-  const std::uintptr_t end = start + 2 * kHugeChunkBytes;
-  if (end > aligned + kHugeChunkBytes)
-    munmap(reinterpret_cast<void*>(aligned + kHugeChunkBytes), end - aligned - kHugeChunkBytes);
-#ifdef MADV_HUGEPAGE
-  madvise(reinterpret_cast<void*>(aligned), kHugeChunkBytes, MADV_HUGEPAGE);  // advice only: none is fine
-#endif
-  return reinterpret_cast<std::uint8_t*>(aligned);
-}
+constexpr std::size_t kHugeChunkBytes = kHugePageBytes;
 
 }  // namespace
 
@@ -142,7 +125,7 @@ void RadixTree::destroy_blocks() noexcept {
   }
   for (const auto& [data, bytes] : chunks_) {
     if (bytes >= kHugeChunkBytes) {
-      munmap(data, bytes);
+      unmap_huge(data, bytes);
     } else {
       delete[] data;
     }
@@ -155,7 +138,7 @@ void RadixTree::add_chunk() {
   std::size_t bytes = std::min(kFirstChunkBytes << std::min<std::size_t>(chunks_.size(), 8), kHugeChunkBytes);
   bytes = std::max(bytes, slot_bytes_);  // a block of a huge token area still fits
   chunks_.reserve(chunks_.size() + 1);   // so that the push below cannot throw
-  std::uint8_t* data = bytes == kHugeChunkBytes ? map_huge_chunk() : new std::uint8_t[bytes];
+  std::uint8_t* data = bytes == kHugeChunkBytes ? static_cast<std::uint8_t*>(map_huge(bytes)) : new std::uint8_t[bytes];
   chunks_.emplace_back(data, bytes);
   used_in_chunk_ = 0;
   slots_in_chunk_ = bytes / slot_bytes_;

@@ -12,6 +12,7 @@
 #include <optional>
 #include <vector>
 
+#include "kvcore/huge_pages.h"
 #include "kvcore/radix_tree.h"
 #include "kvcore/sha256.h"
 
@@ -62,9 +63,10 @@ class GhostRecord {
   // capacity, half as many dead, and the slack before a compaction).
   static constexpr std::size_t kFirstRoom = std::size_t{6} << 20;
 
-  std::size_t locate(const Digest& key) const noexcept;           // the slot holding key, or kNone
-  static void put(std::vector<Slot>& slots, Slot slot) noexcept;  // at its home or the next free slot
-  void place(std::size_t pos) noexcept;                           // indexes entry pos (a slot is free)
+  std::size_t locate(const Digest& key) const noexcept;  // the slot holding key, or kNone
+  static void put(std::vector<Slot, HugeAllocator<Slot>>& slots,
+                  Slot slot) noexcept;   // at its home or the next free slot
+  void place(std::size_t pos) noexcept;  // indexes entry pos (a slot is free)
   void erase_slot(std::size_t slot) noexcept;
   void grow();              // the index doubled (what may throw)
   void grow_log();          // room for more entries (what may throw)
@@ -73,10 +75,10 @@ class GhostRecord {
 
   std::int64_t capacity_;
   std::int64_t clock_ = 0;  // caches created so far
-  std::vector<Entry> log_;
+  std::vector<Entry, HugeAllocator<Entry>> log_;
   std::size_t head_ = 0;  // the oldest entry not popped
   std::size_t live_ = 0;
-  std::vector<Slot> slots_;  // a power of two, at most half full
+  std::vector<Slot, HugeAllocator<Slot>> slots_;  // a power of two, at most half full
 };
 
 }  // namespace kvcore
