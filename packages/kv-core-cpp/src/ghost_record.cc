@@ -33,7 +33,7 @@ std::size_t GhostRecord::locate(const Digest& key) const noexcept {
   }
 }
 
-void GhostRecord::put(std::vector<Slot, HugeAllocator<Slot>>& slots, Slot slot) noexcept {
+void GhostRecord::put(Index& slots, Slot slot) noexcept {
   const std::size_t mask = slots.size() - 1;
   std::size_t i = slot.tag & mask;
   while (slots[i].pos != 0) i = (i + 1) & mask;
@@ -69,7 +69,7 @@ void GhostRecord::grow() {
   // Swept in the old index's order: an entry's home in the doubled index is its old home or that
   // plus the old size, so the writes run in two streams. Placing each entry afresh from the log
   // was a random write each (2.9 million, doublings and compactions, in a Mooncake replay).
-  std::vector<Slot, HugeAllocator<Slot>> grown(std::max<std::size_t>(64, 2 * slots_.size()), Slot{0, 0});
+  Index grown(std::max<std::size_t>(64, 2 * slots_.size()), Slot{0, 0});
   for (const Slot& slot : slots_) {
     if (slot.pos != 0) put(grown, slot);
   }

@@ -57,6 +57,7 @@ class GhostRecord {
     std::uint32_t tag;
     std::uint32_t pos;
   };
+  using Index = std::vector<Slot, HugeAllocator<Slot>>;  // read at random: huge pages
   static constexpr std::size_t kNone = ~std::size_t{0};
   static constexpr std::size_t kForgetAhead = 8;  // entries: how far ahead a full record prefetches
   // Entries the log's first growth makes room for at most (below that, all it can hold: the
@@ -64,9 +65,8 @@ class GhostRecord {
   static constexpr std::size_t kFirstRoom = std::size_t{6} << 20;
 
   std::size_t locate(const Digest& key) const noexcept;  // the slot holding key, or kNone
-  static void put(std::vector<Slot, HugeAllocator<Slot>>& slots,
-                  Slot slot) noexcept;   // at its home or the next free slot
-  void place(std::size_t pos) noexcept;  // indexes entry pos (a slot is free)
+  static void put(Index& slots, Slot slot) noexcept;     // at its home or the next free slot
+  void place(std::size_t pos) noexcept;                  // indexes entry pos (a slot is free)
   void erase_slot(std::size_t slot) noexcept;
   void grow();              // the index doubled (what may throw)
   void grow_log();          // room for more entries (what may throw)
@@ -78,7 +78,7 @@ class GhostRecord {
   std::vector<Entry, HugeAllocator<Entry>> log_;
   std::size_t head_ = 0;  // the oldest entry not popped
   std::size_t live_ = 0;
-  std::vector<Slot, HugeAllocator<Slot>> slots_;  // a power of two, at most half full
+  Index slots_;  // a power of two, at most half full
 };
 
 }  // namespace kvcore
