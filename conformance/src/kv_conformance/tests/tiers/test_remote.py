@@ -462,7 +462,7 @@ def test_a_cache_finalised_inside_the_store_leaves_the_match_whole(
     holder = [manager.create_kv_cache(None, toks(16))]  # its 4 blocks from the store
     assert holder[0].resume() and holder[0].num_committed_tokens == 16
     path = list(holder[0].get_base_page_indices(0))
-    other = active(manager, 0)  # takes all but 2 free slots, a token at a time
+    other = active(manager, 0)  # grown a token at a time until 2 slots are left free
     capacity = 0
     while manager.get_storage_statistics(0)[0].free > 2:
         capacity += 1
